@@ -1,0 +1,98 @@
+"""The allocation record: the scheduler's committed decision, written on the pod.
+
+The extender's bind writes it (annotation ``rocshare.io/allocation``) with an
+optimistic-concurrency precondition before it creates the Binding; the node agent
+serves the kubelet's Allocate calls from it and nothing else; the ledger is rebuilt
+from these records on restart. Versioned JSON; decoding a record that does not
+match is an error (an undecodable record keeps its GPUs blocked, never "free").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from rocshare.api.models import _Model
+
+ALLOCATION_ANNOTATION = "rocshare.io/allocation"
+"""Pod annotation holding the AllocationRecord JSON; written only by the extender's bind."""
+
+ALLOCATED_ANNOTATION = "rocshare.io/allocated"
+"""Pod annotation the node agent sets (to the RFC 3339 time) once every container was served."""
+
+ALLOCATION_ERROR_ANNOTATION = "rocshare.io/allocation-error"
+"""Pod annotation the node agent sets when it refused the kubelet's Allocate, with why."""
+
+
+class AllocationError(ValueError):
+    """A record that cannot be decoded or is inconsistent; says what is wrong."""
+
+
+class DeviceSlice(_Model):
+    """What one container holds of one GPU (or partition)."""
+
+    gpu_id: str = Field(alias="gpuId", min_length=1, description="GpuInfo.id of the device.")
+    memory_mib: int = Field(alias="memoryMiB", ge=0, description="VRAM cap in MiB (the whole VRAM for a whole GPU).")
+    cu_ranges: list[tuple[int, int]] = Field(
+        default_factory=list, alias="cuRanges", description="Inclusive CU index ranges pinned by HSA_CU_MASK; empty = every CU."
+    )
+    cu_count: int = Field(alias="cuCount", ge=0, description="CUs the container may use.")
+    whole: bool = Field(default=False, description="A whole GPU: no memory hook, no limits.")
+    reserves_all_cores: bool = Field(
+        default=False, alias="reservesAllCores", description="Holds the GPU's whole compute range (omitted gpucores, Exclusive)."
+    )
+
+    @model_validator(mode="after")
+    def _ranges_are_ordered(self) -> DeviceSlice:
+        for low, high in self.cu_ranges:
+            if low < 0 or high < low:
+                raise ValueError(f"CU range {low}-{high} is not a valid inclusive range")
+        return self
+
+
+class ContainerAllocation(_Model):
+    name: str = Field(min_length=1, description="Container name.")
+    init: bool = Field(default=False, description="An init container.")
+    devices: list[DeviceSlice] = Field(min_length=1, description="One entry per GPU, in the container's GPU order.")
+
+
+class AllocationRecord(_Model):
+    version: Literal[1] = 1
+    node: str = Field(min_length=1, description="Node the pod was bound to.")
+    containers: list[ContainerAllocation] = Field(min_length=1, description="Init containers first, in pod order.")
+    oversubscribed: bool = Field(default=False, description="The pool scales VRAM above 1.0: set HIP_OVERSUBSCRIBE.")
+
+    def gpu_ids(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for container in self.containers:
+            for device in container.devices:
+                seen.setdefault(device.gpu_id, None)
+        return list(seen)
+
+
+def encode_record(record: AllocationRecord) -> str:
+    return json.dumps(record.to_json_dict(), separators=(",", ":"), sort_keys=True)
+
+
+def decode_record(text: str) -> AllocationRecord:
+    """Parse the annotation's text; raises AllocationError naming the problem."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as error:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} must be a JSON object, got {type(data).__name__}")
+    if data.get("version") != 1:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} has unsupported version {data.get('version')!r} (this build reads 1)")
+    try:
+        return AllocationRecord.model_validate(data)
+    except ValidationError as error:
+        raise AllocationError(f"{ALLOCATION_ANNOTATION} is invalid: {_first_problem(error)}") from None
+
+
+def _first_problem(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(root)"
+    return f"{where}: {first['msg']}"

@@ -1,0 +1,251 @@
+"""The shapes of rocshare's custom resources (group rocshare.io, version v1alpha1).
+
+These pydantic models are the one source of truth: `rocshare crds` generates the
+CRD YAML in crds/ from them, and a unit test proves the committed files agree.
+Field descriptions become `kubectl explain` text. JSON names are camelCase, as
+Kubernetes objects are; Python names carry units (``vram_mib``, ``cores_pct``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "rocshare.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    def to_json_dict(self) -> dict:
+        """The object as the API server stores it: camelCase, no unset optionals."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class OperatingMode(StrEnum):
+    CU = "cu"
+    PARTITION = "partition"
+
+
+class OmittedCores(StrEnum):
+    """What a slice that omits amd.com/gpucores reserves of its GPU's compute."""
+
+    EXCLUSIVE = "Exclusive"
+    SHARED = "Shared"
+
+
+class NodePolicy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class GpuPolicy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+    TOPOLOGY_AWARE = "topology-aware"
+    FRAGMENTATION_AWARE = "fragmentation-aware"
+
+
+class HealthSourceKind(StrEnum):
+    DEVICE_FILES = "deviceFiles"
+    METRICS_EXPORTER = "metricsExporter"
+
+
+class Condition(_Model):
+    type: str = Field(description="Condition type, e.g. Ready or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="One CamelCase word saying why.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str | None = Field(
+        default=None, alias="lastTransitionTime", description="RFC 3339 time the status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, alias="observedGeneration", ge=0, description="metadata.generation this condition was computed from."
+    )
+
+
+# ---- AmdGpuPool ---------------------------------------------------------------------------
+
+
+class Sharing(_Model):
+    split_count: int = Field(
+        default=0, alias="splitCount", ge=0, le=64,
+        description="How many pods may share one GPU. 0 = automatic: 10, or 2 on gfx12 (RDNA4).",
+    )
+    device_memory_scaling: float = Field(
+        default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0,
+        description="Register this many times the real VRAM (1.0-4.0). Above 1.0 pods get HIP_OVERSUBSCRIBE=true.",
+    )
+    operating_mode: OperatingMode = Field(
+        default=OperatingMode.CU, alias="operatingMode",
+        description="cu: GPUs are sliced by memory and CU mask. partition: each compute partition is one whole, unshared device.",
+    )
+    omitted_cores: OmittedCores = Field(
+        default=OmittedCores.EXCLUSIVE, alias="omittedCores",
+        description="A slice without amd.com/gpucores gets every CU. Exclusive: it also reserves the GPU's whole compute range. Shared: it reserves none.",
+    )
+
+
+class Scheduling(_Model):
+    node_policy: NodePolicy = Field(
+        default=NodePolicy.BINPACK, alias="nodePolicy", description="How nodes are ranked: binpack or spread."
+    )
+    gpu_policy: GpuPolicy = Field(
+        default=GpuPolicy.BINPACK, alias="gpuPolicy",
+        description="How GPUs on a node are chosen: binpack, spread, topology-aware or fragmentation-aware.",
+    )
+
+
+class HealthSource(_Model):
+    kind: HealthSourceKind = Field(
+        default=HealthSourceKind.DEVICE_FILES,
+        description="deviceFiles: a GPU whose /dev node cannot be opened is unhealthy. metricsExporter: also read gpu_health from the AMD Device Metrics Exporter.",
+    )
+    exporter_url: str | None = Field(
+        default=None, alias="exporterURL", pattern=r"^https?://",
+        description="Metrics exporter URL, e.g. http://localhost:5000/metrics (metricsExporter only).",
+    )
+    interval_seconds: int = Field(
+        default=10, alias="intervalSeconds", ge=1, le=3600, description="How often health is checked."
+    )
+
+
+class AgentSettings(_Model):
+    image: str = Field(default="rocshare/node-agent:0.1.0", min_length=1, description="Node agent container image.")
+    sysfs_root: str = Field(default="/sys", alias="sysfsRoot", description="Host path of sysfs.")
+    dev_root: str = Field(default="/dev", alias="devRoot", description="Host path of /dev.")
+    device_plugin_dir: str = Field(
+        default="/var/lib/kubelet/device-plugins", alias="devicePluginDir",
+        description="Host folder holding kubelet.sock.",
+    )
+    hook_path: str = Field(
+        default="/usr/local/vgpu", alias="hookPath",
+        description="Host folder holding libamvgpu.so, mounted read-only into slice containers.",
+    )
+    priority_class_name: str | None = Field(default=None, alias="priorityClassName", description="PriorityClass of the agent pods.")
+    tolerations: list[dict[str, str]] = Field(default_factory=list, description="Extra tolerations for the agent pods.")
+
+
+class AmdGpuPoolSpec(_Model):
+    node_selector: dict[str, str] = Field(
+        alias="nodeSelector", description="Label selector (matchLabels form) choosing the pool's nodes."
+    )
+    sharing: Sharing = Field(default_factory=Sharing, description="How the pool's GPUs are shared.")
+    scheduling: Scheduling = Field(default_factory=Scheduling, description="Default placement policies.")
+    runtime_class_name: str | None = Field(
+        default=None, alias="runtimeClassName", description="RuntimeClass set on pods that name none."
+    )
+    health: HealthSource = Field(default_factory=HealthSource, description="Where GPU health comes from.")
+    agent: AgentSettings = Field(default_factory=AgentSettings, description="Node agent DaemonSet settings.")
+
+
+class AmdGpuPoolStatus(_Model):
+    nodes: int = Field(default=0, ge=0, description="Nodes in the pool.")
+    gpus_total: int = Field(default=0, alias="gpusTotal", ge=0, description="GPUs (or partitions) in the pool.")
+    gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs.")
+    vram_total_mib: int = Field(default=0, alias="vramTotalMiB", ge=0, description="VRAM in the pool, MiB.")
+    vram_allocated_mib: int = Field(default=0, alias="vramAllocatedMiB", ge=0, description="VRAM given to pods, MiB.")
+    cores_allocated_pct: int = Field(
+        default=0, alias="coresAllocatedPercent", ge=0, description="Compute given to pods, percent of one GPU (250 = 2.5 GPUs)."
+    )
+    conflicting_nodes: list[str] = Field(
+        default_factory=list, alias="conflictingNodes", description="Nodes this pool selects that an older pool holds."
+    )
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0, description="Last spec generation acted on.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready and Degraded.")
+
+
+# ---- AmdGpuNode ---------------------------------------------------------------------------
+
+
+class Partition(_Model):
+    compute_mode: str = Field(alias="computeMode", description="Compute partition mode: spx, dpx, tpx, qpx or cpx.")
+    memory_mode: str | None = Field(default=None, alias="memoryMode", description="Memory partition mode: nps1, nps4 ...")
+    index: int = Field(ge=0, description="Partition index inside its physical GPU.")
+    parent_bdf: str = Field(alias="parentBDF", description="PCI address of the physical GPU.")
+
+
+class GpuInfo(_Model):
+    """One GPU, or one compute partition of a GPU, as the node agent found it."""
+
+    id: str = Field(min_length=1, description="Stable id: GPU-<16 hex digits of unique_id>, or derived from the PCI address.")
+    index: int = Field(ge=0, description="Position among the node's GPUs (KFD order).")
+    render_minor: int | None = Field(default=None, alias="renderMinor", ge=0, description="N of /dev/dri/renderD<N>.")
+    card: int | None = Field(default=None, ge=0, description="N of /dev/dri/card<N>.")
+    product: str = Field(default="", description="Product name (empty on some Radeon boards).")
+    device_id: str = Field(default="", alias="deviceId", description="PCI device id, hex (e.g. 0x740f).")
+    gfx_target_version: int = Field(alias="gfxTargetVersion", ge=0, description="major*10000+minor*100+stepping, e.g. 90402 = gfx942.")
+    vram_mib: int | None = Field(default=None, alias="vramMiB", ge=0, description="VRAM in MiB, null when no source has it.")
+    cu_count: int = Field(alias="cuCount", ge=0, description="Active compute units.")
+    cu_per_wgp: int = Field(default=1, alias="cuPerWGP", ge=1, description="CUs per workgroup processor: 2 on RDNA, 1 on CDNA/GCN.")
+    pci_bdf: str = Field(alias="pciBDF", description="PCI address domain:bus:device.function.")
+    numa: int | None = Field(default=None, description="NUMA node, null when unknown.")
+    hive_id: str | None = Field(default=None, alias="hiveId", description="XGMI hive id (hex), null when not in a hive.")
+    xgmi_peers: list[str] = Field(default_factory=list, alias="xgmiPeers", description="PCI addresses of GPUs joined to this one by XGMI.")
+    partition: Partition | None = Field(default=None, description="Set when this device is a compute partition.")
+    split_count: int = Field(alias="splitCount", ge=1, le=64, description="How many pods may share this device.")
+    healthy: bool = Field(description="False when the device cannot be opened or the exporter says so.")
+    health_reason: str | None = Field(default=None, alias="healthReason", description="Why the device is unhealthy.")
+
+
+class DiscoveryProblem(_Model):
+    path: str = Field(description="The sysfs entry that could not be used.")
+    reason: str = Field(description="What is wrong with it.")
+
+
+class AmdGpuNodeStatus(_Model):
+    gpus: list[GpuInfo] = Field(default_factory=list, description="Every GPU or partition on the node.")
+    problems: list[DiscoveryProblem] = Field(default_factory=list, description="Entries discovery had to skip, with why.")
+    operating_mode: OperatingMode = Field(default=OperatingMode.CU, alias="operatingMode", description="Mode the agent runs in.")
+    device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
+    agent_version: str = Field(default="", alias="agentVersion", description="Version of the publishing agent.")
+    last_heartbeat_time: str | None = Field(default=None, alias="lastHeartbeatTime", description="When the agent last published.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready.")
+
+
+class AmdGpuNodeSpec(_Model):
+    """Empty: an AmdGpuNode is written by its node's agent, in status only."""
+
+
+# ---- AmdGpuShare --------------------------------------------------------------------------
+
+
+class ShareLimits(_Model):
+    memory_mib: int | None = Field(default=None, alias="memoryMiB", ge=0, description="VRAM the namespace may hold, MiB.")
+    cores_pct: int | None = Field(
+        default=None, alias="coresPercent", ge=0, description="Compute, in percent of one GPU (250 = two and a half GPUs)."
+    )
+    gpus: int | None = Field(default=None, ge=0, description="GPU devices (amd.com/gpu) the namespace may request.")
+
+
+class AmdGpuShareSpec(_Model):
+    pool: str = Field(min_length=1, description="Name of the AmdGpuPool this share draws from.")
+    limits: ShareLimits = Field(description="The namespace's limits; omitted means unlimited.")
+
+
+class SliceHolder(_Model):
+    pod: str = Field(description="Pod name.")
+    node: str = Field(default="", description="Node it runs on.")
+    gpu_ids: list[str] = Field(default_factory=list, alias="gpuIds", description="GPUs it holds.")
+    memory_mib: int = Field(default=0, alias="memoryMiB", ge=0, description="VRAM it holds, MiB.")
+    cu_count: int = Field(default=0, alias="cuCount", ge=0, description="CUs it holds.")
+
+
+class ShareUsage(_Model):
+    memory_mib: int = Field(default=0, alias="memoryMiB", ge=0, description="VRAM held, MiB.")
+    cores_pct: int = Field(default=0, alias="coresPercent", ge=0, description="Compute held, percent of one GPU.")
+    gpus: int = Field(default=0, ge=0, description="GPU devices held.")
+
+
+class AmdGpuShareStatus(_Model):
+    used: ShareUsage = Field(default_factory=ShareUsage, description="What the namespace holds now.")
+    pods: list[SliceHolder] = Field(default_factory=list, description="Pods holding slices (at most 100 listed).")
+    pods_total: int = Field(default=0, alias="podsTotal", ge=0, description="Pods holding slices, all of them.")
+    quota_name: str = Field(default="", alias="quotaName", description="The ResourceQuota this share owns.")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration", ge=0, description="Last spec generation acted on.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready.")
+

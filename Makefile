@@ -1,0 +1,68 @@
+# rocshare — every entry point. `make demo` and `make test` install what they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv controlplane crds lint unit e2e test chaos bench cluster-up cluster-down demo demo-down clean
+
+help:
+	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
+	@echo "make demo-down    stop everything make demo started"
+	@echo "make test         lint, unit, integration and e2e tests (builds the control plane once, cached)"
+	@echo "make bench        benchmarks -> docs/benchmarks.json, docs/benchmarks.md"
+	@echo "make chaos        the long chaos run"
+	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
+
+# Python environment, pinned: pyproject.toml pins direct dependencies, constraints.txt the rest.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd v1.35 and the kubelet peer,
+# built from Go modules into .cache/bin (cached by a stamp; a second run does nothing).
+controlplane:
+	@controlplane/build.sh
+
+crds: $(STAMP)
+	$(BIN)/rocshare crds --out crds
+
+lint: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/rocshare crds --out crds --check
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+
+e2e: $(STAMP) controlplane
+	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
+
+test: $(STAMP) controlplane lint
+	$(BIN)/pytest tests -q $(PYTEST_ARGS)
+
+chaos: $(STAMP) controlplane
+	ROCSHARE_CHAOS=long $(BIN)/pytest tests -q -m chaos $(PYTEST_ARGS)
+
+bench: $(STAMP) controlplane
+	$(BIN)/rocshare bench all --out docs
+
+cluster-up: $(STAMP) controlplane
+	$(PY) -m rocshare.devcluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m rocshare.devcluster down
+
+demo: $(STAMP) controlplane
+	$(PY) -m rocshare.devcluster.demo up
+
+demo-down: $(STAMP)
+	$(PY) -m rocshare.devcluster.demo down
+
+clean: demo-down cluster-down
+	rm -rf run

@@ -1,0 +1,46 @@
+"""The real control plane for e2e tests: etcd, kube-apiserver, kube-controller-manager
+and kube-scheduler v1.35 (built by `make controlplane`), started once per test session
+in a temp folder on free loopback ports, with crds/ installed. Torn down at the end;
+no process is left behind. Missing binaries fail the session: an e2e test that skips
+proves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from rocshare.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
+from rocshare.kube.client import Kube
+
+SHARED = (PROJECT_ROOT / ".." / "shared").resolve()
+SYSFS_FIXTURES = SHARED / "fixtures" / "sysfs"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    control_plane = ControlPlane(root=tmp_path_factory.mktemp("cluster"), ports=Ports.free())
+    try:
+        control_plane.start()
+        control_plane.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
+        control_plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        yield control_plane
+    finally:
+        control_plane.stop()
+
+
+@pytest.fixture
+async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
+    client = await Kube.connect(cluster.kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def sysfs_fixtures() -> Path:
+    assert SYSFS_FIXTURES.is_dir(), f"missing {SYSFS_FIXTURES}: tests read ../shared in place"
+    return SYSFS_FIXTURES

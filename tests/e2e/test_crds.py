@@ -1,0 +1,119 @@
+"""The three CRDs on the real kube-apiserver: version, CRUD with status, validation
+messages that name the field, and the printer columns `kubectl get` shows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rocshare.api.models import API_VERSION
+from rocshare.kube.client import Invalid, Kube, object_path
+
+pytestmark = pytest.mark.e2e
+
+
+def pool(name: str, **sharing) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"gpu": "amd"}, "sharing": sharing}}
+
+
+def share(name: str, **limits) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"pool": "p", "limits": limits}}
+
+
+async def test_server_is_v1_35(kube: Kube) -> None:
+    version = await kube.get("/version")
+    assert version["gitVersion"].startswith("v1.35."), version
+    assert (version["major"], version["minor"]) == ("1", "35")
+
+
+async def test_pool_create_read_status_delete(kube: Kube) -> None:
+    path = object_path(API_VERSION, "amdgpupools", "crud-pool")
+    created = await kube.create(object_path(API_VERSION, "amdgpupools"), pool("crud-pool"))
+    # Structural defaults come from the models: an omitted field gets its documented default.
+    assert created["spec"]["sharing"] == {"splitCount": 0, "deviceMemoryScaling": 1.0, "operatingMode": "cu",
+                                          "omittedCores": "Exclusive"}
+    assert created["spec"]["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "binpack"}
+    await kube.merge_patch(path + "/status", {"status": {"nodes": 2, "gpusTotal": 16, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "AllNodesReporting", "message": "",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+    read = await kube.get(path)
+    assert read["status"]["gpusTotal"] == 16
+    assert read["status"]["conditions"][0]["reason"] == "AllNodesReporting"
+    await kube.delete(path, missing_ok=False)
+    assert (await kube.list(object_path(API_VERSION, "amdgpupools")))["items"] == []
+
+
+async def test_node_and_share_crud(kube: Kube) -> None:
+    node_path = object_path(API_VERSION, "amdgpunodes", "worker-1")
+    await kube.create(object_path(API_VERSION, "amdgpunodes"),
+                      {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": "worker-1"}})
+    gpu = {"id": "GPU-0123456789abcdef", "index": 0, "gfxTargetVersion": 90010, "cuCount": 104, "pciBDF": "0000:03:00.0",
+           "splitCount": 10, "healthy": True, "vramMiB": 65520}
+    await kube.merge_patch(node_path + "/status", {"status": {"gpus": [gpu]}})
+    assert (await kube.get(node_path))["status"]["gpus"][0]["cuCount"] == 104
+    await kube.delete(node_path, missing_ok=False)
+
+    share_path = object_path(API_VERSION, "amdgpushares", "team-a", namespace="default")
+    await kube.create(object_path(API_VERSION, "amdgpushares", namespace="default"),
+                      {**share("team-a", memoryMiB=8192, coresPercent=250), "metadata": {"name": "team-a"}})
+    await kube.merge_patch(share_path + "/status", {"status": {"used": {"memoryMiB": 4096, "coresPercent": 25}}})
+    assert (await kube.get(share_path))["status"]["used"]["memoryMiB"] == 4096
+    await kube.delete(share_path, missing_ok=False)
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    (pool("bad", splitCount=65), "spec.sharing.splitCount"),
+    (pool("bad", splitCount=-1), "spec.sharing.splitCount"),
+    (pool("bad", deviceMemoryScaling=0.5), "spec.sharing.deviceMemoryScaling"),
+    (pool("bad", deviceMemoryScaling=9), "spec.sharing.deviceMemoryScaling"),
+    (pool("bad", operatingMode="mig"), "spec.sharing.operatingMode"),
+    (pool("bad", omittedCores="sometimes"), "spec.sharing.omittedCores"),
+    (share("bad", memoryMiB=-1), "spec.limits.memoryMiB"),
+    (share("bad", coresPercent=-5), "spec.limits.coresPercent"),
+    (share("bad", gpus=-2), "spec.limits.gpus"),
+])
+async def test_invalid_objects_are_refused_naming_the_field(kube: Kube, body: dict, field: str) -> None:
+    namespace = body["metadata"].get("namespace")
+    with pytest.raises(Invalid) as refused:
+        await kube.create(object_path(API_VERSION, body["kind"].lower() + "s", namespace=namespace), body)
+    assert field in refused.value.message, refused.value.message
+
+
+def test_unknown_fields_are_refused_by_kubectl(cluster) -> None:
+    body = pool("typo")
+    body["spec"]["sharing"] = {"splitCont": 4}
+    result = cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body), check=False)
+    assert result.returncode != 0
+    assert 'unknown field "spec.sharing.splitCont"' in result.stderr, result.stderr
+
+
+def test_missing_required_field_is_named(cluster) -> None:
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "nopool", "namespace": "default"},
+            "spec": {"limits": {}}}
+    result = cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body), check=False)
+    assert result.returncode != 0
+    assert "spec.pool: Required value" in result.stderr, result.stderr
+
+
+def test_kubectl_get_shows_printer_columns(cluster) -> None:
+    body = share("columns", memoryMiB=20480, coresPercent=300)
+    status = {"status": {"used": {"memoryMiB": 4096, "coresPercent": 25}, "podsTotal": 1,
+                         "conditions": [{"type": "Ready", "status": "True", "reason": "QuotaApplied"}]}}
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
+    cluster.kubectl("patch", "amdgpushare", "columns", "-n", "default", "--subresource=status", "--type=merge",
+                    "-p", json.dumps(status))
+    try:
+        output = cluster.kubectl("get", "amdgpushares", "-A").stdout
+        header, row = output.splitlines()[:2]
+        assert header.split() == ["NAMESPACE", "NAME", "POOL", "MEM-USED", "MEM-LIMIT", "CORES-USED", "CORES-LIMIT",
+                                  "PODS", "READY", "AGE"]
+        assert row.split()[:9] == ["default", "columns", "p", "4096", "20480", "25", "300", "1", "True"]
+        short = cluster.kubectl("get", "ags", "-n", "default", "-o", "name").stdout.strip()
+        assert short == "amdgpushare.rocshare.io/columns"
+        explained = cluster.kubectl("explain", "amdgpupools.spec.sharing.splitCount").stdout
+        assert "How many pods may share one GPU" in explained
+    finally:
+        cluster.kubectl("delete", "amdgpushare", "columns", "-n", "default")

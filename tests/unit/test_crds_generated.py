@@ -1,0 +1,36 @@
+"""crds/ is generated from the pydantic models: the committed files must match, and the
+schemas must be structural (every node typed, no $ref or anyOf left)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rocshare.api.crdgen import all_crds
+from rocshare.api.crds_cli import render
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
+
+
+@pytest.mark.parametrize("name", sorted(all_crds()))
+def test_committed_crd_matches_models(name: str) -> None:
+    assert (CRD_DIR / name).read_text() == render(all_crds()[name]), "run `make crds`"
+
+
+def _walk(schema: dict, where: str):
+    yield where, schema
+    for key, child in schema.get("properties", {}).items():
+        yield from _walk(child, f"{where}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            yield from _walk(schema[key], f"{where}[{key}]")
+
+
+@pytest.mark.parametrize("name", sorted(all_crds()))
+def test_schema_is_structural(name: str) -> None:
+    schema = yaml.safe_load((CRD_DIR / name).read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for where, node in _walk(schema, name):
+        assert "type" in node, f"{where} has no type"
+        assert not {"$ref", "anyOf", "allOf", "title"} & node.keys(), f"{where} is not structural"

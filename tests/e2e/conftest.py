@@ -40,7 +40,24 @@ async def kube(cluster: ControlPlane) -> AsyncIterator[Kube]:
         await client.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sysfs_fixtures() -> Path:
     assert SYSFS_FIXTURES.is_dir(), f"missing {SYSFS_FIXTURES}: tests read ../shared in place"
     return SYSFS_FIXTURES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_leaves_no_nodes(cluster: ControlPlane) -> Iterator[None]:
+    """Modules share one control plane; Nodes (with the pods bound to them) that a module made are
+    removed after it, so no later module can schedule onto a node whose kubelet is gone."""
+    before = set(_names(cluster, "nodes"))
+    yield
+    for node in sorted(set(_names(cluster, "nodes")) - before):
+        node = node.removeprefix("node/")
+        cluster.kubectl("delete", "pods", "-A", f"--field-selector=spec.nodeName={node}", "--force",
+                        "--grace-period=0", "--wait=false", check=False)
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+
+
+def _names(cluster: ControlPlane, kind: str) -> list[str]:
+    return cluster.kubectl("get", kind, "-o", "name").stdout.split()

@@ -131,6 +131,15 @@ class ControlPlane:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
 
+    def user_kubeconfig(self, user: str, group: str | None = None) -> Path:
+        """A kubeconfig for another client-certificate user (RBAC applies; grant it roles yourself)."""
+        path = self.root / f"kubeconfig-{user}"
+        if not path.exists():
+            ca = certs.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
+            certs.issue(ca, self.pki, user, common_name=user, organization=group)
+            self._write_kubeconfig(path, user)
+        return path
+
     def server_url(self) -> str:
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
@@ -187,6 +196,9 @@ class ControlPlane:
             # Loopback tests create pods in bursts; the default in-flight limits would throttle them.
             "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
             "--enable-priority-and-fairness=false", "--event-ttl=30m", "-v=1",
+            # New nodes get the not-ready taint from this plugin and lose it through the node-lifecycle
+            # controller, which is off here (see the module docstring); simulated nodes report Ready.
+            "--disable-admission-plugins=TaintNodesByCondition",
         ]
 
     def _controller_manager_args(self) -> list[str]:

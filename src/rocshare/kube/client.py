@@ -133,8 +133,8 @@ class Kube:
                       content_type: str = "application/json", timeout_s: float = 30.0) -> dict[str, Any]:
         """One request; returns the decoded JSON reply or raises ApiError."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        if body is not None and "json" not in content_type:
-            body = json.dumps(body).encode()  # apply-patch+yaml: JSON is YAML; the library only encodes *json types
+        # The library JSON-encodes the body for every content type we use (apply-patch+yaml
+        # included: JSON is YAML), so plain dicts and lists go in as they are.
         try:
             response = await self._api.call_api(
                 path, method, query_params=list((query or {}).items()), header_params=headers, body=body,

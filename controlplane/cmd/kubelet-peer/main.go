@@ -1,0 +1,89 @@
+// Command kubelet-peer plays the kubelet of one simulated node, for tests and the demo.
+//
+// It runs the kubelet's own device manager (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager),
+// so device plugins register, stream devices and answer Allocate exactly as they would with a
+// real kubelet; everything else a kubelet does (containers, volumes, probes) is left out.
+// The peer keeps its Node object Ready with capacity and allocatable from the device manager,
+// admits the pods bound to its node through the device manager (Allocate, then
+// GetDeviceRunContainerOptions per container), writes what each container would receive into
+// the pod annotation kubelet-peer.rocshare.io/containers, and moves the pod to Running, or to
+// Failed with the kubelet's admission message.
+//
+// The device manager hard-codes its socket at /var/lib/kubelet/device-plugins/kubelet.sock. To
+// run several nodes on one machine the peer re-executes itself in a private mount namespace
+// (CLONE_NEWNS; needs root) and bind-mounts --plugin-dir there, so each node's agent points its
+// --device-plugin-dir at the real path of that folder. Killing the peer and starting it again is
+// a kubelet restart: the device manager removes every socket in the folder on start.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+type options struct {
+	kubeconfig string
+	nodeName   string
+	pluginDir  string
+	cpu        string
+	memory     string
+	pods       string
+	labels     string
+}
+
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server")
+	flag.StringVar(&o.nodeName, "node-name", "", "name of the simulated node")
+	flag.StringVar(&o.pluginDir, "plugin-dir", kubeletPluginDir, "folder where kubelet.sock lives (bind-mounted on "+kubeletPluginDir+" when different)")
+	flag.StringVar(&o.cpu, "cpu", "16", "node cpu capacity")
+	flag.StringVar(&o.memory, "memory", "64Gi", "node memory capacity")
+	flag.StringVar(&o.pods, "pods", "110", "node pod capacity")
+	flag.StringVar(&o.labels, "labels", "", "extra node labels set at creation, k=v,k=v")
+	klog.InitFlags(nil)
+	flag.Parse()
+	return o
+}
+
+func main() {
+	o := parseFlags()
+	if o.nodeName == "" {
+		fmt.Fprintln(os.Stderr, "kubelet-peer: --node-name is required")
+		os.Exit(2)
+	}
+	if err := enterPluginNamespace(o.pluginDir); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet-peer: %v\n", err)
+		os.Exit(1)
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet-peer: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	config, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("reading kubeconfig: %w", err)
+	}
+	config.QPS, config.Burst = 100, 200
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	peer, err := newPeer(client, o)
+	if err != nil {
+		return err
+	}
+	return peer.run(ctx)
+}

@@ -1,0 +1,46 @@
+# syntax=docker/dockerfile:1
+# rocshare node agent: GPU discovery from sysfs, health, AmdGpuNode publishing, the kubelet
+# device plugin for amd.com/gpu, the dmem VRAM cap, and the monitor on :9394. Build from the
+# project root:
+#   docker build -f images/agent.Dockerfile -t rocshare/node-agent:0.1.0 .
+# images/agent.Dockerfile.dockerignore keeps the build context to the sources.
+
+# ---- build: the package and its pinned dependencies in a venv -----------------------------
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/rocshare
+WORKDIR /src
+# Dependencies first (direct pins from pyproject.toml, the rest from constraints.txt), so that
+# a source change reuses this layer. grpcio, pydantic-core and aiohttp ship manylinux
+# wheels, so the slim base needs no compiler.
+COPY pyproject.toml constraints.txt ./
+RUN python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+ && /opt/rocshare/bin/pip install -c constraints.txt -r requirements.txt
+COPY src ./src
+COPY operator ./operator
+COPY nodeagent ./nodeagent
+RUN /opt/rocshare/bin/pip install --no-deps . \
+ && /opt/rocshare/bin/python -m compileall -q /opt/rocshare/lib
+
+# ---- run -----------------------------------------------------------------------------------
+FROM python:3.11-slim
+LABEL org.opencontainers.image.title="rocshare-node-agent" \
+      org.opencontainers.image.description="rocshare node agent: AMD GPU discovery, device plugin, monitor" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PATH=/opt/rocshare/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+COPY --from=build /opt/rocshare /opt/rocshare
+# The agent runs as root (the DaemonSet also makes it privileged, with hostPID), because its
+# job is the host's devices, not its own container:
+#  * the kubelet's device-plugin folder (/var/lib/kubelet/device-plugins) is root-owned 0750;
+#    the agent creates its socket there and connects to kubelet.sock;
+#  * health checks open /dev/kfd and /dev/dri/card*, renderD* of every GPU (root or the
+#    render/video groups, whose ids differ per host);
+#  * the dmem VRAM cap writes dmem.max in each pod's cgroup under /sys/fs/cgroup;
+#  * the monitor reads /sys/class/kfd/kfd/proc/<pid>/vram_* and /proc/<pid>/cgroup of other
+#    users' processes (hostPID), which needs CAP_SYS_PTRACE-level access.
+# A non-root user with the right groups and capabilities would differ per host and still need
+# most of these; the pod's privilege is what matters, and it is scoped to GPU nodes.
+USER 0:0
+EXPOSE 9394
+ENTRYPOINT ["rocshare"]
+CMD ["agent"]

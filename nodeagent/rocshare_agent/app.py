@@ -1,0 +1,103 @@
+"""The node agent process: inventory loop, pod cache, device plugin and monitor, wired.
+
+Order: the inventory loop starts first and the device plugin serves only once the first
+inventory is known, so the kubelet never sees an empty list that is merely not read yet.
+Every part keeps its state in the API server or rebuilds it (pods by list+watch, GPUs by
+discovery); the process can be killed at any time. The device plugin unit re-registers by
+itself when the kubelet restarts; any other part that ends unexpectedly ends the process
+(the DaemonSet restarts it) rather than leaving a half-working agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocshare.api.models import GpuInfo
+from rocshare.kube.client import Kube
+from rocshare_agent.deviceplugin.pods import KubePods
+from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginUnit
+from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.inventory_loop import run_inventory_loop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    kubeconfig: str | None = None
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    device_plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
+    hook_path: str = "/usr/local/vgpu"
+    exporter_url: str | None = None
+    health_interval_s: float = 2.0
+    cgroup_root: Path | None = Path("/sys/fs/cgroup")
+    proc_root: Path = Path("/proc")
+    monitor_port: int = 9394
+    monitor_addr: str = "0.0.0.0"
+
+
+def _start_monitor(config: AgentConfig):
+    if config.monitor_port <= 0:
+        return None
+    from rocshare_agent.monitor import start_monitor
+
+    server, _thread = start_monitor(sysfs_root=config.sysfs_root, proc_root=config.proc_root,
+                                    port=config.monitor_port, addr=config.monitor_addr)
+    log.info("monitor serving /metrics on %s:%d", config.monitor_addr, config.monitor_port)
+    return server
+
+
+async def run_agent(config: AgentConfig) -> None:
+    """Run until cancelled."""
+    kube = await Kube.connect(config.kubeconfig)
+    monitor = _start_monitor(config)
+    try:
+        await _run_parts(kube, config)
+    finally:
+        if monitor is not None:
+            monitor.shutdown()
+        await kube.close()
+
+
+async def _run_parts(kube: Kube, config: AgentConfig) -> None:
+    pods = KubePods(kube, config.node_name)
+    service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
+                                  dev_root=str(config.dev_root), cgroup_root=config.cgroup_root)
+    unit = PluginUnit(service, plugin_dir=config.device_plugin_dir)
+    first_inventory = asyncio.Event()
+
+    def on_inventory(gpus: list[GpuInfo]) -> None:
+        service.set_inventory(gpus)
+        first_inventory.set()
+        log.info("inventory: %d devices, %d healthy", len(gpus), sum(g.healthy for g in gpus))
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
+                                             dev_root=config.dev_root, exporter_url=config.exporter_url,
+                                             interval_s=config.health_interval_s, on_inventory=on_inventory))
+        tasks.create_task(pods.run())
+        await first_inventory.wait()
+        tasks.create_task(unit.run())
+
+
+def main(config: AgentConfig) -> int:
+    """Blocking entry point: SIGTERM and SIGINT stop the agent cleanly."""
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await run_agent(config)
+        except asyncio.CancelledError:
+            log.info("agent stopping")
+
+    asyncio.run(guarded())
+    return 0

@@ -1,0 +1,51 @@
+"""Run the node agent: GPU discovery and health, AmdGpuNode publishing, the kubelet device
+plugin for amd.com/gpu, and the monitor on :9394.
+
+The agent serves its device plugin socket in --device-plugin-dir and registers with the
+kubelet there (again whenever the kubelet restarts). Allocate answers only the pod the
+rocshare scheduler committed for this node; see DESIGN.md sections 2 and 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                        help="this node's name (default: $NODE_NAME)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument("--sysfs-root", type=Path, default=Path("/sys"), help="host sysfs (default /sys)")
+    parser.add_argument("--dev-root", type=Path, default=Path("/dev"), help="host /dev (default /dev)")
+    parser.add_argument("--device-plugin-dir", type=Path, default=Path("/var/lib/kubelet/device-plugins"),
+                        help="folder holding kubelet.sock (default /var/lib/kubelet/device-plugins)")
+    parser.add_argument("--hook-path", default="/usr/local/vgpu",
+                        help="host folder holding libamvgpu.so, mounted read-only into slice containers")
+    parser.add_argument("--exporter-url", default=None,
+                        help="AMD Device Metrics Exporter /metrics URL (overrides the pool's health settings)")
+    parser.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between health checks")
+    parser.add_argument("--cgroup-root", default="/sys/fs/cgroup",
+                        help="cgroup v2 root for the dmem VRAM cap; 'none' disables it")
+    parser.add_argument("--proc-root", type=Path, default=Path("/proc"), help="host /proc, for the monitor")
+    parser.add_argument("--monitor-port", type=int, default=9394, help="Prometheus port; 0 disables the monitor")
+    parser.add_argument("--monitor-addr", default="0.0.0.0", help="address the monitor listens on")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rocshare_agent.app import AgentConfig, main
+
+    if not args.node_name:
+        raise SystemExit("rocshare agent: --node-name (or $NODE_NAME) is required")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = AgentConfig(
+        node_name=args.node_name, kubeconfig=args.kubeconfig, sysfs_root=args.sysfs_root, dev_root=args.dev_root,
+        device_plugin_dir=args.device_plugin_dir, hook_path=args.hook_path, exporter_url=args.exporter_url,
+        health_interval_s=args.health_interval_s,
+        cgroup_root=None if args.cgroup_root == "none" else Path(args.cgroup_root),
+        proc_root=args.proc_root, monitor_port=args.monitor_port, monitor_addr=args.monitor_addr,
+    )
+    return main(config)

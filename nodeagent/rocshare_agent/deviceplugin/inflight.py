@@ -1,0 +1,132 @@
+"""Which pod and container a kubelet Allocate call is for (DESIGN.md section 2, rule 3).
+
+The kubelet's Allocate carries device IDs but no pod. The extender keeps at most one pod in
+flight per node (bound, record committed, not yet marked allocated), so the call belongs to
+that pod; the kubelet serves a pod's containers in order, init containers first, which is
+also the record's order. Everything here is pure: pods are the API server's dicts.
+
+Invariants: a request is served only when exactly one pod is in flight, its record decodes,
+names this node and agrees with the pod's own limits, and the next unserved container asks for
+as many devices as the kubelet sends. Anything else is a `Refusal` naming what did not match;
+`Refusal.pod` is the pod to annotate with the reason, when one can be told apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rocshare.api.allocation import (
+    ALLOCATED_ANNOTATION,
+    ALLOCATION_ANNOTATION,
+    AllocationError,
+    AllocationRecord,
+    ContainerAllocation,
+    decode_record,
+)
+
+RESOURCE_NAME = "amd.com/gpu"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class InFlightPod:
+    pod: PodRef
+    record: AllocationRecord
+
+
+class Refusal(Exception):
+    """The request cannot be served; the message says why, for the pod's status and events."""
+
+    def __init__(self, message: str, pod: PodRef | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.pod = pod
+
+
+def pod_ref(pod: Mapping[str, Any]) -> PodRef:
+    meta = pod["metadata"]
+    return PodRef(meta.get("namespace", ""), meta["name"], meta.get("uid", ""))
+
+
+def gpu_limit(container: Mapping[str, Any]) -> int:
+    """The container's amd.com/gpu limit (requests equal limits for extended resources)."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    try:
+        return int(str(limits.get(RESOURCE_NAME, "0")))
+    except ValueError:
+        return 0
+
+
+def pod_gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(name, amd.com/gpu) of every container asking for GPUs, init containers first."""
+    spec = pod.get("spec") or {}
+    containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+    return [(c["name"], gpu_limit(c)) for c in containers if gpu_limit(c) > 0]
+
+
+def awaiting_allocation(pod: Mapping[str, Any], node_name: str) -> bool:
+    """Bound here, alive, not started and not yet marked allocated."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return ((pod.get("spec") or {}).get("nodeName") == node_name and not meta.get("deletionTimestamp")
+            and status.get("phase", "Pending") == "Pending"
+            and ALLOCATED_ANNOTATION not in (meta.get("annotations") or {}))
+
+
+def find_in_flight(pods: Iterable[Mapping[str, Any]], node_name: str) -> InFlightPod:
+    waiting = [pod for pod in pods if awaiting_allocation(pod, node_name) and pod_gpu_containers(pod)]
+    committed = [pod for pod in waiting if ALLOCATION_ANNOTATION in pod["metadata"].get("annotations", {})]
+    if not committed:
+        suspect = pod_ref(waiting[0]) if len(waiting) == 1 else None
+        raise Refusal(f"no pod in flight on node {node_name}: no pod bound here carries a committed "
+                      f"{ALLOCATION_ANNOTATION} record (was it scheduled by rocshare?)", suspect)
+    if len(committed) > 1:
+        names = ", ".join(sorted(str(pod_ref(pod)) for pod in committed))
+        raise Refusal(f"{len(committed)} pods in flight on node {node_name} ({names}); expected one, "
+                      f"refusing rather than guessing")
+    return _committed(committed[0], node_name)
+
+
+def _committed(pod: Mapping[str, Any], node_name: str) -> InFlightPod:
+    ref = pod_ref(pod)
+    try:
+        record = decode_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    except AllocationError as error:
+        raise Refusal(f"pod {ref}: {error}", ref) from None
+    if record.node != node_name:
+        raise Refusal(f"pod {ref}: its record was committed for node {record.node}, not {node_name}", ref)
+    _check_matches_pod(record, pod, ref)
+    return InFlightPod(ref, record)
+
+
+def _check_matches_pod(record: AllocationRecord, pod: Mapping[str, Any], ref: PodRef) -> None:
+    asked = pod_gpu_containers(pod)
+    committed = [(c.name, len(c.devices)) for c in record.containers]
+    if asked != committed:
+        raise Refusal(f"pod {ref}: record commits {_describe(committed)} but the pod asks {_describe(asked)}", ref)
+
+
+def _describe(pairs: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{name}={count}" for name, count in pairs) or "no GPUs"
+
+
+def next_container(in_flight: InFlightPod, served: int, device_count: int) -> ContainerAllocation:
+    """The record's container the kubelet is allocating now, given `served` already done."""
+    containers = in_flight.record.containers
+    if served >= len(containers):
+        raise Refusal(f"pod {in_flight.pod}: all {len(containers)} GPU containers were already served", in_flight.pod)
+    container = containers[served]
+    if len(container.devices) != device_count:
+        raise Refusal(f"pod {in_flight.pod}: kubelet asks {device_count} {RESOURCE_NAME} for the next container, "
+                      f"but container {container.name} was committed {len(container.devices)}", in_flight.pod)
+    return container

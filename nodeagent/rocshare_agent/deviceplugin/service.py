@@ -1,0 +1,225 @@
+"""The device plugin's handlers, as plain async functions over protobuf messages.
+
+`DevicePluginService` holds the current inventory and answers the kubelet; `server.py` only
+binds these methods to a gRPC socket, so tests call them directly. Errors are typed:
+`Refusal` (the request does not match a committed allocation: the kubelet must fail the pod)
+and `kube.ApiError` (the API server could not be read or written); the gRPC adapter maps them
+to status codes once.
+
+Invariants: Allocate calls are served one at a time (the kubelet admits pods serially, and
+container progress must not interleave); a pod is marked allocated only after its last GPU
+container was served; a refusal marks nothing but the reason annotation. The allocated mark
+is written in the background, right after the answer: the kubelet must not wait on the API
+server (an etcd write, tens of ms under load) to start a container. Until the mark is
+visible, the pod is remembered as served, so it never counts as in flight again; the write
+is retried with backoff until it lands or the pod is gone. Progress through a
+pod's containers lives in memory only: an agent restart drops its socket, so the kubelet fails
+a half-served pod anyway, and `reset_progress` is called when the kubelet restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rocshare.api.models import GpuInfo
+from rocshare.kube.client import ApiError, Conflict
+from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
+from rocshare_agent.deviceplugin import dmem
+from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
+from rocshare_agent.deviceplugin.devices import plugin_devices
+from rocshare_agent.deviceplugin.inflight import InFlightPod, PodRef, Refusal, find_in_flight, next_container
+from rocshare_agent.deviceplugin.preferred import preferred_ids
+
+log = logging.getLogger(__name__)
+
+WATCH_GRACE_S = 0.25
+"""How long Allocate waits for the pod watch to catch up with a binding before it lists afresh:
+the watch event usually arrives within milliseconds, and a list of every pod on a busy node
+costs more than waiting for it."""
+
+MARK_RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10)
+SERVED_MEMORY = 4096  # fully served pod uids remembered until their mark is surely visible
+
+
+class PodSource(Protocol):
+    """The node's pods (API server dicts) and the two annotations the agent writes."""
+
+    def cached(self) -> Sequence[Mapping[str, Any]]: ...
+    async def next_event(self, timeout_s: float) -> bool: ...
+    async def fresh(self) -> Sequence[Mapping[str, Any]]: ...
+    async def mark_allocated(self, pod: PodRef) -> None: ...
+    async def mark_refused(self, pod: PodRef, reason: str) -> None: ...
+
+
+class DevicePluginService:
+    def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
+                 dev_root: str = "/dev", cgroup_root: Path | None = None) -> None:
+        self.node_name = node_name
+        self._pods = pods
+        self._hook_host_dir = hook_host_dir
+        self._dev_root = dev_root
+        self._cgroup_root = cgroup_root
+        self._background: set[asyncio.Task] = set()  # allocated marks and dmem writers in progress
+        self._gpus: list[GpuInfo] = []
+        self._gpus_by_id: dict[str, GpuInfo] = {}
+        self._changed = asyncio.Event()  # set and replaced on every inventory change
+        self._allocating = asyncio.Lock()
+        self._progress: dict[str, int] = {}  # pod uid -> GPU containers served
+        self._served: OrderedDict[str, None] = OrderedDict()  # uids fully served, newest last
+
+    # ---- inventory -------------------------------------------------------------------
+
+    def set_inventory(self, gpus: Sequence[GpuInfo]) -> None:
+        """New inventory or health: every ListAndWatch stream sends the new list at once.
+        Synchronous, so the inventory loop may call it as a plain callback."""
+        if list(gpus) == self._gpus:
+            return
+        self._gpus = list(gpus)
+        self._gpus_by_id = {gpu.id: gpu for gpu in gpus}
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        return list(self._gpus)
+
+    def list_response(self) -> pb.ListAndWatchResponse:
+        devices = [pb.Device(ID=d.id, health=d.health,
+                             topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa)]) if d.numa is not None else None)
+                   for d in plugin_devices(self._gpus)]
+        return pb.ListAndWatchResponse(devices=devices)
+
+    def reset_progress(self) -> None:
+        self._progress.clear()
+
+    async def settle(self) -> None:
+        """Wait for the background work started so far (allocated marks, dmem writes)."""
+        await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # ---- handlers --------------------------------------------------------------------
+
+    async def get_device_plugin_options(self, request: pb.Empty) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def list_and_watch(self, request: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]:
+        while True:
+            changed = self._changed  # taken before sending, so no change can slip between
+            yield self.list_response()
+            await changed.wait()
+
+    async def get_preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        responses = []
+        for container in request.container_requests:
+            committed = self._committed_gpus_for(container.allocation_size)
+            ids = preferred_ids(list(container.available_deviceIDs), list(container.must_include_deviceIDs),
+                                container.allocation_size, committed_gpu_ids=committed, gpus=self._gpus_by_id)
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        async with self._allocating:
+            try:
+                responses = [await self._allocate_one(len(c.devices_ids)) for c in request.container_requests]
+            except Refusal as refusal:
+                log.warning("Allocate refused: %s", refusal.message)
+                if refusal.pod is not None:
+                    await self._pods.mark_refused(refusal.pod, refusal.message)
+                raise
+        return pb.AllocateResponse(container_responses=responses)
+
+    async def pre_start_container(self, request: pb.PreStartContainerRequest) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    # ---- allocation ------------------------------------------------------------------
+
+    async def _allocate_one(self, device_count: int) -> pb.ContainerAllocateResponse:
+        in_flight = await self._in_flight()
+        uid = in_flight.pod.uid
+        served = self._progress.get(uid, 0)
+        container = next_container(in_flight, served, device_count)
+        try:
+            spec = render_container(container, self._gpus_by_id, oversubscribed=in_flight.record.oversubscribed,
+                                    hook_host_dir=self._hook_host_dir, dev_root=self._dev_root)
+        except SpecError as error:
+            raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
+        self._progress = {uid: served + 1}  # one pod in flight: older entries are finished or failed
+        if served + 1 == len(in_flight.record.containers):
+            self._progress.pop(uid, None)
+            self._remember_served(uid)
+            self._in_background(self._mark_allocated(in_flight.pod))
+            self._cap_vram(in_flight)
+        log.info("Allocate: pod %s container %s (%d devices)", in_flight.pod, container.name, device_count)
+        return to_response(spec)
+
+    async def _in_flight(self) -> InFlightPod:
+        """From the watch cache, re-checked on each watch event for WATCH_GRACE_S (the watch may
+        lag the binding); then from a fresh list, which alone may refuse."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WATCH_GRACE_S
+        while True:
+            try:
+                return find_in_flight(self._unserved(self._pods.cached()), self.node_name)
+            except Refusal:
+                remaining_s = deadline - loop.time()
+                if remaining_s <= 0 or not await self._pods.next_event(remaining_s):
+                    break
+        return find_in_flight(self._unserved(await self._pods.fresh()), self.node_name)
+
+    def _unserved(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        return [pod for pod in pods if pod["metadata"].get("uid") not in self._served]
+
+    def _remember_served(self, uid: str) -> None:
+        self._served[uid] = None
+        while len(self._served) > SERVED_MEMORY:
+            self._served.popitem(last=False)
+
+    async def _mark_allocated(self, pod: PodRef) -> None:
+        for attempt, delay_s in enumerate((*MARK_RETRY_DELAYS_S, None), start=1):
+            try:
+                await self._pods.mark_allocated(pod)
+                return
+            except ApiError as error:
+                if not error.temporary or delay_s is None or isinstance(error, Conflict):
+                    log.error("could not mark pod %s allocated (attempt %d, giving up): %s", pod, attempt, error)
+                    return
+                log.warning("marking pod %s allocated failed (attempt %d): %s; retrying in %.1f s",
+                            pod, attempt, error, delay_s)
+                await asyncio.sleep(delay_s)
+
+    def _in_background(self, work) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _committed_gpus_for(self, size: int) -> list[str]:
+        try:
+            in_flight = find_in_flight(self._pods.cached(), self.node_name)
+        except Refusal:
+            return []
+        served = self._progress.get(in_flight.pod.uid, 0)
+        containers = in_flight.record.containers
+        if served < len(containers) and len(containers[served].devices) == size:
+            return [device.gpu_id for device in containers[served].devices]
+        return in_flight.record.gpu_ids()
+
+    def _cap_vram(self, in_flight: InFlightPod) -> None:
+        if self._cgroup_root is None or not dmem.dmem_available(self._cgroup_root):
+            return
+        caps = dmem.vram_caps_bytes(in_flight.record, self._gpus_by_id)
+        limits = dmem.region_limits(dmem.read_regions(self._cgroup_root), caps)
+        self._in_background(dmem.apply_when_ready(self._cgroup_root, in_flight.pod.uid, limits))
+
+
+def to_response(spec: ContainerSpec) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=spec.envs,
+        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+                 for d in spec.devices],
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in spec.mounts],
+    )

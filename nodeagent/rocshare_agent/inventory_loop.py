@@ -1,0 +1,252 @@
+"""The node agent's inventory loop: discover, check health, publish, tell the device plugin.
+
+`run_inventory_loop` runs until cancelled. Every check (at most `interval_s`, 2 s by
+default, or the pool's health interval when shorter) it re-discovers the GPUs (< 100 ms
+even on 63 partitions, run in a worker thread), applies device-file and exporter health,
+and, when the inventory or any GPU's health changed, calls `on_inventory` with the new list,
+emits Events for the transitions and re-publishes. Without changes it re-publishes every
+`heartbeat_s` (lastHeartbeatTime). The pool settings the operator writes on the Node
+(annotation rocshare.io/pool-settings) are re-read every `settings_interval_s`; missing or
+undecodable settings mean defaults (logged with why). A failed publish is logged and
+retried on the next check; nothing here ends the loop but cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rocshare.api.models import AmdGpuNodeStatus, Condition, GpuInfo, HealthSource, HealthSourceKind, Sharing
+from rocshare.api.hami import encode_node_register
+from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, SettingsError, decode_settings
+from rocshare.kube.client import ApiError, Kube
+from rocshare_agent.discovery import DiscoveryResult, discover
+from rocshare_agent.health import ExporterHealth, apply_exporter_health
+from rocshare_agent.publish import NodePublisher, Transition, health_transitions, node_labels
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+DEFAULT_INTERVAL_S = 2.0
+DEFAULT_HEARTBEAT_S = 60.0
+DEFAULT_SETTINGS_INTERVAL_S = 30.0
+
+InventoryCallback = Callable[[list[GpuInfo]], Awaitable[None] | None]
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def default_settings() -> NodeSettings:
+    """The pool defaults, for a node with no (or an undecodable) settings annotation.
+
+    NodeSettings requires a pool name; a node outside any pool has none, so build it unvalidated.
+    """
+    return NodeSettings.model_construct(version=1, pool="", sharing=Sharing(), health=HealthSource())
+
+
+@dataclass
+class _Published:
+    status: AmdGpuNodeStatus | None = None
+    metadata: tuple | None = None
+    at: float = 0.0
+
+
+class InventoryAgent:
+    """One node's inventory state; `check()` is one pass of the loop (tests drive it directly)."""
+
+    def __init__(self, kube: Kube, *, node_name: str, sysfs_root: Path, dev_root: Path | None,
+                 exporter_url: str | None = None, on_inventory: InventoryCallback | None = None,
+                 heartbeat_s: float = DEFAULT_HEARTBEAT_S, settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
+                 exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.publisher = NodePublisher(kube, node_name)
+        self.sysfs_root, self.dev_root = Path(sysfs_root), (Path(dev_root) if dev_root else None)
+        self.exporter_url_override = exporter_url
+        self.on_inventory = on_inventory
+        self.heartbeat_s, self.settings_interval_s = heartbeat_s, settings_interval_s
+        self.exporter_timeout_s = exporter_timeout_s
+        self.clock = clock
+        self.settings = default_settings()
+        self.node_uid: str | None = None
+        self.gpus: list[GpuInfo] | None = None
+        self.discovery = DiscoveryResult()
+        self._settings_at: float | None = None
+        self._exporter: ExporterHealth | None = None
+        self._published = _Published()
+        self._ready: Condition | None = None
+
+    # -- settings -----------------------------------------------------------------------------
+
+    async def refresh_settings(self) -> None:
+        try:
+            node = await self.publisher.read_node()
+        except ApiError as error:
+            log.warning("cannot read Node %s (keeping previous settings): %s", self.publisher.node_name, error)
+            return
+        self._settings_at = self.clock()
+        if node is None:
+            log.warning("Node %s does not exist: publishing only the AmdGpuNode", self.publisher.node_name)
+            self.node_uid = None
+            return
+        self.node_uid = node["metadata"].get("uid")
+        self.settings = settings_from_node(node)
+
+    def exporter(self) -> ExporterHealth | None:
+        url = self.exporter_url_override
+        if url is None and self.settings.health.kind == HealthSourceKind.METRICS_EXPORTER:
+            url = self.settings.health.exporter_url
+        if url is None:
+            return None
+        if self._exporter is None or self._exporter.url != url:
+            self._exporter = ExporterHealth(url, timeout_s=self.exporter_timeout_s)
+        return self._exporter
+
+    # -- one pass -----------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        if self._settings_at is None or self.clock() - self._settings_at >= self.settings_interval_s:
+            await self.refresh_settings()
+        discovery = await self._discover()
+        gpus = await self._with_exporter_health(discovery.gpus)
+        self.discovery = discovery
+        if gpus != self.gpus:
+            transitions = health_transitions(self.gpus, gpus)
+            self.gpus = gpus
+            await self._notify(gpus)
+            await self._emit(transitions)
+        await self._publish(gpus)
+
+    async def _discover(self) -> DiscoveryResult:
+        sharing = self.settings.sharing
+        return await asyncio.to_thread(discover, self.sysfs_root, self.dev_root, operating_mode=sharing.operating_mode,
+                                       split_count=sharing.split_count)
+
+    async def _with_exporter_health(self, gpus: list[GpuInfo]) -> list[GpuInfo]:
+        exporter = self.exporter()
+        if exporter is None:
+            return gpus
+        reading = await exporter.poll()
+        if reading.error:
+            log.warning("metrics exporter: %s (%s)", reading.error,
+                        "keeping last-known verdicts" if reading.verdicts else "device-file health only")
+        return apply_exporter_health(gpus, reading.verdicts)
+
+    async def _notify(self, gpus: list[GpuInfo]) -> None:
+        if self.on_inventory is None:
+            return
+        try:
+            result = self.on_inventory(list(gpus))
+            if inspect.isawaitable(result):
+                await result
+        except Exception:  # the callback's bug must not stop inventory publishing
+            log.exception("on_inventory callback failed")
+
+    async def _emit(self, transitions: list[Transition]) -> None:
+        for transition in transitions:
+            log.info("%s: %s", transition.reason, transition.message)
+            try:
+                await self.publisher.emit_event(transition, node_uid=self.node_uid, now_rfc3339=_now_rfc3339())
+            except ApiError as error:
+                log.warning("cannot post event %s: %s", transition.reason, error)
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def status(self, gpus: list[GpuInfo]) -> AmdGpuNodeStatus:
+        return AmdGpuNodeStatus(
+            gpus=gpus, problems=self.discovery.problems, operating_mode=self.settings.sharing.operating_mode,
+            device_memory_scaling=self.settings.sharing.device_memory_scaling, agent_version=AGENT_VERSION,
+            conditions=[self._ready_condition(gpus)],
+        )
+
+    def _ready_condition(self, gpus: list[GpuInfo]) -> Condition:
+        condition = ready_condition(gpus)
+        previous = self._ready
+        if previous is None or previous.status != condition.status:
+            condition = condition.model_copy(update={"last_transition_time": _now_rfc3339()})
+        else:
+            condition = condition.model_copy(update={"last_transition_time": previous.last_transition_time})
+        self._ready = condition
+        return condition
+
+    async def _publish(self, gpus: list[GpuInfo]) -> None:
+        status = self.status(gpus)
+        heartbeat_due = self.clock() - self._published.at >= self.heartbeat_s
+        if status == self._published.status and not heartbeat_due:
+            return
+        stamped = status.model_copy(update={"last_heartbeat_time": _now_rfc3339()})
+        try:
+            await self.publisher.publish_status(stamped, node_uid=self.node_uid)
+            await self._publish_metadata(gpus, force=heartbeat_due)
+        except ApiError as error:
+            log.warning("publishing the inventory of %s failed (retrying next check): %s",
+                        self.publisher.node_name, error)
+            return
+        self._published = _Published(status=status, metadata=self._published.metadata, at=self.clock())
+
+    async def _publish_metadata(self, gpus: list[GpuInfo], *, force: bool) -> None:
+        if self.node_uid is None:
+            return
+        sharing = self.settings.sharing
+        labels = node_labels(gpus)
+        register = encode_node_register(gpus, operating_mode=sharing.operating_mode,
+                                        memory_scaling=sharing.device_memory_scaling,
+                                        compute_queues=self.discovery.compute_queues)
+        metadata = (tuple(sorted(labels.items())), register, self.node_uid)
+        if metadata == self._published.metadata and not force:
+            return
+        await self.publisher.publish_node_metadata(node_uid=self.node_uid, labels=labels, register=register)
+        self._published.metadata = metadata
+
+
+def settings_from_node(node: dict) -> NodeSettings:
+    text = (node.get("metadata", {}).get("annotations") or {}).get(POOL_SETTINGS_ANNOTATION)
+    if text is None:
+        return default_settings()
+    try:
+        return decode_settings(text)
+    except SettingsError as error:
+        log.warning("using default pool settings: %s", error)
+        return default_settings()
+
+
+def ready_condition(gpus: list[GpuInfo]) -> Condition:
+    healthy = sum(gpu.healthy for gpu in gpus)
+    if not gpus:
+        return Condition(type="Ready", status="False", reason="NoGpus", message="no AMD GPU found")
+    if healthy == 0:
+        return Condition(type="Ready", status="False", reason="NoHealthyGpus", message=f"0/{len(gpus)} GPUs healthy")
+    return Condition(type="Ready", status="True", reason="GpusFound", message=f"{healthy}/{len(gpus)} GPUs healthy")
+
+
+async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, dev_root: Path | None,
+                             exporter_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+                             heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+                             settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
+                             on_inventory: InventoryCallback | None = None) -> None:
+    """Discover, check health and publish for `node_name` until cancelled.
+
+    `on_inventory(gpus)` (sync or async) is called with the full list of `GpuInfo` on the
+    first check and whenever the inventory or any GPU's health changes. `exporter_url`
+    overrides the pool's metrics-exporter setting. Health is checked every `interval_s`, or
+    the pool's `health.intervalSeconds` when that is shorter.
+    """
+    agent = InventoryAgent(kube, node_name=node_name, sysfs_root=sysfs_root, dev_root=dev_root,
+                           exporter_url=exporter_url, on_inventory=on_inventory, heartbeat_s=heartbeat_s,
+                           settings_interval_s=settings_interval_s)
+    while True:
+        started = time.monotonic()
+        try:
+            await agent.check()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug in one pass must not stop the agent publishing
+            log.exception("inventory check failed")
+        period_s = min(interval_s, float(agent.settings.health.interval_seconds))
+        await asyncio.sleep(max(0.0, period_s - (time.monotonic() - started)))

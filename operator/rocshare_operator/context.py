@@ -1,0 +1,99 @@
+"""What every handler of this operator shares: the API connection, operator
+settings, and the wake-up registry that links events to reconcile loops.
+
+Handlers find it as ``memo.rocshare`` (Kopf copies the operator's memo shallowly
+into each object's memo, so they all see this one object).
+
+Each pool and share has one reconcile loop (a Kopf daemon) that sleeps until it is
+woken or a resync interval passes. Events on other objects (nodes, AmdGpuNodes,
+pods, DaemonSets, quotas, other pools) only wake the loops they concern, so a
+burst of events costs one reconcile per loop, and loops never spin.
+
+Nothing here is state that matters after a restart: every loop reconciles once on
+start, and the `applied` fingerprints only save redundant writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocshare.kube.client import Kube
+from rocshare_operator.agent_daemonset import AgentDeployment
+
+LoopKey = tuple[Hashable, ...]  # ("pool", name) or ("share", namespace, name)
+
+
+def pool_key(name: str) -> LoopKey:
+    return ("pool", name)
+
+
+def share_key(namespace: str, name: str) -> LoopKey:
+    return ("share", namespace, name)
+
+
+@dataclass
+class LoopState:
+    """One reconcile loop's wake-up flag, why it was woken, and what it last wrote."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    reasons: set[str] = field(default_factory=set)
+    applied: dict[str, Any] = field(default_factory=dict)
+
+    def take_reasons(self) -> set[str]:
+        """Clear the flag and return the reasons, before a reconcile, so later wakes cause another pass."""
+        self.event.clear()
+        reasons, self.reasons = self.reasons, set()
+        return reasons
+
+
+class Wakeups:
+    """Registry of running reconcile loops by key."""
+
+    def __init__(self) -> None:
+        self._loops: dict[LoopKey, LoopState] = {}
+
+    def register(self, key: LoopKey) -> LoopState:
+        state = self._loops[key] = LoopState()
+        return state
+
+    def unregister(self, key: LoopKey, state: LoopState) -> None:
+        # A recreated object may already have a new loop under the same key: keep that one.
+        if self._loops.get(key) is state:
+            del self._loops[key]
+
+    def get(self, key: LoopKey) -> LoopState | None:
+        return self._loops.get(key)
+
+    def wake(self, key: LoopKey, reason: str = "") -> None:
+        """Wake one loop; a key without a running loop is fine (it reconciles when it starts)."""
+        state = self._loops.get(key)
+        if state is not None:
+            if reason:
+                state.reasons.add(reason)
+            state.event.set()
+
+    def wake_kind(self, kind: str, reason: str = "") -> None:
+        for key in list(self._loops):
+            if key[0] == kind:
+                self.wake(key, reason)
+
+
+@dataclass
+class OperatorContext:
+    kube: Kube
+    agent: AgentDeployment
+    wakeups: Wakeups = field(default_factory=Wakeups)
+    kubeconfig: str | None = None
+    # Last value seen per watched object, so that an event that changes nothing we
+    # read (a heartbeat, a pod status tick) wakes nobody.
+    seen: dict[Hashable, Any] = field(default_factory=dict)
+
+    def changed(self, key: Hashable, value: Any) -> bool:
+        """Record `value` for `key` (None forgets it); True when it differs from the last one."""
+        before = self.seen.pop(key, None)
+        if value is not None:
+            self.seen[key] = value
+        return before != value

@@ -1,0 +1,199 @@
+"""The scheduler extender's HTTP service: JSON in and out with the extender API's Go
+field names, served by aiohttp. It refuses to answer (503) until every cache has been
+listed once, so a freshly restarted operator never decides from a partial ledger.
+
+Routes: POST /extender/filter, /extender/prioritize, /extender/bind; GET /healthz,
+/readyz. Metrics are served on their own port by prometheus-client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import start_http_server
+
+from rocshare.api.models import API_VERSION
+from rocshare.core.ids import pod_key
+from rocshare.core.request import RequestError, parse_pod
+from rocshare.kube.client import Kube, object_path
+from rocshare.kube.informer import Informer
+from rocshare_operator.extender.binder import Binder, BindRefused
+from rocshare_operator.extender.decisions import filter_nodes, prioritize
+from rocshare_operator.extender.metrics import ExtenderMetrics
+from rocshare_operator.extender.retry import Retrier
+from rocshare_operator.extender.state import SchedulerState
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass
+class ExtenderService:
+    state: SchedulerState
+    binder: Binder
+    metrics: ExtenderMetrics
+    ready: Callable[[], bool]
+
+    async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        names = _node_names(args)
+        try:
+            request = parse_pod(_pod(args))
+        except RequestError as error:
+            self.metrics.decisions.labels("filter", "error").inc()
+            return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
+        result = filter_nodes(self.state, request, names)
+        if self.state.retrier is not None:
+            key = pod_key(request.namespace, request.name)
+            if result.feasible:
+                self.state.retrier.forget(key)
+            else:
+                self.state.retrier.note_waiting(key, request.namespace)
+        for rejection in result.failed.values():
+            for reason, _count in rejection.reasons:
+                self.metrics.node_rejections.labels(reason).inc()
+        self.metrics.decisions.labels("filter", "fit" if result.feasible else "unfit").inc()
+        return result.to_json()
+
+    async def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        names = _node_names(args)
+        try:
+            request = parse_pod(_pod(args))
+        except RequestError:
+            return [{"Host": name, "Score": 0} for name in names]
+        self.metrics.decisions.labels("prioritize", "scored").inc()
+        return prioritize(self.state, request, names)
+
+    async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            namespace, name = str(args["PodNamespace"]), str(args["PodName"])
+            uid, node = str(args.get("PodUID", "")), str(args["Node"])
+        except KeyError as missing:
+            raise BadRequest(f"ExtenderBindingArgs lacks {missing}") from None
+        try:
+            record = await self.binder.bind(namespace, name, uid, node)
+        except BindRefused as refused:
+            self.metrics.decisions.labels("bind", "refused").inc()
+            log.info("bind %s/%s -> %s refused: %s", namespace, name, node, refused)
+            return {"Error": str(refused)}
+        self.metrics.decisions.labels("bind", "bound").inc()
+        log.info("bound %s/%s -> %s (%s)", namespace, name, node, ", ".join(record.gpu_ids()))
+        return {"Error": ""}
+
+
+def _pod(args: dict[str, Any]) -> dict[str, Any]:
+    pod = args.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise BadRequest("ExtenderArgs.Pod is missing or not an object")
+    return pod
+
+
+def _node_names(args: dict[str, Any]) -> list[str]:
+    names = args.get("NodeNames")
+    if names is None and isinstance(args.get("Nodes"), dict):  # nodeCacheCapable=false senders
+        names = [item["metadata"]["name"] for item in args["Nodes"].get("items", [])]
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise BadRequest("ExtenderArgs.NodeNames must be a list of node names")
+    return names
+
+
+def make_app(service: ExtenderService) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
+        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind}
+
+    async def handle(request: web.Request) -> web.Response:
+        verb = request.match_info["verb"]
+        if verb not in verbs:
+            return web.json_response({"Error": f"unknown extender verb {verb!r}"}, status=404)
+        if not service.ready():
+            return web.json_response({"Error": "rocshare extender is still building its caches"}, status=503)
+        started = time.perf_counter()
+        try:
+            args = json.loads(await request.read())
+            if not isinstance(args, dict):
+                raise BadRequest("the request body must be a JSON object")
+            reply = await verbs[verb](args)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            return web.json_response({"Error": f"the request body is not JSON: {error}"}, status=400)
+        except BadRequest as error:
+            return web.json_response({"Error": str(error)}, status=400)
+        finally:
+            service.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        return web.json_response(reply)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if service.ready() else web.Response(status=503, text="caches not synced")
+
+    app.router.add_post("/extender/{verb}", handle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+@dataclass
+class ExtenderSettings:
+    host: str = "127.0.0.1"
+    port: int = 31990
+    metrics_port: int = 31993
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    bind_wait_s: float = 25.0
+
+
+def informers_for(kube: Kube, state: SchedulerState) -> list[Informer]:
+    return [
+        Informer(kube, "/api/v1/nodes", state.on_node, name="nodes"),
+        Informer(kube, object_path(API_VERSION, "amdgpunodes"), state.on_gpu_node, name="amdgpunodes"),
+        Informer(kube, object_path(API_VERSION, "amdgpupools"), state.on_pool, name="amdgpupools"),
+        Informer(kube, "/api/v1/resourcequotas", state.on_quota, name="resourcequotas"),
+        Informer(kube, "/api/v1/pods", state.on_pod, name="pods"),
+    ]
+
+
+async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None) -> None:
+    """Serve until cancelled: caches from watches, the HTTP service, the metrics port."""
+    state = state or SchedulerState()
+    state.retrier = Retrier(kube)
+    informers = informers_for(kube, state)
+    metrics = ExtenderMetrics(state)
+    service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
+                              ready=lambda: all(informer.synced.is_set() for informer in informers))
+    metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+    runner = web.AppRunner(make_app(service), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=_tls(settings))
+    await site.start()
+    log.info("extender serving on %s:%d (metrics :%d)", settings.host, settings.port, settings.metrics_port)
+    tasks = [asyncio.create_task(informer.run(), name=f"informer-{informer.name}") for informer in informers]
+    tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await runner.cleanup()
+        metrics_server.shutdown()
+
+
+def _tls(settings: ExtenderSettings) -> ssl.SSLContext | None:
+    if not settings.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context

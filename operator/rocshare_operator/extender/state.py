@@ -1,0 +1,269 @@
+"""The scheduler's view of the cluster, rebuilt from watches (never the source of truth).
+
+Fed by informers on Nodes, AmdGpuNodes, AmdGpuPools, ResourceQuotas and Pods:
+- per node, a `NodeInventory` from the agent's AmdGpuNode status and the pool settings
+  the operator wrote on the Node (a node whose allocatable amd.com/gpu is 0, or that
+  has no pool, offers nothing);
+- the `Ledger`: every live pod's allocation record (the pod annotation), applied once,
+  released when the pod ends or is deleted; an undecodable record is logged as an
+  error and its pod is tracked in `broken_records` (its GPUs are unknown, so the node
+  is treated as holding them: see `blocked_nodes`);
+- per namespace, the amd.com limits of its ResourceQuotas;
+- per node, the one in-flight pod (record written, agent not yet done) and a
+  Condition that wakes binds waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationError, decode_record
+from rocshare.api.models import AmdGpuNodeStatus, AmdGpuPoolSpec, ShareLimits, Sharing
+from rocshare.api.node_settings import POOL_LABEL, POOL_SETTINGS_ANNOTATION, SettingsError, decode_settings
+from rocshare.core.ids import PodKey, pod_key
+from rocshare.core.inventory import NodeInventory
+from rocshare.core.ledger import Ledger
+from rocshare.core.quota import QuotaCost
+from rocshare_operator.extender.quota import cu_totals_of, record_cost
+from rocshare_operator.extender.retry import Retrier
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "amd.com/gpu"
+QUOTA_MEMORY = "limits.amd.com/gpumem"
+QUOTA_CORES = "limits.amd.com/gpucores"
+QUOTA_GPUS = "requests.amd.com/gpu"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass
+class InFlight:
+    pod: PodKey
+    since_s: float
+
+
+@dataclass
+class SchedulerState:
+    node_objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gpu_status: dict[str, AmdGpuNodeStatus] = field(default_factory=dict)
+    pools: dict[str, AmdGpuPoolSpec] = field(default_factory=dict)
+    inventories: dict[str, NodeInventory] = field(default_factory=dict)
+    ledger: Ledger = field(default_factory=Ledger)
+    pod_nodes: dict[PodKey, str] = field(default_factory=dict)
+    pod_costs: dict[PodKey, tuple[str, QuotaCost]] = field(default_factory=dict)
+    namespace_costs: dict[str, QuotaCost] = field(default_factory=dict)
+    broken_records: dict[PodKey, str] = field(default_factory=dict)
+    quotas: dict[str, dict[str, ShareLimits]] = field(default_factory=dict)
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    settings_problems: dict[str, str] = field(default_factory=dict)
+    retrier: Retrier | None = None
+    scheduler_name: str = "rocshare-scheduler"
+
+    # ---- nodes and inventory ------------------------------------------------------------
+
+    def on_node(self, kind: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        if kind == "DELETED":
+            self.node_objects.pop(name, None)
+        else:
+            self.node_objects[name] = node
+        self._rebuild_inventory(name)
+
+    def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED" or "status" not in obj:
+            self.gpu_status.pop(name, None)
+        else:
+            try:
+                self.gpu_status[name] = AmdGpuNodeStatus.model_validate(obj["status"])
+            except ValidationError as error:
+                log.error("AmdGpuNode %s has an invalid status, ignoring its GPUs: %s", name, error.errors()[0])
+                self.gpu_status.pop(name, None)
+        self._rebuild_inventory(name)
+
+    def on_pool(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.pools.pop(name, None)
+            return
+        try:
+            self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
+        except ValidationError as error:
+            log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+
+    def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
+        node = self.node_objects.get(node_name)
+        pool = (node or {}).get("metadata", {}).get("labels", {}).get(POOL_LABEL)
+        return self.pools.get(pool) if pool else None
+
+    def _rebuild_inventory(self, name: str) -> None:
+        node = self.node_objects.get(name)
+        status = self.gpu_status.get(name)
+        if node is None or status is None or _allocatable_gpus(node) == 0:
+            self.inventories.pop(name, None)
+            return
+        sharing = self._sharing_of(node)
+        inventory = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+        if inventory != self.inventories.get(name):
+            self.inventories[name] = inventory
+            if self.retrier is not None:
+                # kube-scheduler may have retried on the node event before this cache saw it.
+                self.retrier.room_freed()
+
+    def _sharing_of(self, node: dict[str, Any]) -> Sharing:
+        name = node["metadata"]["name"]
+        text = node["metadata"].get("annotations", {}).get(POOL_SETTINGS_ANNOTATION)
+        if text is None:
+            return Sharing()
+        try:
+            settings = decode_settings(text)
+        except SettingsError as error:
+            if self.settings_problems.get(name) != str(error):
+                log.error("node %s: %s; using default sharing settings", name, error)
+            self.settings_problems[name] = str(error)
+            return Sharing()
+        self.settings_problems.pop(name, None)
+        return settings.sharing
+
+    # ---- pods and the ledger -------------------------------------------------------------
+
+    async def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        key = pod_key(meta.get("namespace", ""), meta["name"])
+        annotations = meta.get("annotations") or {}
+        ended = kind == "DELETED" or pod.get("status", {}).get("phase") in TERMINAL_PHASES
+        if self.retrier is not None:
+            self._track_waiting(key, pod, ended)
+        text = annotations.get(ALLOCATION_ANNOTATION)
+        if ended or text is None:
+            await self._forget(key)
+            return
+        if key not in self.ledger and key not in self.broken_records:
+            self._remember(key, meta.get("namespace", ""), text, pod.get("spec", {}).get("nodeName", ""))
+        node = self.pod_nodes.get(key)
+        if node and ALLOCATED_ANNOTATION in annotations:
+            await self.release_inflight(node, key)
+
+    def _track_waiting(self, key: PodKey, pod: dict[str, Any], ended: bool) -> None:
+        """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
+        (e.g. Insufficient amd.com/gpu while a node's GPUs were down) -- are retried when room appears."""
+        spec = pod.get("spec", {})
+        if ended or spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
+            self.retrier.forget(key)
+            return
+        for condition in pod.get("status", {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                self.retrier.note_waiting(key, pod["metadata"].get("namespace", ""))
+
+    def _remember(self, key: PodKey, namespace: str, text: str, node_name: str) -> None:
+        try:
+            record = decode_record(text)
+        except AllocationError as error:
+            # Never "free": the GPUs it names are unknown, so its node stays blocked.
+            log.error("pod %s: %s; its node takes no new pods until the pod ends", key, error)
+            self.broken_records[key] = str(error)
+            self.pod_nodes[key] = node_name
+            return
+        self.commit(key, namespace, record)
+
+    async def _forget(self, key: PodKey) -> None:
+        self.broken_records.pop(key, None)
+        node = self.pod_nodes.pop(key, None)
+        self._uncount(key)
+        released = key in self.ledger and self.ledger.release(key) is not None
+        if node:
+            await self.release_inflight(node, key)
+        if released:
+            if self.retrier is not None:
+                self.retrier.room_freed()
+            async with self.changed:
+                self.changed.notify_all()
+
+    def commit(self, key: PodKey, namespace: str, record) -> None:
+        """Account a decision the moment bind writes it, before the watch echoes it back."""
+        if key in self.ledger:
+            return
+        self.ledger.apply(record, key)
+        self.pod_nodes[key] = record.node
+        cost = record_cost(record, cu_totals_of(self.inventories.get(record.node)))
+        self.pod_costs[key] = (namespace, cost)
+        self.namespace_costs[namespace] = self.namespace_costs.get(namespace, QuotaCost()) + cost
+
+    def _uncount(self, key: PodKey) -> None:
+        namespace, cost = self.pod_costs.pop(key, ("", None))
+        if cost is not None:
+            held = self.namespace_costs[namespace]
+            self.namespace_costs[namespace] = QuotaCost(held.memory_mib - cost.memory_mib,
+                                                        held.cores_pct - cost.cores_pct, held.gpus - cost.gpus)
+
+    async def uncommit(self, key: PodKey) -> None:
+        await self._forget(key)
+
+    def blocked_nodes(self) -> set[str]:
+        return {self.pod_nodes.get(key, "") for key in self.broken_records} - {""}
+
+    # ---- in-flight gate ------------------------------------------------------------------
+
+    async def release_inflight(self, node: str, key: PodKey) -> None:
+        current = self.inflight.get(node)
+        if current is not None and current.pod == key:
+            del self.inflight[node]
+            async with self.changed:
+                self.changed.notify_all()
+
+    # ---- quotas ----------------------------------------------------------------------------
+
+    def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
+        meta = quota["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        per_namespace = self.quotas.setdefault(namespace, {})
+        if self.retrier is not None:
+            self.retrier.quota_changed(namespace)
+        if kind == "DELETED":
+            per_namespace.pop(name, None)
+            return
+        hard = quota.get("spec", {}).get("hard", {})
+        per_namespace[name] = ShareLimits(
+            memory_mib=_quantity_int(hard.get(QUOTA_MEMORY)),
+            cores_pct=_quantity_int(hard.get(QUOTA_CORES)),
+            gpus=_quantity_int(hard.get(QUOTA_GPUS)),
+        )
+
+    def quota_limits(self, namespace: str) -> ShareLimits:
+        limits = list(self.quotas.get(namespace, {}).values())
+        return ShareLimits(
+            memory_mib=_tightest(limit.memory_mib for limit in limits),
+            cores_pct=_tightest(limit.cores_pct for limit in limits),
+            gpus=_tightest(limit.gpus for limit in limits),
+        )
+
+
+def _tightest(values) -> int | None:
+    present = [value for value in values if value is not None]
+    return min(present) if present else None
+
+
+def _quantity_int(value: Any) -> int | None:
+    """ResourceQuota hard values for amd.com are plain integers (MiB, percent, count)."""
+    if value is None:
+        return None
+    text = str(value)
+    for suffix, factor in (("k", 1000), ("M", 1000**2), ("Ki", 1024), ("Mi", 1024**2)):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * factor
+    try:
+        return int(text)
+    except ValueError:
+        log.error("quota value %r is not an integer; ignoring it", value)
+        return None
+
+
+def _allocatable_gpus(node: dict[str, Any]) -> int | None:
+    value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE)
+    return None if value is None else _quantity_int(value)

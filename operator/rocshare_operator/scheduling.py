@@ -1,0 +1,51 @@
+"""Wires the scheduling half of the operator process: the scheduler extender (with its
+caches) and the pod admission webhook, both reading one `SchedulerState`.
+
+`run_operator(..., extra_tasks=[extender_task(settings, state)])` runs the extender beside
+Kopf; `register_webhook(settings, state)` adds the admission handlers to Kopf's registry
+and `configure_admission(kopf_settings, webhook_settings)` points Kopf's webhook server
+at our TLS certificate.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from rocshare_operator import webhook
+from rocshare_operator.admission import runtime_class_for
+from rocshare_operator.context import OperatorContext
+from rocshare_operator.extender.server import ExtenderSettings, run_extender
+from rocshare_operator.extender.state import SchedulerState
+
+
+def extender_task(settings: ExtenderSettings, state: SchedulerState):
+    async def serve(context: OperatorContext) -> None:
+        await run_extender(context.kube, settings, state)
+
+    return serve
+
+
+def register_webhook(settings: webhook.WebhookSettings, state: SchedulerState) -> None:
+    webhook.register(kopf.get_default_registry(), settings, lambda pod: runtime_class_for(pod, state.pools))
+
+
+def configure_admission(kopf_settings: kopf.OperatorSettings, settings: webhook.WebhookSettings) -> None:
+    kopf_settings.admission.server = webhook.server(settings)
+    kopf_settings.admission.managed = None  # configurations come from manifests/ (see webhook.py)
+
+
+def prepare(args, kopf_settings: kopf.OperatorSettings) -> list:
+    """Register the webhook and return the extra tasks for run_operator, from parsed flags."""
+    state = SchedulerState()
+    if not args.no_webhook:
+        settings = webhook.WebhookSettings(host=args.webhook_host, port=args.webhook_port, certfile=args.webhook_cert,
+                                           pkeyfile=args.webhook_key, scheduler_name=args.scheduler_name)
+        settings.trusted_users = settings.trusted_users | frozenset(args.trusted_user)
+        register_webhook(settings, state)
+        configure_admission(kopf_settings, settings)
+    if args.no_extender:
+        return []
+    extender = ExtenderSettings(host=args.extender_host, port=args.extender_port, metrics_port=args.metrics_port,
+                                tls_cert=args.extender_tls_cert, tls_key=args.extender_tls_key,
+                                bind_wait_s=args.bind_wait_s)
+    return [extender_task(extender, state)]

@@ -1,0 +1,130 @@
+"""Expected fragmentation of a node under a typical workload (the FGD measure, ATC'23).
+
+A typical task asks ``gpus`` GPUs of ``share_milli`` thousandths each (0 = CPU only), some
+CPU, and accepts some GPU products. A GPU's free share is the smaller of its free memory and
+free CU fractions, in milli (0 when it is unhealthy, held whole or out of slices): the one
+number that says how big a slice it could still host. For one task, a node's fragmentation
+is all its free share when the task cannot run there (CPU, GPU count, product), otherwise
+the free share of the GPUs too small for the task. A node's expected fragmentation is the
+task-probability-weighted sum. Lower is better; a placement's cost is the growth it causes.
+
+``FragmentationModel`` memoises per (products, CPU bucket, sorted shares): CPU matters
+only through which task CPU thresholds it clears, so the number of distinct keys stays small.
+The memo lives in the object its caller owns; nothing here is global.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rocshare.core.fit import Load
+from rocshare.core.inventory import GpuSpec, NodeInventory
+
+MILLI = 1000
+MEMO_LIMIT = 500_000
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalTask:
+    cpu_milli: int
+    gpus: int
+    share_milli: int
+    types: tuple[str, ...] = ()
+    """Lower-case products the task accepts (substring match); empty = any."""
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TypicalWorkload:
+    tasks: tuple[TypicalTask, ...]
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[tuple[int, int, int, tuple[str, ...]]], coverage: float = 0.95) -> TypicalWorkload:
+        """Group (cpu_milli, gpus, share_milli, types) samples; keep the most frequent groups
+        until they cover ``coverage`` of samples; weights are renormalised to sum to 1."""
+        counts = Counter(samples)
+        total = sum(counts.values())
+        # Most frequent first; ties broken by the group itself so the result is deterministic.
+        ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        kept: list[tuple[tuple, int]] = []
+        covered = 0
+        for group, count in ordered:
+            if total and covered / total >= coverage:
+                break
+            kept.append((group, count))
+            covered += count
+        return cls(tuple(TypicalTask(c, g, s, t, n / covered) for (c, g, s, t), n in kept))
+
+
+def free_share_milli(spec: GpuSpec, load: Load) -> int:
+    memory_held, slices, cu_held, whole = load
+    if not spec.healthy or whole or slices >= spec.max_slices or not spec.memory_mib:
+        return 0
+    if spec.partition:
+        return MILLI if not slices else 0
+    memory_share = (spec.memory_mib - memory_held) * MILLI // spec.memory_mib
+    if not spec.cu_count:
+        return memory_share
+    return min(memory_share, (spec.cu_count - cu_held) * MILLI // spec.cu_count)
+
+
+class FragmentationModel:
+    """The measure for one typical workload, with a memo owned by this object."""
+
+    def __init__(self, workload: TypicalWorkload) -> None:
+        self.workload = workload
+        self._thresholds = tuple(sorted({t.cpu_milli for t in workload.tasks}))
+        self._memo: dict[tuple, float] = {}
+        self._access: dict[str, tuple[bool, ...]] = {}
+
+    def node_fragmentation(self, node: NodeInventory, loads: tuple[Load, ...], cpu_free_milli: int | None = None) -> float:
+        """Expected fragmented milli of the node; cpu_free None = CPU not tracked (always fits)."""
+        bucket = len(self._thresholds) if cpu_free_milli is None else bisect_right(self._thresholds, cpu_free_milli)
+        fast_key = (node.shape, loads, bucket)
+        value = self._memo.get(fast_key)
+        if value is not None:
+            return value
+        shares = tuple(sorted((spec.product_lower, free_share_milli(spec, load)) for spec, load in zip(node.gpus, loads)))
+        key = (shares, bucket)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._compute(shares, bucket)
+        if len(self._memo) > MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = self._memo[fast_key] = value
+        return value
+
+    def _compute(self, shares: tuple[tuple[str, int], ...], bucket: int) -> float:
+        total_free = sum(share for _, share in shares)
+        if not total_free:
+            return 0.0
+        cpu_ok_below = self._thresholds[bucket - 1] if bucket else -1
+        expected = 0.0
+        for position, task in enumerate(self.workload.tasks):
+            expected += task.weight * self._task_fragmentation(task, position, shares, total_free, cpu_ok_below)
+        return expected
+
+    def _task_fragmentation(self, task: TypicalTask, position: int, shares, total_free: int, cpu_ok_below: int) -> int:
+        if task.cpu_milli > cpu_ok_below:
+            return total_free
+        if not task.gpus:
+            return 0
+        need = task.share_milli
+        hosts = 0
+        small = 0
+        for product, share in shares:
+            if share >= need and self._accepts(product, position):
+                hosts += 1
+            else:
+                small += share
+        return small if hosts >= task.gpus else total_free
+
+    def _accepts(self, product: str, position: int) -> bool:
+        access = self._access.get(product)
+        if access is None:
+            access = tuple(not t.types or any(x in product for x in t.types) for t in self.workload.tasks)
+            self._access[product] = access
+        return access[position]

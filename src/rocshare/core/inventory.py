@@ -1,0 +1,150 @@
+"""The node model the allocator works on, built from the inventory the node agent publishes.
+
+A ``GpuSpec`` is one schedulable device (a GPU, or a compute partition in partition mode)
+with the numbers the allocator needs as plain ints: registered memory (VRAM times
+deviceMemoryScaling), CU count, CUs per WGP, NUMA node, XGMI peers (as GPU ids on the same
+node), split count, health. Everything is frozen; a new inventory replaces the old one.
+
+``NodeInventory.shape`` is a hashable key of everything fit and scoring read except GPU
+identity (ids, uuids): two nodes with the same shape and the same usage give the same
+answer to a request that filters by no uuid, which lets callers memoise per shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
+from rocshare.core.ids import GpuId, NodeName
+
+RDNA_MIN_GFX = 100000
+"""gfx_target_version from which CUs are grouped in WGPs of two (RDNA)."""
+
+
+class ShapeKey:
+    """A hashable node shape whose hash is computed once (dict lookups in hot loops)."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self._hash = hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, ShapeKey) and self._hash == other._hash and self.key == other.key)
+
+    def __repr__(self) -> str:
+        return f"ShapeKey({self._hash:#x})"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    gpu_id: GpuId
+    index: int
+    memory_mib: int
+    cu_count: int
+    product: str = ""
+    gfx_target_version: int = 90010
+    cu_per_wgp: int = 1
+    numa: int | None = None
+    xgmi_peers: frozenset[GpuId] = frozenset()
+    split_count: int = 10
+    healthy: bool = True
+    partition: bool = False
+    product_lower: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "product_lower", self.product.lower())
+
+    @property
+    def cu_align(self) -> int:
+        """CU ranges start and end on this boundary: whole WGPs on RDNA, single CUs else."""
+        return self.cu_per_wgp if self.gfx_target_version >= RDNA_MIN_GFX else 1
+
+    @property
+    def cu_usable(self) -> int:
+        """CUs that whole aligned units cover (all of them unless an RDNA part has an odd count)."""
+        return self.cu_count - self.cu_count % self.cu_align
+
+    @property
+    def max_slices(self) -> int:
+        return 1 if self.partition else self.split_count
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    name: NodeName
+    gpus: tuple[GpuSpec, ...]
+    omitted_cores: OmittedCores = OmittedCores.EXCLUSIVE
+    oversubscribed: bool = False
+    cpu_milli: int = 0
+    """Host CPU; 0 = not tracked here (kube-scheduler checks it)."""
+    memory_mib: int = 0
+    """Host memory; 0 = not tracked here."""
+    shape: ShapeKey = field(default=ShapeKey(()), compare=False)
+    links: tuple[frozenset[int], ...] = field(default=(), compare=False)
+    """Per GPU position, the positions of its XGMI peers on this node."""
+
+    def __post_init__(self) -> None:
+        positions = {gpu.gpu_id: pos for pos, gpu in enumerate(self.gpus)}
+        links = tuple(frozenset(positions[p] for p in gpu.xgmi_peers if p in positions) for gpu in self.gpus)
+        object.__setattr__(self, "links", links)
+        gpu_shapes = tuple(
+            (g.memory_mib, g.cu_count, g.product_lower, g.gfx_target_version, g.cu_per_wgp, g.numa,
+             g.split_count, g.healthy, g.partition)
+            for g in self.gpus
+        )
+        shape = (gpu_shapes, links, self.omitted_cores, self.cpu_milli, self.memory_mib)
+        object.__setattr__(self, "shape", ShapeKey(shape))
+
+    @classmethod
+    def from_gpu_infos(
+        cls,
+        name: str,
+        gpus: Iterable[GpuInfo],
+        sharing: Sharing,
+        *,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
+    ) -> NodeInventory:
+        infos = sorted(gpus, key=lambda info: info.index)
+        by_bdf = {info.pci_bdf: GpuId(info.id) for info in infos}
+        partition_mode = sharing.operating_mode == OperatingMode.PARTITION
+        specs = tuple(_spec(pos, info, by_bdf, sharing, partition_mode) for pos, info in enumerate(infos))
+        return cls(
+            name=NodeName(name),
+            gpus=specs,
+            omitted_cores=sharing.omitted_cores,
+            oversubscribed=sharing.device_memory_scaling > 1.0,
+            cpu_milli=cpu_milli,
+            memory_mib=memory_mib,
+        )
+
+    def position_of(self, gpu_id: str) -> int | None:
+        for pos, gpu in enumerate(self.gpus):
+            if gpu.gpu_id == gpu_id:
+                return pos
+        return None
+
+
+def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, partition_mode: bool) -> GpuSpec:
+    # Registered memory: an unknown VRAM size registers 0 MiB, so only whole-GPU requests fit.
+    registered_mib = int((info.vram_mib or 0) * sharing.device_memory_scaling)
+    return GpuSpec(
+        gpu_id=GpuId(info.id),
+        index=pos,
+        memory_mib=registered_mib,
+        cu_count=info.cu_count,
+        product=info.product,
+        gfx_target_version=info.gfx_target_version,
+        cu_per_wgp=info.cu_per_wgp,
+        numa=info.numa,
+        xgmi_peers=frozenset(by_bdf[bdf] for bdf in info.xgmi_peers if bdf in by_bdf),
+        split_count=info.split_count,
+        healthy=info.healthy,
+        partition=partition_mode or info.partition is not None,
+    )

@@ -1,0 +1,215 @@
+"""The ledger: what every GPU holds, built only from committed AllocationRecords.
+
+``apply(record, pod_key)`` adds a pod's slices, ``release(pod_key)`` removes them; the
+ledger is therefore rebuildable from the records on the pods (DESIGN.md section 2, rule 5)
+and releasing every pod returns it to empty. Per GPU it keeps the memory held (MiB), the
+number of slices, the CU bitmask held, and how many whole-GPU slices sit there.
+
+Accounting rules (what a slice reserves):
+* whole GPU: all registered memory, one slice, every CU;
+* CU slice: its memory and its CU ranges;
+* omitted gpucores under Exclusive (``reserves_all_cores``): its memory and every CU;
+* omitted gpucores under Shared: its memory only (no CU is reserved).
+Init containers are reserved like app containers (see docs/placement.md: we reserve the sum,
+never less than the kubelet's max(init, sum of app) peak).
+
+Usage is recomputed per GPU from its holders on every change, so a pair of conflicting
+records (which the allocator never produces) cannot make subtraction go wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rocshare.api.allocation import AllocationRecord, DeviceSlice
+from rocshare.core.cumask import full_mask, mask_from_ranges
+from rocshare.core.ids import GpuId, NodeName, PodKey
+from rocshare.core.inventory import NodeInventory
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    memory_mib: int = 0
+    slices: int = 0
+    cu_mask: int = 0
+    whole: int = 0
+    """Whole-GPU slices held (0 or 1 unless records conflict)."""
+
+    @property
+    def cu_held(self) -> int:
+        return self.cu_mask.bit_count()
+
+    @property
+    def load(self) -> tuple[int, int, int, int]:
+        """(memory_mib, slices, cu_held, whole): the plain-int form the hot loop works on."""
+        return (self.memory_mib, self.slices, self.cu_mask.bit_count(), self.whole)
+
+
+EMPTY_GPU = GpuUsage()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """A node's usage, GPUs in the inventory's order. ``key`` is hashable for memoising."""
+
+    gpus: tuple[GpuUsage, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    loads: tuple[tuple[int, int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "loads", tuple(g.load for g in self.gpus))
+
+    @property
+    def key(self) -> tuple:
+        return self.loads
+
+    @property
+    def empty(self) -> bool:
+        return all(g == EMPTY_GPU for g in self.gpus) and not self.cpu_milli and not self.memory_mib
+
+
+def empty_usage(node: NodeInventory) -> NodeUsage:
+    return NodeUsage(gpus=(EMPTY_GPU,) * len(node.gpus))
+
+
+def slice_usage(device: DeviceSlice) -> GpuUsage:
+    """What one DeviceSlice reserves of its GPU."""
+    if device.whole or device.reserves_all_cores:
+        mask = full_mask(device.cu_count)
+    else:
+        mask = mask_from_ranges(device.cu_ranges)
+    return GpuUsage(device.memory_mib, 1, mask, 1 if device.whole else 0)
+
+
+def add_usage(a: GpuUsage, b: GpuUsage) -> GpuUsage:
+    return GpuUsage(a.memory_mib + b.memory_mib, a.slices + b.slices, a.cu_mask | b.cu_mask, a.whole + b.whole)
+
+
+class Ledger:
+    """Mutable index of records; an object the caller owns (no module state)."""
+
+    def __init__(self) -> None:
+        self._records: dict[PodKey, AllocationRecord] = {}
+        self._host: dict[PodKey, tuple[int, int]] = {}
+        self._host_only: dict[PodKey, tuple[NodeName, int, int]] = {}
+        self._holders: dict[GpuId, dict[tuple[PodKey, int], GpuUsage]] = {}
+        self._gpu: dict[GpuId, GpuUsage] = {}
+        self._node_host: dict[NodeName, tuple[int, int]] = {}
+        self._versions: dict[NodeName, int] = {}
+        self._usage_cache: dict[NodeName, tuple[int, NodeInventory, NodeUsage]] = {}
+
+    @classmethod
+    def from_records(cls, records: Iterable[tuple[PodKey, AllocationRecord]]) -> Ledger:
+        ledger = cls()
+        for key, record in records:
+            ledger.apply(record, key)
+        return ledger
+
+    def apply(self, record: AllocationRecord, pod_key: PodKey, *, cpu_milli: int = 0, memory_mib: int = 0) -> None:
+        """Add a pod's record; applying the same pod twice replaces its earlier record."""
+        if pod_key in self._records or pod_key in self._host_only:
+            self.release(pod_key)
+        self._records[pod_key] = record
+        self._host[pod_key] = (cpu_milli, memory_mib)
+        node = NodeName(record.node)
+        self._add_host(node, cpu_milli, memory_mib)
+        slot = 0
+        touched: set[GpuId] = set()
+        for container in record.containers:
+            for device in container.devices:
+                gpu = GpuId(device.gpu_id)
+                self._holders.setdefault(gpu, {})[(pod_key, slot)] = slice_usage(device)
+                touched.add(gpu)
+                slot += 1
+        self._recompute(touched)
+        self._bump(node)
+
+    def add_host(self, node: str, pod_key: PodKey, *, cpu_milli: int, memory_mib: int) -> None:
+        """Count a GPU-less pod's host CPU and memory (only where the node model tracks them)."""
+        if pod_key in self._records or pod_key in self._host_only:
+            self.release(pod_key)
+        self._host_only[pod_key] = (NodeName(node), cpu_milli, memory_mib)
+        self._add_host(NodeName(node), cpu_milli, memory_mib)
+        self._bump(NodeName(node))
+
+    def _add_host(self, node: NodeName, cpu_milli: int, memory_mib: int) -> None:
+        cpu, mem = self._node_host.get(node, (0, 0))
+        total = (cpu + cpu_milli, mem + memory_mib)
+        if total == (0, 0):
+            self._node_host.pop(node, None)
+        else:
+            self._node_host[node] = total
+
+    def release(self, pod_key: PodKey) -> AllocationRecord | None:
+        """Remove a pod; returns its record (None for an unknown or GPU-less pod)."""
+        host_only = self._host_only.pop(pod_key, None)
+        if host_only is not None:
+            node, cpu_milli, memory_mib = host_only
+            self._add_host(node, -cpu_milli, -memory_mib)
+            self._bump(node)
+            return None
+        record = self._records.pop(pod_key, None)
+        if record is None:
+            return None
+        cpu_milli, memory_mib = self._host.pop(pod_key)
+        node = NodeName(record.node)
+        self._add_host(node, -cpu_milli, -memory_mib)
+        touched = set(record.gpu_ids())
+        for gpu in touched:
+            holders = self._holders[GpuId(gpu)]
+            for key in [k for k in holders if k[0] == pod_key]:
+                del holders[key]
+        self._recompute({GpuId(g) for g in touched})
+        self._bump(node)
+        return record
+
+    def _recompute(self, gpus: Iterable[GpuId]) -> None:
+        for gpu in gpus:
+            holders = self._holders.get(gpu)
+            if not holders:
+                self._holders.pop(gpu, None)
+                self._gpu.pop(gpu, None)
+                continue
+            total = EMPTY_GPU
+            for usage in holders.values():
+                total = add_usage(total, usage)
+            self._gpu[gpu] = total
+
+    def _bump(self, node: NodeName) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+
+    # ---- views --------------------------------------------------------------------------
+
+    def gpu_usage(self, gpu_id: str) -> GpuUsage:
+        return self._gpu.get(GpuId(gpu_id), EMPTY_GPU)
+
+    def node_version(self, node: str) -> int:
+        """Changes whenever a record on that node is applied or released."""
+        return self._versions.get(NodeName(node), 0)
+
+    def usage(self, node: NodeInventory) -> NodeUsage:
+        """The node's usage in its GPU order (cached until the node's records change)."""
+        version = self.node_version(node.name)
+        cached = self._usage_cache.get(node.name)
+        if cached is not None and cached[0] == version and cached[1] is node:
+            return cached[2]
+        cpu, mem = self._node_host.get(node.name, (0, 0))
+        usage = NodeUsage(tuple(self._gpu.get(g.gpu_id, EMPTY_GPU) for g in node.gpus), cpu, mem)
+        self._usage_cache[node.name] = (version, node, usage)
+        return usage
+
+    def records(self) -> dict[PodKey, AllocationRecord]:
+        return dict(self._records)
+
+    def __contains__(self, pod_key: object) -> bool:
+        return pod_key in self._records or pod_key in self._host_only
+
+    def __len__(self) -> int:
+        return len(self._records) + len(self._host_only)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._records and not self._host_only and not self._gpu and not self._node_host

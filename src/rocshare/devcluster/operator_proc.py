@@ -1,0 +1,120 @@
+"""The rocshare operator as a local process, wired to a local control plane: the
+extender on the port kube-scheduler's configuration names, the admission webhook on
+loopback with a certificate from the cluster's CA, and the webhook configurations
+from manifests/ rewritten to reach it by URL instead of through a Service.
+
+Used by the e2e tests (which kill and restart it) and by `make demo`.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rocshare.devcluster import certs
+from rocshare.devcluster.controlplane import PROJECT_ROOT, ControlPlane, free_port, stop_process
+
+WEBHOOKS = PROJECT_ROOT / "manifests" / "base" / "webhook" / "webhooks.yaml"
+
+
+@dataclass
+class OperatorProcess:
+    cluster: ControlPlane
+    metrics_port: int = field(default_factory=free_port)
+    webhook_port: int = field(default_factory=free_port)
+    extra_args: tuple[str, ...] = ()
+    pid: int | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.cluster.logs / "operator.log"
+
+    def start(self, *, wait_s: float = 60.0) -> None:
+        # The operator's own namespace (node-agent DaemonSets go there), as the manifests create it.
+        self.cluster.kubectl("apply", "-f", "-", input_text='{"apiVersion":"v1","kind":"Namespace",'
+                                                            '"metadata":{"name":"rocshare-system"}}')
+        pair = self._webhook_cert()
+        command = [sys.executable, "-m", "rocshare.cli", "operator", f"--kubeconfig={self.cluster.kubeconfig}",
+                   "--standalone", "--namespace=rocshare-system",
+                   f"--extender-port={self.cluster.ports.extender}", f"--metrics-port={self.metrics_port}",
+                   f"--webhook-port={self.webhook_port}", "--webhook-host=127.0.0.1",
+                   f"--webhook-cert={pair.cert}", f"--webhook-key={pair.key}",
+                   f"--trusted-user={_admin_user()}", *self.extra_args]
+        with open(self.log_path, "ab") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.pid = process.pid
+        self._wait_ready(wait_s)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.pid:
+            stop_process(self.pid, "operator", sig=signal.SIGKILL)
+            self.pid = None
+
+    def stop(self) -> None:
+        if self.pid:
+            stop_process(self.pid, "operator")
+            self.pid = None
+
+    def install_webhooks(self) -> None:
+        """Create the manifests' webhook configurations, pointed at this process."""
+        ca_bundle = base64.b64encode((self.cluster.pki / "ca.crt").read_bytes()).decode()
+        documents = []
+        for document in yaml.safe_load_all(WEBHOOKS.read_text()):
+            for hook in document["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{path}", "caBundle": ca_bundle}
+            documents.append(document)
+        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                             input_text=yaml.safe_dump_all(documents))
+
+    def _webhook_cert(self) -> certs.KeyPair:
+        pair = certs.KeyPair(self.cluster.pki / "webhook.crt", self.cluster.pki / "webhook.key")
+        if pair.cert.exists():
+            return pair
+        ca = certs.KeyPair(self.cluster.pki / "ca.crt", self.cluster.pki / "ca.key")
+        return certs.issue(ca, self.cluster.pki, "webhook", common_name="rocshare-webhook", server=True,
+                           dns_names=("localhost", "rocshare-webhook.rocshare-system.svc"),
+                           ip_addresses=("127.0.0.1",))
+
+    def _wait_ready(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        url = f"http://127.0.0.1:{self.cluster.ports.extender}/readyz"
+        while time.monotonic() < deadline:
+            if self.pid and not _alive(self.pid):
+                raise RuntimeError(f"the operator exited; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the operator's extender was not ready after {wait_s:.0f} s; see {self.log_path}")
+
+
+def _admin_user() -> str:
+    """The control plane's admin client (tests drive the cluster as it; see controlplane.py)."""
+    return "rocshare-admin"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+        return finished == 0
+    except ChildProcessError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False

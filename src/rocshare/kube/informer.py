@@ -1,0 +1,108 @@
+"""List+watch caches: the only way rocshare's processes learn cluster state.
+
+An `Informer` lists a collection, hands every object to its handler, then watches
+from the list's resourceVersion; when the watch ends it resumes, and when the server
+says the version is too old (410 Gone) it lists again and reports objects that
+vanished meanwhile as deletions. `synced` is set after the first list, so servers
+can refuse to answer until their caches are whole (STYLE.md 4). Errors are retried
+with a backoff list, each attempt logged with its number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rocshare.kube.client import ApiError, Kube
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+"""Called with ("ADDED" | "MODIFIED" | "DELETED", object)."""
+
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def object_key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+class Informer:
+    def __init__(self, kube: Kube, path: str, handler: Handler, *, name: str = "",
+                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+        self._kube = kube
+        self._path = path
+        self._handler = handler
+        self.name = name or path
+        self._query = {key: value for key, value in
+                       (("labelSelector", label_selector), ("fieldSelector", field_selector)) if value}
+        self.store: dict[str, dict[str, Any]] = {}
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        """Run until cancelled."""
+        attempt = 0
+        resource_version = ""
+        while True:
+            try:
+                if not resource_version:
+                    resource_version = await self._relist()
+                resource_version = await self._watch(resource_version)
+                attempt = 0
+            except _Expired:
+                resource_version = ""
+            except ApiError as error:
+                if error.status == 410:  # the list's version expired before the watch began
+                    resource_version = ""
+                    continue
+                delay = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                attempt += 1
+                log.warning("%s: attempt %d failed (%s); retrying in %.1f s", self.name, attempt, error, delay)
+                await asyncio.sleep(delay)
+                if attempt > 2:
+                    resource_version = ""
+
+    async def _relist(self) -> str:
+        listing = await self._kube.list(self._path, **self._query)
+        fresh = {object_key(item): item for item in listing.get("items", [])}
+        for key in set(self.store) - set(fresh):
+            await self._emit("DELETED", self.store.pop(key))
+        for key, item in fresh.items():
+            kind = "MODIFIED" if key in self.store else "ADDED"
+            self.store[key] = item
+            await self._emit(kind, item)
+        self.synced.set()
+        return listing.get("metadata", {}).get("resourceVersion", "")
+
+    async def _watch(self, resource_version: str) -> str:
+        async for event in self._kube.watch(self._path, resource_version=resource_version, **self._query):
+            if event.type == "ERROR":
+                if event.object.get("code") == 410:
+                    raise _Expired()
+                raise ApiError(event.object.get("code", 0), event.object.get("reason", ""),
+                               event.object.get("message", ""))
+            resource_version = event.object.get("metadata", {}).get("resourceVersion", resource_version)
+            if event.type == "BOOKMARK":
+                continue
+            key = object_key(event.object)
+            if event.type == "DELETED":
+                self.store.pop(key, None)
+            else:
+                self.store[key] = event.object
+            await self._emit(event.type, event.object)
+        return resource_version
+
+    async def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+        try:
+            result = self._handler(kind, obj)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # one bad object must not stop the cache
+            log.exception("%s: handler failed on %s %s", self.name, kind, object_key(obj))
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old: list again."""

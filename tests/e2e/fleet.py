@@ -1,0 +1,108 @@
+"""Helpers for e2e tests that run the whole path: pods built the way users write them,
+polling with deadlines, and reading what the kubelet peer handed each container.
+
+Sysfs captures are read in place from ../shared; the MI210 capture has no VRAM file, so
+`mi210_with_synthetic_vram` makes a copy under a temp folder that adds one (64 GiB per GPU,
+as the MI210 has) — synthetic, and said so wherever it is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, decode_record
+from rocshare.kube.client import Kube, NotFound, object_path
+
+PEER_CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"
+MI210_VRAM_BYTES = 64 * 1024**3
+
+
+def mi210_with_synthetic_vram(fixtures: Path, into: Path) -> Path:
+    """A copy of the MI210 capture (KFD topology only) whose GPU nodes gain a synthetic VRAM
+    bank of 64 GiB (mem_banks/0, heap_type 1 = frame buffer), as the MI210 has."""
+    target = into / "mi210-synthetic-vram"
+    if target.exists():
+        return target
+    shutil.copytree(fixtures / "mi210-8gpu-xgmi", target, symlinks=True)
+    for node in (target / "class" / "kfd" / "kfd" / "topology" / "nodes").iterdir():
+        properties = (node / "properties").read_text()
+        if "simd_count 0" in properties or "simd_count" not in properties:
+            continue
+        bank = node / "mem_banks" / "0"
+        bank.mkdir(parents=True, exist_ok=True)
+        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {MI210_VRAM_BYTES}\nflags 0\nwidth 4096\n")
+    return target
+
+
+def gpu_pod(name: str, *, namespace: str = "default", containers: list[dict[str, str]] | None = None,
+            annotations: dict[str, str] | None = None, node_selector: dict[str, str] | None = None,
+            **limits: str) -> dict[str, Any]:
+    """A pod as a user writes it: amd.com limits per container (keyword form for one container)."""
+    per_container = containers if containers is not None else [limits]
+    spec: dict[str, Any] = {"containers": [
+        {"name": f"c{index}", "image": "rocm/pytorch", "resources": {"limits": {
+            f"amd.com/{key}": str(value) for key, value in asked.items()}}}
+        for index, asked in enumerate(per_container)]}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], *, timeout_s: float, what: str, every_s: float = 0.2) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` and the last value."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
+
+
+async def create_pod(kube: Kube, pod: dict[str, Any]) -> dict[str, Any]:
+    return await kube.create(object_path("v1", "pods", namespace=pod["metadata"]["namespace"]), pod)
+
+
+async def read_pod(kube: Kube, name: str, namespace: str = "default") -> dict[str, Any] | None:
+    try:
+        return await kube.get(object_path("v1", "pods", name, namespace=namespace))
+    except NotFound:
+        return None
+
+
+async def wait_running(kube: Kube, name: str, namespace: str = "default", timeout_s: float = 30) -> dict[str, Any]:
+    async def running():
+        pod = await read_pod(kube, name, namespace)
+        return pod if pod and pod.get("status", {}).get("phase") == "Running" else None
+    return await wait_for(running, timeout_s=timeout_s, what=f"pod {namespace}/{name} Running")
+
+
+async def delete_pod(kube: Kube, name: str, namespace: str = "default", *, wait_s: float = 30) -> None:
+    await kube.delete(object_path("v1", "pods", name, namespace=namespace))
+
+    async def gone():
+        return await read_pod(kube, name, namespace) is None
+    await wait_for(gone, timeout_s=wait_s, what=f"pod {namespace}/{name} deleted")
+
+
+def record_of(pod: dict[str, Any]) -> AllocationRecord:
+    return decode_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+
+
+def runtime_of(pod: dict[str, Any]) -> dict[str, Any]:
+    """Per container: what the kubelet peer handed the runtime (envs, devices, mounts)."""
+    return json.loads(pod["metadata"]["annotations"][PEER_CONTAINERS_ANNOTATION])
+
+
+async def scheduling_failures(kube: Kube, name: str, namespace: str = "default") -> list[str]:
+    events = await kube.list(object_path("v1", "events", namespace=namespace),
+                             fieldSelector=f"involvedObject.name={name},reason=FailedScheduling")
+    return [event.get("message", "") for event in events.get("items", [])]

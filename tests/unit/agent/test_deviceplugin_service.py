@@ -1,0 +1,145 @@
+"""service: the device plugin's handlers called directly (no socket), with an in-memory pod
+source: Allocate serves the in-flight pod container by container and marks it once, refuses
+with the reason recorded, ListAndWatch streams health changes at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
+from rocshare.api.models import GpuInfo
+from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
+from rocshare_agent.deviceplugin.inflight import Refusal
+from rocshare_agent.deviceplugin.service import DevicePluginService
+
+NODE = "node-a"
+
+
+def gpu(index: int, *, healthy: bool = True) -> GpuInfo:
+    return GpuInfo(id=f"GPU-{index:016x}", index=index, render_minor=128 + index, gfx_target_version=90010,
+                   cu_count=104, pci_bdf=f"0000:{index:02x}:00.0", numa=index % 2, split_count=2, healthy=healthy)
+
+
+class MemoryPods:
+    def __init__(self, pods: list[dict]) -> None:
+        self.pods = pods
+        self.allocated: list[str] = []
+        self.refused: list[tuple[str, str]] = []
+
+    def cached(self):
+        return self.pods
+
+    async def next_event(self, timeout_s):
+        return False
+
+    async def fresh(self):
+        return self.pods
+
+    async def mark_allocated(self, ref):
+        self.allocated.append(ref.name)
+        for p in self.pods:
+            if p["metadata"]["uid"] == ref.uid:
+                p["metadata"]["annotations"]["rocshare.io/allocated"] = "now"
+
+    async def mark_refused(self, ref, reason):
+        self.refused.append((ref.name, reason))
+
+
+def committed_pod(name: str, containers: dict[str, list[str]]) -> dict:
+    rec = AllocationRecord(node=NODE, containers=[
+        ContainerAllocation(name=c, devices=[DeviceSlice(gpu_id=g, memory_mib=2048, cu_count=52, cu_ranges=[(0, 51)])
+                                             for g in gpus]) for c, gpus in containers.items()])
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": {ALLOCATION_ANNOTATION: encode_record(rec)}},
+            "spec": {"nodeName": NODE, "containers": [
+                {"name": c, "resources": {"limits": {"amd.com/gpu": str(len(g))}}} for c, g in containers.items()]},
+            "status": {"phase": "Pending"}}
+
+
+def make(pods: list[dict]) -> tuple[DevicePluginService, MemoryPods]:
+    source = MemoryPods(pods)
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu")
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    return service, source
+
+
+def request(*counts: int) -> pb.AllocateRequest:
+    return pb.AllocateRequest(container_requests=[
+        pb.ContainerAllocateRequest(devices_ids=[f"x{k}" for k in range(n)]) for n in counts])
+
+
+async def test_options_advertise_preferred_allocation():
+    service, _ = make([])
+    options = await service.get_device_plugin_options(pb.Empty())
+    assert options.get_preferred_allocation_available and not options.pre_start_required
+
+
+async def test_allocate_serves_each_container_then_marks_the_pod_once():
+    service, source = make([committed_pod("p", {"a": ["GPU-0000000000000002"], "b": ["GPU-0000000000000000", "GPU-0000000000000001"]})])
+    first = await service.allocate(request(1))
+    assert source.allocated == []
+    assert first.container_responses[0].envs["ROCR_VISIBLE_DEVICES"] == "GPU-0000000000000002"
+    second = await service.allocate(request(2))
+    await service.settle()  # the mark is written right after the answer, in the background
+    envs = second.container_responses[0].envs
+    assert envs["HIP_VISIBLE_DEVICES"] == "0,1" and envs["HSA_CU_MASK"] == "0:0-51;1:0-51"
+    assert envs["HIP_DEVICE_MEMORY_LIMIT_1"] == "2048m"
+    assert [d.container_path for d in second.container_responses[0].devices] == [
+        "/dev/kfd", "/dev/dri/renderD128", "/dev/dri/renderD129"]
+    assert second.container_responses[0].mounts[0].read_only
+    assert source.allocated == ["p"] and source.refused == []
+
+
+async def test_a_served_pod_is_not_in_flight_even_before_its_mark_is_visible():
+    service, source = make([committed_pod("p", {"a": ["GPU-0000000000000000"]})])
+    answered = asyncio.Event()
+
+    async def slow_mark(ref):  # the API server has not answered yet
+        await answered.wait()
+
+    source.mark_allocated = slow_mark
+    await service.allocate(request(1))
+    with pytest.raises(Refusal, match="no pod in flight"):
+        await service.allocate(request(1))
+    answered.set()
+    await service.settle()
+
+
+async def test_refusal_marks_nothing_but_the_reason():
+    service, source = make([committed_pod("p", {"a": ["GPU-0000000000000000"]})])
+    with pytest.raises(Refusal, match="kubelet asks 2"):
+        await service.allocate(request(2))
+    assert source.allocated == []
+    assert source.refused and source.refused[0][0] == "p" and "committed 1" in source.refused[0][1]
+
+
+async def test_a_committed_gpu_missing_from_the_node_is_refused():
+    service, source = make([committed_pod("p", {"a": ["GPU-00000000000000ff"]})])
+    with pytest.raises(Refusal, match="not on this node"):
+        await service.allocate(request(1))
+    assert source.allocated == []
+
+
+async def test_list_and_watch_sends_now_and_on_every_health_change():
+    service, _ = make([])
+    stream = service.list_and_watch(pb.Empty())
+    first = await anext(stream)
+    assert len(first.devices) == 6 and {d.health for d in first.devices} == {"Healthy"}
+    assert first.devices[2].topology.nodes[0].ID == 1
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.01)
+    assert not pending.done()  # nothing changed: nothing sent
+    service.set_inventory([gpu(0), gpu(1, healthy=False), gpu(2)])
+    second = await asyncio.wait_for(pending, 1)
+    assert [d.health for d in second.devices].count("Unhealthy") == 2
+    await stream.aclose()
+
+
+async def test_preferred_allocation_points_at_the_committed_gpus():
+    service, _ = make([committed_pod("p", {"a": ["GPU-0000000000000002", "GPU-0000000000000000"]})])
+    available = [f"GPU-{i:016x}::{k}" for i in range(3) for k in range(2)]
+    reply = await service.get_preferred_allocation(pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=2)]))
+    assert list(reply.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0", "GPU-0000000000000000::0"]

@@ -1,0 +1,141 @@
+"""What the rendered manifests must say, beyond fitting their schemas: the operator pod's two
+containers and ports, the scheduler configuration mounted unchanged under a stable name,
+namespaces written on every object, the webhook configurations shipped as written, TLS wired
+in each overlay, RBAC free of wildcards, Argo CD sync waves that put definitions first."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.unit.manifests.rendering import ROOT, find, render
+
+OVERLAYS = ("manifests/overlays/dev", "manifests/overlays/cert-manager")
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
+                  "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding", "AmdGpuPool", "AmdGpuNode"}
+
+
+def containers(objects: list[dict]) -> dict[str, dict]:
+    spec = find(objects, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]
+    return {container["name"]: container for container in spec["containers"]}
+
+
+def test_operator_pod_runs_the_operator_and_kube_scheduler() -> None:
+    objects = render("manifests/base")
+    pod = containers(objects)
+    assert pod["operator"]["args"] == ["operator", "--namespace", "rocshare-system"]
+    assert {port["containerPort"] for port in pod["operator"]["ports"]} == {31990, 31993, 9443}
+    scheduler = pod["kube-scheduler"]
+    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.35.4"
+    assert "--config=/etc/rocshare/scheduler/kube-scheduler-config.yaml" in scheduler["command"]
+    spec = find(objects, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "rocshare-operator"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+def test_scheduler_config_is_the_file_unchanged_under_a_stable_name() -> None:
+    config_map = find(render("manifests/base"), "ConfigMap", "rocshare-scheduler-config")
+    written = (ROOT / "manifests/base/scheduler/kube-scheduler-config.yaml").read_text()
+    assert config_map["data"]["kube-scheduler-config.yaml"] == written
+    config = yaml.safe_load(written)
+    assert config["clientConnection"]["kubeconfig"] == ""  # in-cluster
+    assert config["leaderElection"]["resourceNamespace"] == "rocshare-system"
+    volumes = find(render("manifests/base"), "Deployment", "rocshare-operator")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "scheduler-config", "configMap": {"name": "rocshare-scheduler-config"}} in volumes
+
+
+def test_webhook_configurations_are_shipped_as_written() -> None:
+    written = list(yaml.safe_load_all((ROOT / "manifests/base/webhook/webhooks.yaml").read_text()))
+    rendered = render("manifests/base")
+    for config in written:
+        assert find(rendered, config["kind"], config["metadata"]["name"]) == config
+
+
+@pytest.mark.parametrize("path", ["manifests/base", *OVERLAYS, "manifests/observability", "samples"])
+def test_every_namespaced_object_names_its_namespace(path: str) -> None:
+    for obj in render(path):
+        if obj["kind"] not in CLUSTER_SCOPED:
+            assert obj["metadata"].get("namespace"), f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_serves_the_webhook_with_the_tls_secret(overlay: str) -> None:
+    objects = render(overlay)
+    operator = containers(objects)["operator"]
+    assert "--webhook-cert=/etc/rocshare/webhook-tls/tls.crt" in operator["args"]
+    assert "--webhook-key=/etc/rocshare/webhook-tls/tls.key" in operator["args"]
+    assert {"name": "webhook-tls", "mountPath": "/etc/rocshare/webhook-tls", "readOnly": True} in operator["volumeMounts"]
+    volumes = find(objects, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]["volumes"]
+    secret = next(volume["secret"] for volume in volumes if volume["name"] == "webhook-tls")
+    assert secret["secretName"] == "rocshare-webhook-tls"
+    service = find(objects, "Service", "rocshare-webhook")
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]
+
+
+def test_cert_manager_overlay_injects_the_ca_into_both_webhooks() -> None:
+    objects = render("manifests/overlays/cert-manager")
+    certificate = find(objects, "Certificate", "rocshare-webhook")
+    assert certificate["spec"]["secretName"] == "rocshare-webhook-tls"
+    assert "rocshare-webhook.rocshare-system.svc" in certificate["spec"]["dnsNames"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        annotations = find(objects, kind, "rocshare-pods")["metadata"]["annotations"]
+        assert annotations["cert-manager.io/inject-ca-from"] == "rocshare-system/rocshare-webhook"
+
+
+@pytest.mark.parametrize("path", ["manifests/base", *OVERLAYS])
+def test_rbac_names_every_verb_and_resource(path: str) -> None:
+    for role in (obj for obj in render(path) if obj["kind"] in ("Role", "ClusterRole")):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], (role["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+
+
+def test_operator_service_account_carries_scheduler_roles() -> None:
+    bindings = [obj for obj in render("manifests/base") if obj["kind"] == "ClusterRoleBinding"]
+    roles = {binding["roleRef"]["name"] for binding in bindings
+             if {"kind": "ServiceAccount", "name": "rocshare-operator", "namespace": "rocshare-system"}
+             in binding["subjects"]}
+    assert roles == {"rocshare-operator", "system:kube-scheduler", "system:volume-scheduler"}
+
+
+def test_agent_monitor_service_is_headless_and_selects_agent_pods() -> None:
+    service = find(render("manifests/base"), "Service", "rocshare-node-agent-monitor")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "rocshare-node-agent"}
+    assert service["spec"]["ports"][0]["port"] == 9394
+
+
+def wave(obj: dict) -> int:
+    return int(obj["metadata"].get("annotations", {}).get("argocd.argoproj.io/sync-wave", "0"))
+
+
+@pytest.mark.parametrize("path", [*OVERLAYS, "samples"])
+def test_sync_waves_put_definitions_before_what_uses_them(path: str) -> None:
+    objects = render(path) + (render("manifests/base") if path == "samples" else [])
+    crd_wave = max(wave(obj) for obj in objects if obj["kind"] == "CustomResourceDefinition")
+    namespace_wave = {obj["metadata"]["name"]: wave(obj) for obj in objects if obj["kind"] == "Namespace"}
+    for obj in objects:
+        if obj["apiVersion"].split("/")[0] in ("rocshare.io", "kopf.dev", "cert-manager.io"):
+            assert wave(obj) > crd_wave, f"{obj['kind']}/{obj['metadata']['name']} syncs with its definition"
+        namespace = obj["metadata"].get("namespace")
+        if namespace in namespace_wave and obj["kind"] != "Namespace":
+            assert wave(obj) >= namespace_wave[namespace], obj["metadata"]["name"]
+    webhooks = [obj for obj in objects if obj["kind"].endswith("WebhookConfiguration")]
+    deployments = [obj for obj in objects if obj["kind"] == "Deployment"]
+    assert all(wave(hook) > wave(deploy) for hook in webhooks for deploy in deployments)
+
+
+def test_samples_order_pools_share_pods() -> None:
+    waves = {obj["kind"]: wave(obj) for obj in render("samples")}
+    assert waves["AmdGpuPool"] < waves["AmdGpuShare"] < waves["Pod"]
+
+
+@pytest.mark.parametrize("path", ["manifests/base", *OVERLAYS])
+def test_operator_arguments_parse_with_the_real_cli(path: str) -> None:
+    from rocshare.cli import build_parser
+
+    args = build_parser().parse_args(containers(render(path))["operator"]["args"])
+    assert args.namespace == "rocshare-system"
+    assert args.standalone is False  # peering through the ClusterKopfPeering `rocshare`
+    assert find(render(path), "ClusterKopfPeering", "rocshare")

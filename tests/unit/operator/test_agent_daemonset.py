@@ -1,0 +1,44 @@
+"""agent_daemonset: the rendered node-agent DaemonSet of a pool."""
+
+from __future__ import annotations
+
+from rocshare_operator.agent_daemonset import AgentDeployment, daemonset_name, render_daemonset
+
+
+def render(**agent) -> dict:
+    pool = {"metadata": {"name": "mi300", "uid": "u-1"}, "spec": {"nodeSelector": {"gpu": "amd"}, "agent": agent}}
+    return render_daemonset(pool, AgentDeployment(namespace="gpu-system"))
+
+
+def test_defaults() -> None:
+    daemonset = render()
+    pod = daemonset["spec"]["template"]["spec"]
+    assert daemonset["metadata"]["namespace"] == "gpu-system"
+    assert daemonset["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "rocshare.io/v1alpha1", "kind": "AmdGpuPool", "name": "mi300", "uid": "u-1",
+        "controller": True, "blockOwnerDeletion": True}
+    assert pod["nodeSelector"] == {"rocshare.io/pool": "mi300"}
+    assert pod["serviceAccountName"] == "rocshare-node-agent"
+    assert "priorityClassName" not in pod
+    assert daemonset["spec"]["selector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"] | {
+        "app.kubernetes.io/instance": "mi300"}
+    container = pod["containers"][0]
+    assert container["image"] == "rocshare/node-agent:0.1.0"
+    assert "--sysfs-root=/sys" in container["args"]
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "64Mi"}
+
+
+def test_pool_agent_settings_flow_in_and_odd_values_stay_strings() -> None:
+    daemonset = render(image="reg/agent:1", sysfsRoot="/host sys: x", priorityClassName="gpu-critical",
+                       tolerations=[{"key": "dedicated", "operator": "Equal", "value": "gpu"}])
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "gpu-critical"
+    assert {"key": "dedicated", "operator": "Equal", "value": "gpu"} in pod["tolerations"]
+    assert "--sysfs-root=/host sys: x" in pod["containers"][0]["args"]
+    assert pod["volumes"][0]["hostPath"]["path"] == "/host sys: x"
+
+
+def test_long_pool_names_give_short_unique_daemonset_names() -> None:
+    one, two = daemonset_name("p" * 60), daemonset_name("p" * 59 + "q")
+    assert len(one) <= 63 and len(two) <= 63 and one != two
+    assert daemonset_name("mi300") == "rocshare-node-agent-mi300"

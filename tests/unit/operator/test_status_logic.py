@@ -1,0 +1,192 @@
+"""conditions, usage, pool_status and share_logic: status sums, cores percent rounding,
+transition times, quota bodies and bounded pod lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
+from rocshare.api.models import ShareLimits
+from rocshare_operator.conditions import ConditionState, merge_conditions
+from rocshare_operator.pool_status import Inventory, PoolFacts, pool_status
+from rocshare_operator.share_logic import PODS_LISTED_MAX, quota_body, quota_hard, quota_name, share_status
+from rocshare_operator.usage import DeviceUse, GpuSummary, cores_pct, effective_use, pod_slices
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def device(gpu_id: str, memory_mib: int, cu_count: int, **flags) -> dict:
+    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count, **flags}
+
+
+def pod(name: str, node: str, *containers: dict, phase: str = "Pending", namespace: str = "ns",
+        annotation: str | None = None) -> dict:
+    text = annotation if annotation is not None else encode_record(AllocationRecord.model_validate(
+        {"version": 1, "node": node, "containers": list(containers)}))
+    return {"metadata": {"name": name, "namespace": namespace, "annotations": {ALLOCATION_ANNOTATION: text}},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def container(name: str, *devices: dict, init: bool = False) -> dict:
+    return {"name": name, "init": init, "devices": list(devices)}
+
+
+# ---- conditions ---------------------------------------------------------------------------------
+
+
+def test_transition_time_kept_while_status_holds_even_if_reason_changes() -> None:
+    before = merge_conditions(None, [ConditionState("Ready", "True", "A")], generation=1, now=T0)
+    after = merge_conditions(before, [ConditionState("Ready", "True", "B", "m")], generation=2, now=T1)
+    assert after == [{"type": "Ready", "status": "True", "reason": "B", "message": "m", "lastTransitionTime": T0,
+                      "observedGeneration": 2}]
+
+
+def test_transition_time_moves_when_status_changes() -> None:
+    before = merge_conditions(None, [ConditionState("Ready", "True", "A")], generation=1, now=T0)
+    after = merge_conditions(before, [ConditionState("Ready", "False", "A")], generation=1, now=T1)
+    assert after[0]["lastTransitionTime"] == T1
+
+
+# ---- usage ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("use", "total", "pct"), [
+    (DeviceUse("g", 0, 26, False), 104, 25),
+    (DeviceUse("g", 0, 27, False), 104, 26),  # rounded up
+    (DeviceUse("g", 0, 1, False), 304, 1),
+    (DeviceUse("g", 0, 104, False), 104, 100),
+    (DeviceUse("g", 0, 10, True), 104, 100),  # whole GPU or reservesAllCores
+    (DeviceUse("g", 0, 10, False), None, 100),  # unknown GPU: never under-report
+])
+def test_cores_pct(use, total, pct) -> None:
+    assert cores_pct(use, total) == pct
+
+
+def test_init_containers_count_as_the_larger_of_init_and_app() -> None:
+    record = AllocationRecord.model_validate({"version": 1, "node": "n", "containers": [
+        container("init", device("g1", 8000, 50), init=True),
+        container("a", device("g1", 2000, 10)), container("b", device("g1", 3000, 20), device("g2", 100, 5)),
+    ]})
+    devices, gpus = effective_use(record)
+    assert devices == (DeviceUse("g1", 8000, 50, False), DeviceUse("g2", 100, 5, False))
+    assert gpus == 3  # two app containers ask for 1 + 2 GPUs; the init container for 1
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_finished_pods_hold_nothing(phase) -> None:
+    assert pod_slices(pod("p", "n", container("c", device("g", 1, 1)), phase=phase)) is None
+
+
+def test_pods_without_a_record_hold_nothing() -> None:
+    assert pod_slices({"metadata": {"name": "p", "namespace": "ns"}, "spec": {}, "status": {}}) is None
+
+
+def test_an_undecodable_record_is_kept_with_its_error() -> None:
+    held = pod_slices(pod("p", "n", annotation="{not json"))
+    assert held is not None and held.error and "not JSON" in held.error
+
+
+# ---- pool status -----------------------------------------------------------------------------------
+
+
+def inventory(node: str, *gpus: tuple[str, int, int, bool]) -> Inventory:
+    return Inventory(node, tuple(GpuSummary(gpu_id, cus, vram, healthy) for gpu_id, cus, vram, healthy in gpus))
+
+
+def facts(**overrides) -> PoolFacts:
+    base = dict(generation=3, members=["n1", "n2"], conflicting=[],
+                inventories={"n1": inventory("n1", ("g1", 104, 65520, True), ("g2", 104, 65520, False)),
+                             "n2": inventory("n2", ("g3", 304, 196592, True))},
+                pods_by_node={"n1": [pod_slices(pod("p1", "n1", container("c", device("g1", 8192, 26))))],
+                              "n2": [pod_slices(pod("p2", "n2", container("c", device("g3", 196592, 304,
+                                                                                      whole=True))))]})
+    return PoolFacts(**{**base, **overrides})
+
+
+def test_pool_status_sums_nodes_gpus_vram_and_allocations() -> None:
+    status = pool_status(facts(), previous_conditions=None, now=T0)
+    assert {k: status[k] for k in ("nodes", "gpusTotal", "gpusHealthy", "vramTotalMiB", "vramAllocatedMiB",
+                                   "coresAllocatedPercent", "observedGeneration", "conflictingNodes")} == {
+        "nodes": 2, "gpusTotal": 3, "gpusHealthy": 2, "vramTotalMiB": 65520 * 2 + 196592,
+        "vramAllocatedMiB": 8192 + 196592, "coresAllocatedPercent": 25 + 100, "observedGeneration": 3,
+        "conflictingNodes": []}
+    ready, degraded = status["conditions"]
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == ("True", "GpusAvailable", 3)
+    assert (degraded["status"], degraded["reason"]) == ("True", "UnhealthyGpus")
+
+
+@pytest.mark.parametrize(("overrides", "ready_reason", "degraded_reason"), [
+    ({"members": [], "inventories": {}, "pods_by_node": {}}, "NoNodes", "AsExpected"),
+    ({"members": [], "conflicting": ["n9"], "inventories": {}}, "NoNodes", "NodeConflicts"),
+    ({"inventories": {}}, "NoGpusReported", "NodesNotReporting"),
+    ({"inventories": {"n1": inventory("n1", ("g1", 104, 1, False))}}, "NoHealthyGpus", "UnhealthyGpus"),
+    ({"problem": "name too long"}, "InvalidPool", "UnhealthyGpus"),
+])
+def test_pool_conditions(overrides, ready_reason, degraded_reason) -> None:
+    ready, degraded = pool_status(facts(**overrides), previous_conditions=None, now=T0)["conditions"]
+    assert (ready["reason"], degraded["reason"]) == (ready_reason, degraded_reason)
+
+
+def test_undecodable_records_degrade_the_pool_and_are_not_summed() -> None:
+    bad = pod_slices(pod("bad", "n1", annotation='{"version": 2}'))
+    status = pool_status(facts(pods_by_node={"n1": [bad]}), previous_conditions=None, now=T0)
+    assert status["vramAllocatedMiB"] == 0
+    assert "undecodable" in status["conditions"][1]["message"]
+
+
+def test_unchanged_pool_status_is_identical_so_nothing_is_written() -> None:
+    first = pool_status(facts(), previous_conditions=None, now=T0)
+    assert pool_status(facts(), previous_conditions=first["conditions"], now=T1) == first
+
+
+# ---- shares ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("limits", "hard"), [
+    ({"memoryMiB": 8192, "coresPercent": 250, "gpus": 4},
+     {"limits.amd.com/gpumem": "8192", "limits.amd.com/gpucores": "250", "requests.amd.com/gpu": "4"}),
+    ({"memoryMiB": 0}, {"limits.amd.com/gpumem": "0"}),
+    ({}, {}),
+])
+def test_quota_lists_only_the_limits_set(limits, hard) -> None:
+    assert quota_hard(ShareLimits.model_validate(limits)) == hard
+
+
+def test_quota_body_is_owned_by_the_share() -> None:
+    body = quota_body(share="team", namespace="ns", uid="u1", limits=ShareLimits(gpus=1))
+    assert body["metadata"]["name"] == "rocshare-team"
+    assert body["metadata"]["ownerReferences"] == [{"apiVersion": "rocshare.io/v1alpha1", "kind": "AmdGpuShare",
+                                                    "name": "team", "uid": "u1", "controller": True,
+                                                    "blockOwnerDeletion": True}]
+
+
+def test_long_share_names_give_valid_unique_quota_names() -> None:
+    one, two = quota_name("a" * 253), quota_name("a" * 252 + "b")
+    assert len(one) <= 253 and len(two) <= 253 and one != two
+
+
+def share(pods, *, pool_exists=True, inventories=None) -> dict:
+    return share_status(share="team", pool="p", pool_exists=pool_exists, generation=1, pods=pods,
+                        inventories=inventories or {}, previous_conditions=None, now=T0)
+
+
+def test_share_usage_and_holders() -> None:
+    held = pod_slices(pod("trainer", "n1", container("c", device("g1", 4096, 76), device("g2", 4096, 76))))
+    status = share([held], inventories={"n1": inventory("n1", ("g1", 304, 1, True), ("g2", 304, 1, True))})
+    assert status["used"] == {"memoryMiB": 8192, "coresPercent": 50, "gpus": 2}
+    assert status["pods"] == [{"pod": "trainer", "node": "n1", "gpuIds": ["g1", "g2"], "memoryMiB": 8192,
+                               "cuCount": 152}]
+    assert (status["podsTotal"], status["quotaName"]) == (1, "rocshare-team")
+    assert (status["conditions"][0]["status"], status["conditions"][0]["reason"]) == ("True", "QuotaApplied")
+
+
+def test_share_pod_list_is_bounded_but_counted() -> None:
+    pods = [pod_slices(pod(f"p{i:04d}", "n1", container("c", device("g", 1, 1)))) for i in range(250)]
+    status = share(pods)
+    assert len(status["pods"]) == PODS_LISTED_MAX and status["podsTotal"] == 250
+    assert status["pods"][0]["pod"] == "p0000"
+
+
+def test_share_without_its_pool() -> None:
+    ready = share([], pool_exists=False)["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "PoolNotFound")

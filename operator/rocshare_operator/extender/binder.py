@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record, encode_record
@@ -46,15 +47,27 @@ class Binder:
 
     def __post_init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
+        self.queued: Counter[str] = Counter()
+        """Binds under way per node. Prioritize ranks such nodes lower: kube-scheduler does not
+        count amd.com resources of pods it has sent to bind, so without this a burst would all
+        pick the same best node and most binds would find it full."""
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> AllocationRecord:
         """Commit and bind; raises BindRefused with the reason."""
         path = object_path("v1", "pods", name, namespace=namespace)
         deadline = time.monotonic() + self.wait_timeout_s
-        lock = self._locks.setdefault(node, asyncio.Lock())
-        async with lock:
-            await self._wait_for_room(node, deadline)
-            record = await self._commit(path, namespace, name, uid, node)
+        self.queued[node] += 1
+        try:
+            pod = await self._read_pod(path, uid)
+            if _existing_record(pod) is None:
+                self._decide(pod, node)  # refuse at once when it can't fit: waiting frees nothing
+            async with self._locks.setdefault(node, asyncio.Lock()):
+                await self._wait_for_room(node, deadline)
+                record = await self._commit(path, namespace, name, uid, node)
+        finally:
+            self.queued[node] -= 1
+            if not self.queued[node]:
+                del self.queued[node]
         await self._create_binding(path, namespace, name, uid, node, record)
         return record
 

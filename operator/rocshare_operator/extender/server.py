@@ -74,7 +74,9 @@ class ExtenderService:
         except RequestError:
             return [{"Host": name, "Score": 0} for name in names]
         self.metrics.decisions.labels("prioritize", "scored").inc()
-        return prioritize(self.state, request, names)
+        queued = self.binder.queued
+        return [{"Host": entry["Host"], "Score": max(0, entry["Score"] - queued.get(entry["Host"], 0))}
+                for entry in prioritize(self.state, request, names)]
 
     async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -182,6 +184,7 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     log.info("extender serving on %s:%d (metrics :%d)", settings.host, settings.port, settings.metrics_port)
     tasks = [asyncio.create_task(informer.run(), name=f"informer-{informer.name}") for informer in informers]
     tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
+    tasks.append(asyncio.create_task(_retry_after_sync(informers, state.retrier), name="retry-after-sync"))
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -189,6 +192,13 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
             task.cancel()
         await runner.cleanup()
         metrics_server.shutdown()
+
+
+async def _retry_after_sync(informers: list[Informer], retrier: Retrier) -> None:
+    """Once every cache is built, retry the pods found waiting: kube-scheduler may have parked
+    them while this process was down, and nothing else wakes them until capacity is released."""
+    await asyncio.gather(*(informer.synced.wait() for informer in informers))
+    retrier.room_freed()
 
 
 def _tls(settings: ExtenderSettings) -> ssl.SSLContext | None:

@@ -10,14 +10,18 @@ Fed by informers on Nodes, AmdGpuNodes, AmdGpuPools, ResourceQuotas and Pods:
   is treated as holding them: see `blocked_nodes`);
 - per namespace, the amd.com limits of its ResourceQuotas;
 - per node, the one in-flight pod (record written, agent not yet done) and a
-  Condition that wakes binds waiting for it.
+  Condition that wakes binds waiting for it;
+- `plans`: a memo of filter/prioritize answers per node (see `NodeMemo`), which never
+  outlives the ledger version and inventory it was computed from.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +43,11 @@ QUOTA_MEMORY = "limits.amd.com/gpumem"
 QUOTA_CORES = "limits.amd.com/gpucores"
 QUOTA_GPUS = "requests.amd.com/gpu"
 TERMINAL_PHASES = ("Succeeded", "Failed")
+WAITING_REASONS = ("Unschedulable", "SchedulerError")
+"""PodScheduled reasons of a pod kube-scheduler gave up on for now. SchedulerError covers an
+extender it could not reach (the operator restarting): kube-scheduler may park such a pod for
+up to five minutes, and the restarted extender has never filtered it, so only this tells it
+the pod is waiting."""
 
 
 @dataclass
@@ -47,12 +56,66 @@ class InFlight:
     since_s: float
 
 
+class NodeMemo:
+    """Answers of pure functions of (a node's inventory, its ledger usage, a key), per node.
+
+    A node's table is used only while the node's ledger version and its `NodeInventory`
+    object are the ones the table was filled with: the ledger bumps the version on every
+    apply or release on the node, and a changed inventory is a new object. Nothing else
+    is memoised here (quota, blocked nodes, in-flight pods are read fresh on every call).
+    Keys are interned to small ints (`key_id`) so per-node lookups hash cheaply; `shared`
+    holds answers that depend only on a node's shape and loads (no GPU identity), for
+    callers whose key reads no GPU id. Bounded: past the limits everything is dropped
+    and refilled by later calls.
+    """
+
+    MAX_KEYS = 64
+    MAX_SHARED = 100_000
+
+    def __init__(self) -> None:
+        self._key_ids: dict[Hashable, int] = {}
+        self._tables: dict[str, tuple[int, NodeInventory, dict[int, Any]]] = {}
+        self.shared: dict[tuple, Any] = {}
+
+    def key_id(self, key: Hashable) -> int:
+        found = self._key_ids.get(key)
+        if found is None:
+            if len(self._key_ids) >= self.MAX_KEYS:
+                self.clear()
+            found = self._key_ids[key] = len(self._key_ids)
+        return found
+
+    def table(self, name: str, version: int, inventory: NodeInventory) -> dict[int, Any]:
+        entry = self._tables.get(name)
+        if entry is not None and entry[0] == version and entry[1] is inventory:
+            return entry[2]
+        table: dict[int, Any] = {}
+        self._tables[name] = (version, inventory, table)
+        return table
+
+    def share(self, key: tuple, value: Any) -> None:
+        if len(self.shared) >= self.MAX_SHARED:
+            self.shared.clear()
+        self.shared[key] = value
+
+    def forget(self, name: str) -> None:
+        self._tables.pop(name, None)
+
+    def clear(self) -> None:
+        self._key_ids.clear()
+        self._tables.clear()
+        self.shared.clear()
+
+
 @dataclass
 class SchedulerState:
     node_objects: dict[str, dict[str, Any]] = field(default_factory=dict)
     gpu_status: dict[str, AmdGpuNodeStatus] = field(default_factory=dict)
     pools: dict[str, AmdGpuPoolSpec] = field(default_factory=dict)
     inventories: dict[str, NodeInventory] = field(default_factory=dict)
+    node_pools: dict[str, str] = field(default_factory=dict)
+    """Node name -> its pool label (an index of node_objects, read once per node per decision)."""
+    plans: NodeMemo = field(default_factory=NodeMemo)
     ledger: Ledger = field(default_factory=Ledger)
     pod_nodes: dict[PodKey, str] = field(default_factory=dict)
     pod_costs: dict[PodKey, tuple[str, QuotaCost]] = field(default_factory=dict)
@@ -71,8 +134,14 @@ class SchedulerState:
         name = node["metadata"]["name"]
         if kind == "DELETED":
             self.node_objects.pop(name, None)
+            self.node_pools.pop(name, None)
         else:
             self.node_objects[name] = node
+            pool = (node["metadata"].get("labels") or {}).get(POOL_LABEL)
+            if pool:
+                self.node_pools[name] = pool
+            else:
+                self.node_pools.pop(name, None)
         self._rebuild_inventory(name)
 
     def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -98,8 +167,7 @@ class SchedulerState:
             log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
 
     def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
-        node = self.node_objects.get(node_name)
-        pool = (node or {}).get("metadata", {}).get("labels", {}).get(POOL_LABEL)
+        pool = self.node_pools.get(node_name)
         return self.pools.get(pool) if pool else None
 
     def _rebuild_inventory(self, name: str) -> None:
@@ -107,6 +175,7 @@ class SchedulerState:
         status = self.gpu_status.get(name)
         if node is None or status is None or _allocatable_gpus(node) == 0:
             self.inventories.pop(name, None)
+            self.plans.forget(name)
             return
         sharing = self._sharing_of(node)
         inventory = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
@@ -147,8 +216,12 @@ class SchedulerState:
         if key not in self.ledger and key not in self.broken_records:
             self._remember(key, meta.get("namespace", ""), text, pod.get("spec", {}).get("nodeName", ""))
         node = self.pod_nodes.get(key)
-        if node and ALLOCATED_ANNOTATION in annotations:
+        if node and not _awaiting_allocation(pod, annotations):
             await self.release_inflight(node, key)
+        elif node and pod.get("spec", {}).get("nodeName") == node and node not in self.inflight:
+            # Bound before this process started (or its bind's own mark was lost): still in
+            # flight, so no second pod may be bound to the node until the agent serves this one.
+            self.inflight[node] = InFlight(key, time.monotonic())
 
     def _track_waiting(self, key: PodKey, pod: dict[str, Any], ended: bool) -> None:
         """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
@@ -158,7 +231,7 @@ class SchedulerState:
             self.retrier.forget(key)
             return
         for condition in pod.get("status", {}).get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            if condition.get("type") == "PodScheduled" and condition.get("reason") in WAITING_REASONS:
                 self.retrier.note_waiting(key, pod["metadata"].get("namespace", ""))
 
     def _remember(self, key: PodKey, namespace: str, text: str, node_name: str) -> None:
@@ -242,6 +315,13 @@ class SchedulerState:
             cores_pct=_tightest(limit.cores_pct for limit in limits),
             gpus=_tightest(limit.gpus for limit in limits),
         )
+
+
+def _awaiting_allocation(pod: dict[str, Any], annotations: dict[str, str]) -> bool:
+    """Not yet served by the node's agent: the agent's own test (nodeagent inflight.py). A pod the
+    kubelet started (Running) was served even when the agent's mark never landed."""
+    return (ALLOCATED_ANNOTATION not in annotations and not pod["metadata"].get("deletionTimestamp")
+            and pod.get("status", {}).get("phase", "Pending") == "Pending")
 
 
 def _tightest(values) -> int | None:

@@ -88,6 +88,9 @@ def add_usage(a: GpuUsage, b: GpuUsage) -> GpuUsage:
     return GpuUsage(a.memory_mib + b.memory_mib, a.slices + b.slices, a.cu_mask | b.cu_mask, a.whole + b.whole)
 
 
+GpuKey = tuple[NodeName, GpuId]
+
+
 class Ledger:
     """Mutable index of records; an object the caller owns (no module state)."""
 
@@ -95,8 +98,10 @@ class Ledger:
         self._records: dict[PodKey, AllocationRecord] = {}
         self._host: dict[PodKey, tuple[int, int]] = {}
         self._host_only: dict[PodKey, tuple[NodeName, int, int]] = {}
-        self._holders: dict[GpuId, dict[tuple[PodKey, int], GpuUsage]] = {}
-        self._gpu: dict[GpuId, GpuUsage] = {}
+        # GPUs are keyed by (node, GPU id): ids derived from PCI addresses (APUs, partitions)
+        # repeat across nodes, and so do unique ids on simulated fleets.
+        self._holders: dict[GpuKey, dict[tuple[PodKey, int], GpuUsage]] = {}
+        self._gpu: dict[GpuKey, GpuUsage] = {}
         self._node_host: dict[NodeName, tuple[int, int]] = {}
         self._versions: dict[NodeName, int] = {}
         self._usage_cache: dict[NodeName, tuple[int, NodeInventory, NodeUsage]] = {}
@@ -117,10 +122,10 @@ class Ledger:
         node = NodeName(record.node)
         self._add_host(node, cpu_milli, memory_mib)
         slot = 0
-        touched: set[GpuId] = set()
+        touched: set[GpuKey] = set()
         for container in record.containers:
             for device in container.devices:
-                gpu = GpuId(device.gpu_id)
+                gpu = (node, GpuId(device.gpu_id))
                 self._holders.setdefault(gpu, {})[(pod_key, slot)] = slice_usage(device)
                 touched.add(gpu)
                 slot += 1
@@ -157,16 +162,16 @@ class Ledger:
         cpu_milli, memory_mib = self._host.pop(pod_key)
         node = NodeName(record.node)
         self._add_host(node, -cpu_milli, -memory_mib)
-        touched = set(record.gpu_ids())
+        touched = {(node, GpuId(gpu)) for gpu in record.gpu_ids()}
         for gpu in touched:
-            holders = self._holders[GpuId(gpu)]
+            holders = self._holders[gpu]
             for key in [k for k in holders if k[0] == pod_key]:
                 del holders[key]
-        self._recompute({GpuId(g) for g in touched})
+        self._recompute(touched)
         self._bump(node)
         return record
 
-    def _recompute(self, gpus: Iterable[GpuId]) -> None:
+    def _recompute(self, gpus: Iterable[GpuKey]) -> None:
         for gpu in gpus:
             holders = self._holders.get(gpu)
             if not holders:
@@ -183,8 +188,8 @@ class Ledger:
 
     # ---- views --------------------------------------------------------------------------
 
-    def gpu_usage(self, gpu_id: str) -> GpuUsage:
-        return self._gpu.get(GpuId(gpu_id), EMPTY_GPU)
+    def gpu_usage(self, node: str, gpu_id: str) -> GpuUsage:
+        return self._gpu.get((NodeName(node), GpuId(gpu_id)), EMPTY_GPU)
 
     def node_version(self, node: str) -> int:
         """Changes whenever a record on that node is applied or released."""
@@ -197,7 +202,7 @@ class Ledger:
         if cached is not None and cached[0] == version and cached[1] is node:
             return cached[2]
         cpu, mem = self._node_host.get(node.name, (0, 0))
-        usage = NodeUsage(tuple(self._gpu.get(g.gpu_id, EMPTY_GPU) for g in node.gpus), cpu, mem)
+        usage = NodeUsage(tuple(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU) for g in node.gpus), cpu, mem)
         self._usage_cache[node.name] = (version, node, usage)
         return usage
 

@@ -51,7 +51,7 @@ def test_memory_and_core_slices_get_disjoint_ranges():
     da, db = a.containers[0].devices[0], b.containers[0].devices[0]
     assert (da.memory_mib, da.cu_ranges, da.cu_count) == (1000, [(0, 25)], 26)
     assert (db.memory_mib, db.cu_ranges, db.cu_count) == (32768, [(26, 77)], 52)
-    assert ledger.gpu_usage(da.gpu_id).memory_mib == 33768
+    assert ledger.gpu_usage(inv.name, da.gpu_id).memory_mib == 33768
 
 
 def test_insufficient_memory_and_cores_are_reasons():
@@ -164,7 +164,7 @@ def test_init_containers_listed_first_and_reserved():
     raw = pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 10}, init=({"amd.com/gpumem": 500, "amd.com/gpucores": 5},))
     record = place(inv, ledger, raw)
     assert [c.init for c in record.containers] == [True, False]
-    usage = ledger.gpu_usage("GPU-n1-0000")
+    usage = ledger.gpu_usage(inv.name, "GPU-n1-0000")
     assert (usage.memory_mib, usage.slices, usage.cu_held) == (1500, 2, 11 + 6)
 
 
@@ -187,3 +187,13 @@ def test_from_gpu_infos_maps_peers_by_pci_address():
     inv = NodeInventory.from_gpu_infos("n", infos, Sharing())
     assert [g.gpu_id for g in inv.gpus] == ["GPU-0", "GPU-1"]
     assert inv.links == (frozenset({1}), frozenset({0}))
+
+
+def test_same_gpu_id_on_two_nodes_is_two_gpus():
+    # APU and partition ids derive from PCI addresses and repeat across nodes; so do unique ids
+    # on a simulated fleet built from one capture. The ledger must never add them up.
+    first, second = node(gpu(0), name="n1"), node(gpu(0), name="n2")
+    ledger = Ledger()
+    place(first, ledger, pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 25}), key="ns/a")
+    assert ledger.gpu_usage("n1", "GPU-n1-0000").slices == 1
+    assert ledger.usage(second).loads[0] == (0, 0, 0, 0)

@@ -55,7 +55,7 @@ def build_node(raw, omitted) -> NodeInventory:
 
 def check_invariants(inventory: NodeInventory, ledger: Ledger) -> None:
     for spec in inventory.gpus:
-        usage = ledger.gpu_usage(spec.gpu_id)
+        usage = ledger.gpu_usage(inventory.name, spec.gpu_id)
         assert usage.memory_mib <= spec.memory_mib
         assert usage.slices <= spec.max_slices
         assert usage.cu_held <= spec.cu_count
@@ -94,7 +94,7 @@ def test_random_streams_keep_every_gpu_within_limits(raw, omitted, policy, opera
             ledger.release(placed.pop(payload % len(placed)))
         check_invariants(inventory, ledger)
     rebuilt = Ledger.from_records(ledger.records().items())
-    assert [rebuilt.gpu_usage(g.gpu_id) for g in inventory.gpus] == [ledger.gpu_usage(g.gpu_id) for g in inventory.gpus]
+    assert [rebuilt.gpu_usage(inventory.name, g.gpu_id) for g in inventory.gpus] == [ledger.gpu_usage(inventory.name, g.gpu_id) for g in inventory.gpus]
     for key in placed:
         ledger.release(key)
     assert ledger.is_empty

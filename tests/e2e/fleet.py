@@ -1,43 +1,25 @@
 """Helpers for e2e tests that run the whole path: pods built the way users write them,
 polling with deadlines, and reading what the kubelet peer handed each container.
 
-Sysfs captures are read in place from ../shared; the MI210 capture has no VRAM file, so
-`mi210_with_synthetic_vram` makes a copy under a temp folder that adds one (64 GiB per GPU,
-as the MI210 has) — synthetic, and said so wherever it is used.
+Sysfs captures are read in place from ../shared; the MI210 capture has no VRAM size, so tests
+use `rocshare.devcluster.captures.mi210_with_synthetic_vram` (a copy with a synthetic 64 GiB per
+GPU) and say so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, decode_record
+from rocshare.devcluster.captures import mi210_with_synthetic_vram  # noqa: F401  (re-exported for tests)
 from rocshare.kube.client import Kube, NotFound, object_path
 
 PEER_CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"
-MI210_VRAM_BYTES = 64 * 1024**3
-
-
-def mi210_with_synthetic_vram(fixtures: Path, into: Path) -> Path:
-    """A copy of the MI210 capture (KFD topology only) whose GPU nodes gain a synthetic VRAM
-    bank of 64 GiB (mem_banks/0, heap_type 1 = frame buffer), as the MI210 has."""
-    target = into / "mi210-synthetic-vram"
-    if target.exists():
-        return target
-    shutil.copytree(fixtures / "mi210-8gpu-xgmi", target, symlinks=True)
-    for node in (target / "class" / "kfd" / "kfd" / "topology" / "nodes").iterdir():
-        properties = (node / "properties").read_text()
-        if "simd_count 0" in properties or "simd_count" not in properties:
-            continue
-        bank = node / "mem_banks" / "0"
-        bank.mkdir(parents=True, exist_ok=True)
-        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {MI210_VRAM_BYTES}\nflags 0\nwidth 4096\n")
-    return target
 
 
 def gpu_pod(name: str, *, namespace: str = "default", containers: list[dict[str, str]] | None = None,

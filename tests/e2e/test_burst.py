@@ -52,10 +52,11 @@ def burst_fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[tuple[Ope
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
                         "--ignore-not-found", check=False)
         cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0", check=False)
+        # The pool goes while the operator runs: its finalizer unmarks the nodes first.
+        cluster.kubectl("delete", "amdgpupool", "burst", "--ignore-not-found", "--timeout=30s", check=False)
         for node in nodes:
             node.stop()
         operator.stop()
-        cluster.kubectl("delete", "amdgpupool", "burst", "--ignore-not-found", "--wait=false", check=False)
 
 
 async def pods_in(kube: Kube) -> list[dict]:

@@ -72,11 +72,12 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[dict[str, Simul
     finally:
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
                         "--ignore-not-found", check=False)
+        # The pools go while the operator runs: their finalizer unmarks the nodes first.
+        cluster.kubectl("delete", "amdgpupools", "sched-mi210", "sched-apu", "--ignore-not-found", "--timeout=30s",
+                        check=False)
         for node in nodes.values():
             node.stop()
         operator.stop()
-        cluster.kubectl("delete", "amdgpupools", "sched-mi210", "sched-apu", "--ignore-not-found", "--wait=false",
-                        check=False)
 
 
 async def allocatable_gpus(kube: Kube, node: str) -> int:
@@ -283,3 +284,25 @@ async def test_webhook_refuses_bad_pods_with_precise_messages(ready, cluster) ->
         await kube.delete(object_path("v1", "pods", "plain", namespace="default"))
     finally:
         await kube.close()
+
+
+async def test_pool_runtime_class_is_set_on_pods_that_name_none(ready, kube: Kube, cluster) -> None:
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(
+        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "rocm"}, "handler": "rocm"}))
+    cluster.kubectl("patch", "amdgpupool", "sched-apu", "--type=merge", "-p", '{"spec": {"runtimeClassName": "rocm"}}')
+    try:
+        async def pool_seen():  # the webhook reads pools from the extender's cache
+            try:
+                created = await create_pod(kube, gpu_pod("with-class", gpu="1", gpumem="1024", node_selector=APU))
+            except Exception:  # noqa: BLE001 - only the outcome below matters
+                return None
+            if created["spec"].get("runtimeClassName") == "rocm":
+                return created
+            await delete_pod(kube, "with-class")
+            return None
+        created = await wait_for(pool_seen, timeout_s=20, what="runtimeClassName rocm on a new pod", every_s=0.5)
+        assert created["spec"]["runtimeClassName"] == "rocm"
+        await delete_pod(kube, "with-class")
+    finally:
+        cluster.kubectl("patch", "amdgpupool", "sched-apu", "--type=json",
+                        "-p", '[{"op": "remove", "path": "/spec/runtimeClassName"}]')

@@ -33,7 +33,7 @@ def test_share_parses_and_names_a_sample_pool() -> None:
 
 
 @pytest.mark.parametrize(("name", "expected_limits", "annotation"), [
-    ("slice-4g-25pct", {"amd.com/gpumem": "4096", "amd.com/gpucores": "25"}, None),
+    ("slice-4g-25pct", {"amd.com/gpu": "1", "amd.com/gpumem": "4096", "amd.com/gpucores": "25"}, None),
     ("slice-25pct-vram", {"amd.com/gpumem-percentage": "25"}, None),
     ("numa-pair", {"amd.com/gpu": "2", "amd.com/gpumem": "8192", "amd.com/gpucores": "25"}, "amd.com/numa-bind"),
     ("xgmi-pair", {"amd.com/gpu": "2", "amd.com/gpumem": "8192", "amd.com/gpucores": "25"}, "amd.com/link-bind"),

@@ -145,7 +145,10 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Unavailable(0, "Unreachable", str(error) or type(error).__name__) from None
         response = response[0] if isinstance(response, tuple) else response
-        text = await response.read()
+        try:
+            text = await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise Unavailable(0, "ReplyBroken", str(error) or type(error).__name__) from None
         if not 200 <= response.status <= 299:
             raise _error_from_reply(response.status, response.reason or "", text)
         return json.loads(text) if text else {}

@@ -17,6 +17,8 @@ Rules, and why:
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -72,12 +74,23 @@ def pod_slices(pod: Mapping) -> PodSlices | None:
         return None
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
     node = (pod.get("spec") or {}).get("nodeName") or ""
+    decoded = _decoded_use(text)
+    if isinstance(decoded, str):
+        return PodSlices(namespace=namespace, name=name, node=node, error=decoded)
+    record_node, devices, gpus = decoded
+    return PodSlices(namespace=namespace, name=name, node=node or record_node, devices=devices, gpus=gpus)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_use(text: str) -> tuple[str, tuple[DeviceUse, ...], int] | str:
+    """A record's use, or the decoding error. Memoised: every pod event reaches several
+    handlers and indexes, and a record never changes once written."""
     try:
         record = decode_record(text)
     except AllocationError as error:
-        return PodSlices(namespace=namespace, name=name, node=node, error=str(error))
+        return str(error)
     devices, gpus = effective_use(record)
-    return PodSlices(namespace=namespace, name=name, node=node or record.node, devices=devices, gpus=gpus)
+    return record.node, devices, gpus
 
 
 def effective_use(record: AllocationRecord) -> tuple[tuple[DeviceUse, ...], int]:

@@ -13,9 +13,11 @@ Mapping onto AMD terms: every trace GPU becomes a CDNA GPU with 100 CUs and the 
 ``amd.com/use-gputype``; node CPU and memory are checked as kube-scheduler's fit would.
 splitCount is the default 10.
 
-Each decision runs the core's plan_pod on every node (memoised per node and pod shape until
-that node changes, as the extender may), picks the best score with random tie-breaks (as
-kube-scheduler does), then builds the AllocationRecord and applies it to a Ledger.
+Each decision takes the best node of the pod shape's ``Ranking`` (ranking.py): plan_pod's
+score for every node, kept current by re-planning only the nodes bound since that shape was
+last placed, plans shared between nodes in the same state. Ties go to the first node in a
+fixed per-seed order (the paper's simulator) or, with ``ties="random"``, to a random one
+(stock kube-scheduler). Then the AllocationRecord is built and applied to a Ledger.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.core.ledger import Ledger, NodeUsage
 from rocshare.core.policies import NodeScorer, Policy, ScoringContext
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
+from rocshare.bench.ranking import Ranking
 from rocshare.bench.trace import TraceNode, TracePod
 
 CU_COUNT = 100
@@ -53,6 +56,8 @@ POLICIES: dict[str, Policy] = {
     "fragmentation-aware": Policy(NodeScorer.FRAGMENTATION, GpuPolicy.FRAGMENTATION_AWARE),
 }
 BEST = "fragmentation-aware"
+ORDERED, RANDOM = "ordered", "random"
+TIES = (ORDERED, RANDOM)
 
 
 def build_inventory(node: TraceNode) -> NodeInventory:
@@ -105,10 +110,13 @@ class SeedResult:
     placed: int
     failed: int
     latencies_s: list[float] = field(default_factory=list)
+    cpu_latencies_s: list[float] = field(default_factory=list)
+    """The same decisions in this thread's CPU time: what the decision costs, without the
+    time other processes on a shared machine take the core away."""
 
 
 class Cluster:
-    """The simulated cluster: inventories, a Ledger, and per-node memo of plans by pod shape."""
+    """The simulated cluster: inventories, a Ledger, and one incremental ranking per pod shape."""
 
     def __init__(self, nodes: Sequence[NodeInventory], policy: Policy, ctx: ScoringContext) -> None:
         self.nodes = list(nodes)
@@ -117,54 +125,56 @@ class Cluster:
         self.ledger = Ledger()
         self.usages: list[NodeUsage] = [self.ledger.usage(n) for n in self.nodes]
         self.summaries = [summarize(n, u.loads) for n, u in zip(self.nodes, self.usages)]
-        self.memo: list[dict] = [{} for _ in self.nodes]
+        self.state_ids: dict[tuple, int] = {}
+        self.shape_ids: dict[tuple, int] = {}
+        self.states = [self._state(i) for i in range(len(self.nodes))]
+        self.versions = [0] * len(self.nodes)
+        self.changes: list[int] = []
+        self.rankings: dict[tuple, Ranking] = {}
         self.shared: dict[tuple, Plan | None] = {}
-        self.request_ids: dict[tuple, int] = {}
 
-    def request_id(self, request: PodRequest) -> int:
-        """Pods with the same shape get one small int, so the per-node memo hashes cheaply."""
+    def ranking(self, request: PodRequest) -> Ranking:
+        """The ranking of the request's shape (what plan_pod reads of a trace pod)."""
         key = (request.cpu_milli, request.memory_mib, request.gpu_key)
-        return self.request_ids.setdefault(key, len(self.request_ids))
+        ranking = self.rankings.get(key)
+        if ranking is None:
+            shape = self.shape_ids.setdefault(key, len(self.shape_ids))
+            ranking = self.rankings[key] = Ranking(len(self.nodes), lambda i: self._plan(i, request, shape))
+        ranking.refresh(self.versions, self.changes)
+        return ranking
 
-    def decide(self, request: PodRequest, rng: random.Random) -> int | None:
-        shape = self.request_id(request)
-        best_score = None
-        best: list[int] = []
-        for i, node in enumerate(self.nodes):
-            memo = self.memo[i]
-            plan = memo.get(shape, 0)
-            if plan == 0:
-                plan = self._plan(i, request, shape)
-                memo[shape] = plan
-            if plan is None:
-                continue
-            score = plan.score
-            if best_score is None or score > best_score:
-                best_score, best = score, [i]
-            elif score == best_score:
-                best.append(i)
-        if not best:
-            return None
-        return best[0] if len(best) == 1 else rng.choice(best)
+    def decide(self, request: PodRequest, rng: random.Random | None) -> int | None:
+        """The best-scoring node; ties: the first in node order (rng None) or at random."""
+        ranking = self.ranking(request)
+        if rng is None:
+            top = ranking.top(self.versions)
+            return None if top is None else top[1]
+        best = ranking.ties_at_top(self.versions)
+        return (best[0] if len(best) == 1 else rng.choice(best)) if best else None
+
+    def _state(self, i: int) -> int:
+        """A small int for everything plan_pod reads of node i: nodes of one shape in one state
+        answer alike (the trace has no uuid filters), so plans are shared by state. Ints, so a
+        lookup does not re-hash the nested load tuples."""
+        usage = self.usages[i]
+        state = (self.nodes[i].shape, usage.loads, usage.cpu_milli, usage.memory_mib)
+        return self.state_ids.setdefault(state, len(self.state_ids))
 
     def _plan(self, i: int, request: PodRequest, shape: int) -> Plan | None:
-        if not may_fit(self.summaries[i], request):
-            return None
-        node, usage = self.nodes[i], self.usages[i]
-        # Nodes of one shape in one state answer alike (no uuid filters in the trace).
-        key = (node.shape, usage.loads, usage.cpu_milli, usage.memory_mib, shape)
-        if key in self.shared:
-            return self.shared[key]
-        plan = plan_pod(node, usage, request, self.policy, self.ctx)
-        result = plan if isinstance(plan, Plan) else None
-        if len(self.shared) > 200_000:
-            self.shared.clear()
+        key = (self.states[i], shape)
+        result = self.shared.get(key, 0)
+        if result != 0:
+            return result
+        result = None
+        if may_fit(self.summaries[i], request):
+            plan = plan_pod(self.nodes[i], self.usages[i], request, self.policy, self.ctx)
+            result = plan if isinstance(plan, Plan) else None
         self.shared[key] = result
         return result
 
     def bind(self, i: int, request: PodRequest) -> None:
         node = self.nodes[i]
-        plan = self.memo[i][self.request_id(request)]
+        plan = self.ranking(request).plans[i]
         key = PodKey(f"{request.namespace}/{request.name}")
         if request.wants_gpus:
             record = record_from_plan(node, self.usages[i], request, plan)
@@ -173,7 +183,9 @@ class Cluster:
             self.ledger.add_host(node.name, key, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
         self.usages[i] = self.ledger.usage(node)
         self.summaries[i] = summarize(node, self.usages[i].loads)
-        self.memo[i].clear()
+        self.states[i] = self._state(i)
+        self.versions[i] += 1
+        self.changes.append(i)
 
     def fragmentation_ratio(self, model: FragmentationModel) -> float:
         fragmented = free = 0.0
@@ -184,23 +196,30 @@ class Cluster:
 
 
 def run_seed(
-    nodes: Sequence[NodeInventory], pods: Sequence[TracePod], policy: Policy, seed: int, model: FragmentationModel
+    nodes: Sequence[NodeInventory],
+    pods: Sequence[TracePod],
+    policy: Policy,
+    seed: int,
+    model: FragmentationModel,
+    ties: str = ORDERED,
 ) -> SeedResult:
     capacity = sum(len(n.gpus) for n in nodes) * MILLI
     ctx = scoring_context(nodes, model)
-    cluster = Cluster(nodes, policy, ctx)
-    tie_rng = random.Random(seed * 7919 + 1)
+    cluster = Cluster(node_order(nodes, seed), policy, ctx)
+    tie_rng = random.Random(seed * 7919 + 1) if ties == RANDOM else None
     arrived = allocated = placed = failed = 0
     ratios: dict[str, float] = {}
     frag_ratio = None
     latencies: list[float] = []
+    cpu_latencies: list[float] = []
     for serial, pod in enumerate(arrivals(pods, seed, capacity)):
         request = pod_request(pod, serial)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         chosen = cluster.decide(request, tie_rng)
         if chosen is not None:
             cluster.bind(chosen, request)
         latencies.append(time.perf_counter() - started)
+        cpu_latencies.append(time.thread_time() - cpu_started)
         arrived += pod.gpu_milli_total
         if chosen is None:
             failed += 1
@@ -215,7 +234,16 @@ def run_seed(
                 ratios[label] = 100.0 * allocated / capacity
     for point in READ_POINTS:  # the 130 % point is reached by the last arrival at the latest
         ratios.setdefault(str(round(point * 100)), 100.0 * allocated / capacity)
-    return SeedResult(ratios, 100.0 * (frag_ratio or 0.0), placed, failed, latencies)
+    return SeedResult(ratios, 100.0 * (frag_ratio or 0.0), placed, failed, latencies, cpu_latencies)
+
+
+def node_order(nodes: Sequence[NodeInventory], seed: int) -> list[NodeInventory]:
+    """The nodes in a fixed random order per seed. The paper's simulator prefixes node names
+    with a random permutation and its kube-scheduler fork breaks score ties by the smallest
+    name, so ties go to the first node in such an order; ``--ties random`` is stock kube-scheduler."""
+    order = list(nodes)
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def scoring_context(nodes: Sequence[NodeInventory], model: FragmentationModel) -> ScoringContext:
@@ -226,10 +254,13 @@ def scoring_context(nodes: Sequence[NodeInventory], model: FragmentationModel) -
     )
 
 
-def run_policy(nodes: Sequence[NodeInventory], pods: Sequence[TracePod], name: str, seeds: Sequence[int]) -> dict:
+def run_policy(
+    nodes: Sequence[NodeInventory], pods: Sequence[TracePod], name: str, seeds: Sequence[int], ties: str = ORDERED
+) -> dict:
     model = FragmentationModel(typical_workload(pods))
-    results = [run_seed(nodes, pods, POLICIES[name], seed, model) for seed in seeds]
+    results = [run_seed(nodes, pods, POLICIES[name], seed, model, ties) for seed in seeds]
     latencies = sorted(x for r in results for x in r.latencies_s)
+    cpu_latencies = sorted(x for r in results for x in r.cpu_latencies_s)
     return {
         "allocation_ratio": {
             label: {
@@ -241,11 +272,16 @@ def run_policy(nodes: Sequence[NodeInventory], pods: Sequence[TracePod], name: s
         "fragmentation_ratio_80": round(statistics.fmean(r.fragmentation_ratio for r in results), 2),
         "placed": sum(r.placed for r in results),
         "failed": sum(r.failed for r in results),
-        "latency_ms": {
-            "p50": round(1000 * _quantile(latencies, 0.50), 3),
-            "p99": round(1000 * _quantile(latencies, 0.99), 3),
-            "max": round(1000 * latencies[-1], 3),
-        },
+        "latency_ms": _percentiles(latencies),
+        "cpu_latency_ms": _percentiles(cpu_latencies),
+    }
+
+
+def _percentiles(sorted_seconds: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50": round(1000 * _quantile(sorted_seconds, 0.50), 3),
+        "p99": round(1000 * _quantile(sorted_seconds, 0.99), 3),
+        "max": round(1000 * sorted_seconds[-1], 3),
     }
 
 

@@ -21,7 +21,7 @@ from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges
 from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, gpu_reason, need_for
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import NodeUsage
-from rocshare.core.policies import GPU_SCORERS, NODE_SCORERS, NodeView, Policy, ScoringContext
+from rocshare.core.policies import NODE_SCORERS, NodeView, Policy, ScoringContext, gpu_scorer_for
 from rocshare.core.request import ContainerRequest, PodRequest
 
 DEFAULT_CONTEXT = ScoringContext()
@@ -58,7 +58,7 @@ def plan_pod(
     loads = list(usage.loads)
     placed: list[tuple[PlannedDevice, ...]] = []
     for container in request.gpu_containers:
-        result = _place_container(node, loads, container, request, policy, ctx, cpu_after)
+        result = _place_container(node, loads, container, request, policy, ctx, (cpu_before, cpu_after))
         if isinstance(result, FitFailure):
             return result
         placed.append(result)
@@ -83,7 +83,7 @@ def _place_container(
     request: PodRequest,
     policy: Policy,
     ctx: ScoringContext,
-    cpu_after: int | None,
+    cpu: tuple[int | None, int | None],
 ) -> tuple[PlannedDevice, ...] | FitFailure:
     selection = request.selection
     needs = [need_for(spec, container, node.omitted_cores) for spec in node.gpus]
@@ -100,12 +100,12 @@ def _place_container(
         if candidates:
             reasons[Reason.NODE_INSUFFICIENT_GPUS] += len(candidates)
         return FitFailure.of(reasons, total)
-    scorer = GPU_SCORERS[policy.gpu]
+    scorer = gpu_scorer_for(policy)
     frozen = tuple(loads)
 
     def score(pos: int) -> float:
         after = frozen[:pos] + (add_load(frozen[pos], needs[pos].load(node.gpus[pos])),) + frozen[pos + 1:]
-        return scorer(NodeView(node, frozen, after, cpu_after, cpu_after), pos, ctx)
+        return scorer(NodeView(node, frozen, after, *cpu), pos, ctx)
 
     chosen = choose_gpus(node, candidates, container.gpus, selection, policy.gpu, score)
     if isinstance(chosen, Reason):

@@ -4,9 +4,15 @@ A typical task asks ``gpus`` GPUs of ``share_milli`` thousandths each (0 = CPU o
 CPU, and accepts some GPU products. A GPU's free share is the smaller of its free memory and
 free CU fractions, in milli (0 when it is unhealthy, held whole or out of slices): the one
 number that says how big a slice it could still host. For one task, a node's fragmentation
-is all its free share when the task cannot run there (CPU, GPU count, product), otherwise
-the free share of the GPUs too small for the task. A node's expected fragmentation is the
-task-probability-weighted sum. Lower is better; a placement's cost is the growth it causes.
+is all its free share when the task cannot run there (CPU, GPU count, product) or asks no
+GPU at all (a CPU-only task can use none of it: the paper's simulator counts it so too),
+otherwise the free share of the GPUs too small for the task. A node's expected fragmentation
+is the task-probability-weighted sum. Lower is better; a placement's cost is the growth.
+
+``stranded_milli`` is the CPU-side complement FGD lacks: FGD sees CPU only when a task no
+longer fits at all, so it lets CPU-heavy pods drain a GPU-dense node until its last free
+GPUs can never be used. The stranded share is the free GPU share beyond what the node's
+free CPU can feed at the typical workload's GPU-per-CPU ratio.
 
 ``FragmentationModel`` memoises per (products, CPU bucket, sorted shares): CPU matters
 only through which task CPU thresholds it clears, so the number of distinct keys stays small.
@@ -58,6 +64,13 @@ class TypicalWorkload:
             covered += count
         return cls(tuple(TypicalTask(c, g, s, t, n / covered) for (c, g, s, t), n in kept))
 
+    @property
+    def gpu_milli_per_cpu_milli(self) -> float:
+        """GPU-milli the typical GPU task asks per CPU-milli (0 = no GPU task asks CPU)."""
+        tasks = [t for t in self.tasks if t.gpus]
+        cpu = sum(t.weight * t.cpu_milli for t in tasks)
+        return sum(t.weight * t.gpus * t.share_milli for t in tasks) / cpu if cpu else 0.0
+
 
 def free_share_milli(spec: GpuSpec, load: Load) -> int:
     memory_held, slices, cu_held, whole = load
@@ -79,6 +92,13 @@ class FragmentationModel:
         self._thresholds = tuple(sorted({t.cpu_milli for t in workload.tasks}))
         self._memo: dict[tuple, float] = {}
         self._access: dict[str, tuple[bool, ...]] = {}
+        self.gpu_per_cpu = workload.gpu_milli_per_cpu_milli
+
+    def stranded_milli(self, free_milli: int, cpu_free_milli: int | None) -> float:
+        """Free GPU share the node's free CPU cannot feed (CPU untracked: none)."""
+        if cpu_free_milli is None or not self.gpu_per_cpu:
+            return 0.0
+        return max(0.0, free_milli - cpu_free_milli * self.gpu_per_cpu)
 
     def node_fragmentation(self, node: NodeInventory, loads: tuple[Load, ...], cpu_free_milli: int | None = None) -> float:
         """Expected fragmented milli of the node; cpu_free None = CPU not tracked (always fits)."""
@@ -108,10 +128,10 @@ class FragmentationModel:
         return expected
 
     def _task_fragmentation(self, task: TypicalTask, position: int, shares, total_free: int, cpu_ok_below: int) -> int:
-        if task.cpu_milli > cpu_ok_below:
+        if not task.gpus or task.cpu_milli > cpu_ok_below:
+            # A CPU-only task can use none of the free GPU, whether it fits or not: all of it
+            # is fragment from its point of view (the paper's simulator does the same).
             return total_free
-        if not task.gpus:
-            return 0
         need = task.share_milli
         hosts = 0
         small = 0

@@ -4,6 +4,8 @@ Two registries, as scheduler-plugins does it: ``GPU_SCORERS`` rank one GPU for o
 (used to choose which GPUs of a node a container gets) and ``NODE_SCORERS`` rank a node
 from its load before and after the pod (the extender's prioritize). Scores are floats,
 higher is better; ``normalize_scores`` maps them to the extender's 0-10 as a separate step.
+A node scorer may bring its own GPU scorer (``PAIRED_GPU_SCORERS``: the paper's FGD picks
+the GPU by the same integer score as the node); ``gpu_scorer_for`` resolves it.
 
 Every score reads every request term through the GPU load (memory MiB, slices, CUs held)
 and compares each with its own capacity: memory with memory, CUs with CUs (fractions of
@@ -12,6 +14,7 @@ the GPU), never a CU count against a percent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,7 +36,7 @@ class NodeScorer(StrEnum):
     FGD = "fgd"
     """The FGD paper's node score: minus the growth of expected fragmentation."""
     FRAGMENTATION = "fragmentation"
-    """Ours: FGD's growth, ties broken towards the node left with the least free GPU share."""
+    """Ours: FGD's growth plus CPU-stranded GPU growth, ties to the tighter-packed node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +140,16 @@ def free_share_total(node: NodeInventory, loads: tuple[Load, ...]) -> int:
     return sum(free_share_milli(spec, load) for spec, load in zip(node.gpus, loads))
 
 
-def node_bestfit(view: NodeView, request: PodRequest, ctx: ScoringContext) -> float:
+def packing(view: NodeView, ctx: ScoringContext) -> float:
+    """The paper's BestFit as a fraction in [0, 1]: 1 - half the CPU left - half the GPU left,
+    each against the largest node's (so the fuller node, in both dimensions, scores higher)."""
     cpu_left = view.cpu_free_after or 0
     gpu_left = free_share_total(view.node, view.after)
-    left = 0.5 * cpu_left / ctx.cpu_norm_milli + 0.5 * gpu_left / ctx.gpu_norm_milli
-    return float(int((1.0 - left) * 100))  # the paper's integer score: ties are real
+    return 1.0 - 0.5 * cpu_left / ctx.cpu_norm_milli - 0.5 * gpu_left / ctx.gpu_norm_milli
+
+
+def node_bestfit(view: NodeView, request: PodRequest, ctx: ScoringContext) -> float:
+    return float(int(packing(view, ctx) * 100))  # the paper's integer score: ties are real
 
 
 def _fragmentation_growth(view: NodeView, ctx: ScoringContext) -> float:
@@ -153,16 +161,43 @@ def _fragmentation_growth(view: NodeView, ctx: ScoringContext) -> float:
     return after - before
 
 
+def _stranding_growth(view: NodeView, ctx: ScoringContext) -> float:
+    model = ctx.fragmentation
+    if model is None:
+        return 0.0
+    before = model.stranded_milli(free_share_total(view.node, view.before), view.cpu_free_before)
+    after = model.stranded_milli(free_share_total(view.node, view.after), view.cpu_free_after)
+    return after - before
+
+
+def fgd_score(growth_milli: float) -> float:
+    """The paper's score: ``int(100 * sigmoid(-growth / 1000))``, growth in GPU-milli. An
+    integer on purpose: equal scores are ties, broken by the scheduler (the paper's simulator:
+    the first node in a fixed order) and by the lowest index across GPUs."""
+    return float(int(100.0 / (1.0 + math.exp(growth_milli / MILLI))))
+
+
 def node_fgd(view: NodeView, request: PodRequest, ctx: ScoringContext) -> float:
-    return -_fragmentation_growth(view, ctx)
+    return fgd_score(_fragmentation_growth(view, ctx))
+
+
+def gpu_fgd(view: NodeView, pos: int, ctx: ScoringContext) -> float:
+    return fgd_score(_fragmentation_growth(view, ctx))
+
+
+GROWTH_STEP_MILLI = 100
+"""Growth differences inside one step (a tenth of a GPU) count as equal; packing decides."""
+PACKING_WEIGHT = 1e-3
+"""Keeps packing (in [0, 1]) below one growth step: it only ever breaks ties."""
 
 
 def node_fragmentation(view: NodeView, request: PodRequest, ctx: ScoringContext) -> float:
-    growth = _fragmentation_growth(view, ctx)
-    # Tie-break (growth is in milli, the term below stays under 1e-3 of a milli): the node
-    # left with less free GPU share, so equal-growth pods pack instead of scattering.
-    left = free_share_total(view.node, view.after) / (MILLI * max(1, len(view.node.gpus)))
-    return -growth - 1e-3 * left
+    """Ours: FGD's growth plus the growth of CPU-stranded GPU share, in steps of a tenth of a
+    GPU, ties to the node BestFit packs tighter. Explicit tie-breaks: the result does not hinge
+    on how the scheduler breaks ties (kube-scheduler: at random), and without a fragmentation
+    model (growth 0) it is plain BestFit packing."""
+    growth = _fragmentation_growth(view, ctx) + _stranding_growth(view, ctx)
+    return math.floor(-growth / GROWTH_STEP_MILLI) + PACKING_WEIGHT * packing(view, ctx)
 
 
 NODE_SCORERS: dict[NodeScorer, NodeScoreFn] = {
@@ -172,6 +207,17 @@ NODE_SCORERS: dict[NodeScorer, NodeScoreFn] = {
     NodeScorer.FGD: node_fgd,
     NodeScorer.FRAGMENTATION: node_fragmentation,
 }
+
+
+PAIRED_GPU_SCORERS: dict[tuple[NodeScorer, GpuPolicy], GpuScorer] = {
+    # The paper's FGD picks the GPU by the same integer score as the node (lowest index on ties).
+    (NodeScorer.FGD, GpuPolicy.FRAGMENTATION_AWARE): gpu_fgd,
+}
+
+
+def gpu_scorer_for(policy: Policy) -> GpuScorer:
+    """The GPU scorer of a policy: its GPU policy's, unless the node scorer brings its own."""
+    return PAIRED_GPU_SCORERS.get((policy.node, policy.gpu)) or GPU_SCORERS[policy.gpu]
 
 
 def normalize_scores(scores: Mapping[str, float]) -> dict[str, int]:

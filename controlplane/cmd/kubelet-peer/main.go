@@ -14,6 +14,10 @@
 // (CLONE_NEWNS; needs root) and bind-mounts --plugin-dir there, so each node's agent points its
 // --device-plugin-dir at the real path of that folder. Killing the peer and starting it again is
 // a kubelet restart: the device manager removes every socket in the folder on start.
+//
+// With --node-count N the peer plays N nodes in one process instead (see multi.go): each node
+// has its own device manager listening on its own folder under --plugin-root, so no mount
+// namespace (and no root) is needed. Benchmarks use it to simulate hundreds of nodes.
 package main
 
 import (
@@ -23,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -37,6 +42,8 @@ type options struct {
 	memory     string
 	pods       string
 	labels     string
+	heartbeat  time.Duration
+	multi      multiOptions
 }
 
 func parseFlags() options {
@@ -48,6 +55,8 @@ func parseFlags() options {
 	flag.StringVar(&o.memory, "memory", "64Gi", "node memory capacity")
 	flag.StringVar(&o.pods, "pods", "110", "node pod capacity")
 	flag.StringVar(&o.labels, "labels", "", "extra node labels set at creation, k=v,k=v")
+	flag.DurationVar(&o.heartbeat, "heartbeat-interval", heartbeatInterval, "how often the Node status and Lease are refreshed when nothing changed")
+	addMultiFlags(&o.multi)
 	klog.InitFlags(nil)
 	flag.Parse()
 	return o
@@ -55,6 +64,13 @@ func parseFlags() options {
 
 func main() {
 	o := parseFlags()
+	if o.multi.nodeCount > 0 {
+		if err := runMulti(o); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-peer: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if o.nodeName == "" {
 		fmt.Fprintln(os.Stderr, "kubelet-peer: --node-name is required")
 		os.Exit(2)

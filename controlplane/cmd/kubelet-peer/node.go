@@ -131,7 +131,7 @@ func (p *peer) renewLease(ctx context.Context) error {
 }
 
 // syncNodeLoop publishes allocatable within a second of a device-manager change and sends a
-// full heartbeat every heartbeatInterval.
+// full heartbeat every p.heartbeat (--heartbeat-interval, heartbeatInterval by default).
 func (p *peer) syncNodeLoop(ctx context.Context) {
 	var written v1.ResourceList
 	lastBeat := time.Time{}
@@ -139,7 +139,7 @@ func (p *peer) syncNodeLoop(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		_, allocatable := p.resources()
-		if written == nil || !sameResources(written, allocatable) || time.Since(lastBeat) >= heartbeatInterval {
+		if written == nil || !sameResources(written, allocatable) || time.Since(lastBeat) >= p.heartbeat {
 			if wrote, err := p.updateNodeStatus(ctx); err != nil {
 				klog.ErrorS(err, "Updating node status")
 			} else {

@@ -34,6 +34,7 @@ type peer struct {
 	extraLabels   map[string]string
 	baseResources v1.ResourceList
 	startTime     metav1.Time
+	heartbeat     time.Duration
 	devices       *devicemanager.ManagerImpl
 	informer      cache.SharedIndexInformer
 	pods          listersv1.PodLister
@@ -73,6 +74,25 @@ func (s sourcesReady) AddSource(string) {}
 func (s sourcesReady) AllReady() bool   { return s.synced() }
 
 func newPeer(client kubernetes.Interface, o options) (*peer, error) {
+	// The kubelet's default topology policy is "none": no NUMA hints reach the device manager.
+	topology, err := newTopology()
+	if err != nil {
+		return nil, err
+	}
+	devices, err := devicemanager.NewManagerImpl(nil, topology)
+	if err != nil {
+		return nil, fmt.Errorf("creating the device manager: %w", err)
+	}
+	return newPeerWith(client, o, devices)
+}
+
+func newTopology() (topologymanager.Manager, error) {
+	return topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
+}
+
+// newPeerWith builds the peer around a device manager made by the caller (multi.go makes one
+// per node, each on its own socket).
+func newPeerWith(client kubernetes.Interface, o options, devices *devicemanager.ManagerImpl) (*peer, error) {
 	labels, err := parseLabels(o.labels)
 	if err != nil {
 		return nil, err
@@ -81,14 +101,9 @@ func newPeer(client kubernetes.Interface, o options) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The kubelet's default topology policy is "none": no NUMA hints reach the device manager.
-	topology, err := topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
-	if err != nil {
-		return nil, err
-	}
-	devices, err := devicemanager.NewManagerImpl(nil, topology)
-	if err != nil {
-		return nil, fmt.Errorf("creating the device manager: %w", err)
+	heartbeat := o.heartbeat
+	if heartbeat <= 0 {
+		heartbeat = heartbeatInterval
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(
 		func(options *metav1.ListOptions) {
@@ -97,7 +112,7 @@ func newPeer(client kubernetes.Interface, o options) (*peer, error) {
 	podInformer := factory.Core().V1().Pods()
 	p := &peer{
 		client: client, nodeName: o.nodeName, extraLabels: labels, baseResources: base,
-		startTime: metav1.Now(), devices: devices,
+		startTime: metav1.Now(), heartbeat: heartbeat, devices: devices,
 		informer: podInformer.Informer(), pods: podInformer.Lister(),
 		admitted: &uidSet{uids: sets.New[types.UID]()},
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),

@@ -55,7 +55,8 @@ from rocshare.devcluster.controlplane import (
     stop_process,
 )
 from rocshare.devcluster.operator_proc import OperatorProcess
-from rocshare.devcluster.simfleet import SimulatedFleet, mi210_with_synthetic_vram
+from rocshare.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
+from rocshare.devcluster.simfleet import SimulatedFleet
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 
@@ -199,7 +200,7 @@ async def _rocshare_phase(stack: _Stack, kube: Kube, root: Path, *, nodes: int, 
     await kube.create(object_path(API_VERSION, "amdgpupools"), _pool())
     cluster.start_scheduler()
     fleet = SimulatedFleet(kubeconfig=cluster.kubeconfig, work_dir=root / "rocshare-nodes", node_count=nodes,
-                           sysfs_root=mi210_with_synthetic_vram(root), prefix="roc-", labels=SIM_LABEL)
+                           sysfs_root=mi210_with_synthetic_vram(FIXTURES, root), prefix="roc-", labels=SIM_LABEL)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     await _wait_inventories(kube, nodes, deadline_s=120)

@@ -23,32 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocshare.devcluster.controlplane import DEFAULT_BIN_DIR, PROJECT_ROOT, stop_process
+from rocshare.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
 from rocshare.kube.client import Kube, object_path
 
-SYSFS_FIXTURES = (PROJECT_ROOT / ".." / "shared" / "fixtures" / "sysfs").resolve()
-SYNTHETIC_VRAM_BYTES = 64 * 1024**3
 
 
 class FleetError(RuntimeError):
     pass
-
-
-def mi210_with_synthetic_vram(into: Path, fixtures: Path = SYSFS_FIXTURES) -> Path:
-    """A copy of the 8-GPU MI210 capture (KFD topology only) whose GPUs gain a synthetic 64 GiB
-    VRAM bank, as the MI210 has: the capture carries no VRAM size and slice pods ask memory."""
-    target = into / "mi210-synthetic-vram"
-    if target.exists():
-        return target
-    shutil.copytree(fixtures / "mi210-8gpu-xgmi", target, symlinks=True)
-    for node in (target / "class" / "kfd" / "kfd" / "topology" / "nodes").iterdir():
-        properties = (node / "properties").read_text()
-        if "simd_count 0" in properties or "simd_count" not in properties:
-            continue
-        bank = node / "mem_banks" / "0"
-        bank.mkdir(parents=True, exist_ok=True)
-        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {SYNTHETIC_VRAM_BYTES}\nflags 0\nwidth 4096\n")
-    return target
 
 
 def make_dev_tree(sysfs_root: Path, dev_root: Path) -> Path:

@@ -125,6 +125,7 @@ class SchedulerState:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     settings_problems: dict[str, str] = field(default_factory=dict)
+    status_problems: dict[str, str] = field(default_factory=dict)
     retrier: Retrier | None = None
     scheduler_name: str = "rocshare-scheduler"
 
@@ -150,11 +151,28 @@ class SchedulerState:
             self.gpu_status.pop(name, None)
         else:
             try:
-                self.gpu_status[name] = AmdGpuNodeStatus.model_validate(obj["status"])
+                status = AmdGpuNodeStatus.model_validate(obj["status"])
             except ValidationError as error:
                 log.error("AmdGpuNode %s has an invalid status, ignoring its GPUs: %s", name, error.errors()[0])
                 self.gpu_status.pop(name, None)
+            else:
+                self._accept_status(name, status)
         self._rebuild_inventory(name)
+
+    def _accept_status(self, name: str, status: AmdGpuNodeStatus) -> None:
+        """A GPU listed twice would be offered twice (double its memory and CUs, or one pod handed
+        the same device twice): the node offers nothing until its status is fixed."""
+        seen: set[str] = set()
+        repeated = sorted({gpu.id for gpu in status.gpus if gpu.id in seen or seen.add(gpu.id)})
+        if not repeated:
+            self.status_problems.pop(name, None)
+            self.gpu_status[name] = status
+            return
+        problem = f"lists GPU {', '.join(repeated)} more than once"
+        if self.status_problems.get(name) != problem:
+            log.error("AmdGpuNode %s %s; ignoring its GPUs until its agent publishes each once", name, problem)
+        self.status_problems[name] = problem
+        self.gpu_status.pop(name, None)
 
     def on_pool(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -338,10 +356,13 @@ def _quantity_int(value: Any) -> int | None:
         if text.endswith(suffix) and text[: -len(suffix)].isdigit():
             return int(text[: -len(suffix)]) * factor
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
-        log.error("quota value %r is not an integer; ignoring it", value)
+        number = -1
+    if number < 0:
+        log.error("quota value %r is not an integer >= 0; ignoring it", value)
         return None
+    return number
 
 
 def _allocatable_gpus(node: dict[str, Any]) -> int | None:

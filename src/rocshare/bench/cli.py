@@ -12,6 +12,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "placement": ("rocshare.bench.placement",
                   "replay a trace with the FGD paper's protocol; allocation ratios per policy"),
     "allocate": ("rocshare_agent.deviceplugin.bench", "device plugin Allocate latency for a burst of pods on one node (p99 target 20 ms)"),
+    "extender": ("rocshare.bench.extender",
+                 "extender filter + prioritize + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
+    "e2e": ("rocshare.bench.e2e",
+            "pods/s from create to Running on the real control plane, rocshare vs kube-scheduler alone"),
+    "cost": ("rocshare.bench.cost",
+             "operator RSS with 100-5,000 nodes and 4 pods each; agent CPU and RSS idle and in a 200-pod burst"),
+    "all": ("rocshare.bench.all",
+            "every benchmark of the report -> docs/benchmarks.json, .md and -scaling.png (make bench)"),
     "discovery": ("rocshare_agent.discovery.bench", "time GPU discovery of a sysfs tree (target < 100 ms on the MI300X CPX capture)"),
 }
 

@@ -23,6 +23,13 @@ Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", object)."""
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+PAGE_SIZE = 500
+
+
+def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """Managed fields are often most of an object's size and no handler reads them."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -66,8 +73,18 @@ class Informer:
                     resource_version = ""
 
     async def _relist(self) -> str:
-        listing = await self._kube.list(self._path, **self._query)
-        fresh = {object_key(item): item for item in listing.get("items", [])}
+        fresh: dict[str, dict[str, Any]] = {}
+        resource_version = ""
+        token = ""
+        while True:  # pages keep each reply small: one unpaginated list of 20,000 pods is ~60 MB
+            query = {**self._query, "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
+            listing = await self._kube.list(self._path, **query)
+            for item in listing.get("items", []):
+                fresh[object_key(item)] = _slim(item)
+            resource_version = listing.get("metadata", {}).get("resourceVersion", resource_version)
+            token = listing.get("metadata", {}).get("continue", "")
+            if not token:
+                break
         for key in set(self.store) - set(fresh):
             await self._emit("DELETED", self.store.pop(key))
         for key, item in fresh.items():
@@ -75,7 +92,7 @@ class Informer:
             self.store[key] = item
             await self._emit(kind, item)
         self.synced.set()
-        return listing.get("metadata", {}).get("resourceVersion", "")
+        return resource_version
 
     async def _watch(self, resource_version: str) -> str:
         async for event in self._kube.watch(self._path, resource_version=resource_version, **self._query):
@@ -88,11 +105,12 @@ class Informer:
             if event.type == "BOOKMARK":
                 continue
             key = object_key(event.object)
+            obj = _slim(event.object)
             if event.type == "DELETED":
                 self.store.pop(key, None)
             else:
-                self.store[key] = event.object
-            await self._emit(event.type, event.object)
+                self.store[key] = obj
+            await self._emit(event.type, obj)
         return resource_version
 
     async def _emit(self, kind: str, obj: dict[str, Any]) -> None:

@@ -1,0 +1,238 @@
+"""Filter and prioritize on a SchedulerState built in memory (no Kubernetes), and the plan memo
+behind them: the memoised answers equal a fresh plan on every node, and a memo never outlives
+the ledger version, inventory or pool policy it was computed from (commit, release, a GPU
+turning unhealthy, a pool switching policy). The memo holds answers, never capacity: two
+pods committed one after the other never get the same room.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rocshare.api.models import API_VERSION, GpuInfo
+from rocshare.api.node_settings import POOL_LABEL
+from rocshare.core.allocate import allocate, plan_pod
+from rocshare.core.fit import FitFailure
+from rocshare.core.ids import pod_key
+from rocshare.core.request import ContainerRequest, PodRequest, Selection
+from rocshare_operator.extender import decisions
+from rocshare_operator.extender.decisions import (
+    NO_INVENTORY, Rejection, filter_nodes, node_rejection, policy_for, prioritize)
+from rocshare_operator.extender.state import NodeMemo, SchedulerState
+
+NAMESPACE = "team"
+
+
+def gpu(node: str, index: int, *, cus: int = 104, vram_mib: int = 65536, healthy: bool = True) -> GpuInfo:
+    return GpuInfo.model_validate({
+        "id": f"GPU-{node}-{index}", "index": index, "product": "AMD Instinct MI210", "gfxTargetVersion": 90010,
+        "vramMiB": vram_mib, "cuCount": cus, "pciBDF": f"0000:{index + 1:02x}:00.0", "numa": index // 4,
+        "xgmiPeers": [f"0000:{peer + 1:02x}:00.0" for peer in range(4 * (index // 4), 4 * (index // 4) + 4)
+                      if peer != index],
+        "splitCount": 10, "healthy": healthy})
+
+
+def add_node(state: SchedulerState, name: str, *, gpus: int = 4, pool: str = "p", unhealthy: tuple[int, ...] = ()):
+    state.on_node("ADDED", {"metadata": {"name": name, "labels": {POOL_LABEL: pool}},
+                            "status": {"allocatable": {"amd.com/gpu": str(gpus)}}})
+    infos = [gpu(name, i, healthy=i not in unhealthy).model_dump(by_alias=True) for i in range(gpus)]
+    state.on_gpu_node("MODIFIED", {"metadata": {"name": name}, "status": {"gpus": infos}})
+
+
+def set_pool(state: SchedulerState, name: str, **scheduling) -> None:
+    state.on_pool("MODIFIED", {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": name},
+                               "spec": {"nodeSelector": {POOL_LABEL: name}, "scheduling": scheduling}})
+
+
+def request(name: str = "pod", *, gpus: int = 1, memory_mib: int | None = None, cores_pct: int | None = None,
+            uuids: frozenset[str] = frozenset()) -> PodRequest:
+    container = ContainerRequest("main", False, gpus, memory_mib=memory_mib, cores_pct=cores_pct)
+    return PodRequest(NAMESPACE, name, (container,), Selection(use_uuids=uuids))
+
+
+def commit(state: SchedulerState, pod: PodRequest, node: str) -> None:
+    inventory = state.inventories[node]
+    record = allocate(inventory, state.ledger.usage(inventory), pod, policy_for(state, node, pod))
+    assert not isinstance(record, FitFailure), record
+    state.commit(pod_key(NAMESPACE, pod.name), NAMESPACE, record)
+
+
+async def release(state: SchedulerState, pod: PodRequest) -> None:
+    await state.on_pod("DELETED", {"metadata": {"namespace": NAMESPACE, "name": pod.name}})
+
+
+def fresh_scores(state: SchedulerState, pod: PodRequest, names: list[str]) -> dict[str, float]:
+    """The reference prioritize: the core's plan_pod on every node, no memo."""
+    raw = {}
+    for name in names:
+        node = state.inventories.get(name)
+        if node is not None:
+            plan = plan_pod(node, state.ledger.usage(node), pod, policy_for(state, name, pod))
+            if not isinstance(plan, FitFailure):
+                raw[name] = plan.score
+    return raw
+
+
+@pytest.fixture
+def state() -> SchedulerState:
+    state = SchedulerState()
+    set_pool(state, "p")
+    for name in ("n1", "n2", "n3"):
+        add_node(state, name)
+    return state
+
+
+def feasible(state: SchedulerState, pod: PodRequest, names=("n1", "n2", "n3")) -> list[str]:
+    return filter_nodes(state, pod, list(names)).feasible
+
+
+# ---- the memo agrees with a fresh plan ---------------------------------------------------------
+
+
+async def test_memoised_filter_and_prioritize_match_a_fresh_plan_through_random_churn() -> None:
+    rng = random.Random(3)
+    state = SchedulerState()
+    set_pool(state, "p")
+    names = [f"n{i}" for i in range(12)]
+    for name in names:
+        add_node(state, name, gpus=rng.choice((2, 4, 8)))
+    shapes = [dict(memory_mib=16384, cores_pct=25), dict(memory_mib=8192, cores_pct=10), dict(gpus=2),
+              dict(gpus=1), dict(memory_mib=4096), dict(gpus=2, memory_mib=20480, cores_pct=30)]
+    live: list[tuple[PodRequest, str]] = []
+    for serial in range(300):
+        pod = request(f"p{serial}", **rng.choice(shapes))
+        result = filter_nodes(state, pod, names + ["missing"])
+        blocked = state.blocked_nodes()
+        for name in names + ["missing"]:
+            assert result.failed.get(name) == node_rejection(state, pod, name, blocked), (serial, name)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state, pod, result.feasible)}
+        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        assert scores == {name: expected.get(name, 0) for name in result.feasible}
+        if result.feasible and rng.random() < 0.7:
+            node = rng.choice(result.feasible)
+            commit(state, pod, node)
+            live.append((pod, node))
+        if live and rng.random() < 0.4:
+            await release(state, live.pop(rng.randrange(len(live)))[0])
+
+
+def test_rejection_text_names_reasons_per_gpu(state: SchedulerState) -> None:
+    pod = request(gpus=8)
+    result = filter_nodes(state, pod, ["n1", "nowhere"])
+    assert result.to_json()["FailedNodes"] == {
+        "n1": "4/4 NodeInsufficientGPUs", "nowhere": f"0/0 {NO_INVENTORY}"}
+
+
+# ---- invalidation ------------------------------------------------------------------------------
+
+
+async def test_a_commit_takes_the_room_at_once_and_a_release_gives_it_back(state: SchedulerState) -> None:
+    whole = request("big", gpus=4)
+    assert feasible(state, whole) == ["n1", "n2", "n3"]
+    commit(state, whole, "n1")
+    second = request("second", gpus=4)
+    assert feasible(state, second) == ["n2", "n3"]  # the same shape, memoised before the commit
+    assert node_rejection(state, second, "n1", set()) is not None
+    await release(state, whole)
+    assert feasible(state, second) == ["n1", "n2", "n3"]
+
+
+def test_two_pods_never_get_the_same_room(state: SchedulerState) -> None:
+    names = ["n1"]
+    for serial in range(10):  # 4 GPUs x 10 slices of 25 %: 16 quarter-pods fit by cores
+        pod = request(f"q{serial}", memory_mib=1024, cores_pct=25)
+        if feasible(state, pod, names):
+            commit(state, pod, "n1")
+    usage = state.ledger.usage(state.inventories["n1"])
+    assert all(gpu.cu_held <= 104 for gpu in usage.gpus)
+    assert sum(gpu.slices for gpu in usage.gpus) == 10
+
+
+def test_a_gpu_turning_unhealthy_drops_the_nodes_memo(state: SchedulerState) -> None:
+    pod = request(gpus=4)
+    assert "n2" in feasible(state, pod)
+    add_node(state, "n2", unhealthy=(3,))
+    assert feasible(state, pod) == ["n1", "n3"]
+    assert filter_nodes(state, pod, ["n2"]).failed["n2"].text() == "1/4 CardNotHealth, 3/4 NodeInsufficientGPUs"
+
+
+def test_a_node_losing_its_gpus_or_pool_answers_accordingly(state: SchedulerState) -> None:
+    pod = request(memory_mib=1024, cores_pct=10)
+    assert feasible(state, pod) == ["n1", "n2", "n3"]
+    state.on_gpu_node("DELETED", {"metadata": {"name": "n3"}})
+    assert feasible(state, pod) == ["n1", "n2"]
+    assert state.plans.table("n3", state.ledger.node_version("n3"), state.inventories["n1"]) == {}
+
+
+def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
+    commit(state, request("busy", memory_mib=32768, cores_pct=50), "n2")
+    pod = request(memory_mib=1024, cores_pct=10)
+    binpack = {e["Host"]: e["Score"] for e in prioritize(state, pod, ["n1", "n2", "n3"])}
+    assert max(binpack, key=binpack.get) == "n2"
+    set_pool(state, "p", nodePolicy="spread")
+    spread = {e["Host"]: e["Score"] for e in prioritize(state, pod, ["n1", "n2", "n3"])}
+    assert spread["n2"] == 0 and spread["n1"] == spread["n3"] == 10
+
+
+def test_quota_is_read_fresh_on_every_call(state: SchedulerState) -> None:
+    pod = request(memory_mib=8192, cores_pct=10)
+    assert feasible(state, pod) == ["n1", "n2", "n3"]
+    state.on_quota("ADDED", {"metadata": {"namespace": NAMESPACE, "name": "q"},
+                             "spec": {"hard": {"limits.amd.com/gpumem": "4096"}}})
+    result = filter_nodes(state, pod, ["n1", "n2"])
+    assert result.feasible == [] and all("ResourceQuotaNotFit" in r.text() for r in result.failed.values())
+    state.on_quota("DELETED", {"metadata": {"namespace": NAMESPACE, "name": "q"}})
+    assert feasible(state, pod) == ["n1", "n2", "n3"]
+
+
+def test_a_uuid_pinned_pod_is_not_answered_from_a_look_alike_node(state: SchedulerState) -> None:
+    pinned = request(memory_mib=1024, cores_pct=10, uuids=frozenset({"gpu-n2-1"}))
+    assert feasible(state, pinned) == ["n2"]
+    assert isinstance(filter_nodes(state, pinned, ["n1"]).failed["n1"], Rejection)
+
+
+# ---- what the memo saves -----------------------------------------------------------------------
+
+
+def count_plans(monkeypatch) -> list[int]:
+    calls = [0]
+    real = decisions.plan_pod
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decisions, "plan_pod", counted)
+    return calls
+
+
+def test_prioritize_after_filter_and_look_alike_nodes_plan_nothing_again(state: SchedulerState, monkeypatch) -> None:
+    calls = count_plans(monkeypatch)
+    pod = request(memory_mib=2048, cores_pct=20)
+    result = filter_nodes(state, pod, ["n1", "n2", "n3"])
+    assert calls[0] == 1  # three nodes of one shape, all empty: one plan
+    prioritize(state, pod, result.feasible)
+    filter_nodes(state, request("next-of-same-shape", memory_mib=2048, cores_pct=20), ["n1", "n2", "n3"])
+    assert calls[0] == 1
+    commit(state, pod, "n1")
+    filter_nodes(state, pod, ["n1", "n2", "n3"])
+    assert calls[0] == 2  # only the changed node
+
+
+def test_bind_checks_plan_afresh(state: SchedulerState, monkeypatch) -> None:
+    pod = request(memory_mib=2048, cores_pct=20)
+    filter_nodes(state, pod, ["n1"])
+    calls = count_plans(monkeypatch)
+    assert node_rejection(state, pod, "n1", set()) is None
+    assert calls[0] == 1
+
+
+def test_memo_is_bounded() -> None:
+    memo = NodeMemo()
+    for key in range(NodeMemo.MAX_KEYS):
+        assert memo.key_id(("shape", key)) == key
+    memo.shared[("x",)] = 1.0
+    assert memo.key_id(("one", "more")) == 0  # past the limit everything is dropped
+    assert memo.shared == {}

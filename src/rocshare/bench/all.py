@@ -268,6 +268,14 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _command(name: str, section: dict) -> str:
+    """The command that produced the figures (the e2e run records its own scale)."""
+    figures = section.get("figures", {})
+    if name == "e2e" and "e2e_nodes" in figures:
+        return f"rocshare bench e2e --nodes {figures['e2e_nodes']:g} --pods {figures['e2e_pods']:g}"
+    return COMMANDS[name]
+
+
 def _section_lines(name: str, section: dict) -> list[str]:
     title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
              "cost": "Operator and agent cost", "e2e": "End to end on the real control plane"}[name]
@@ -283,7 +291,7 @@ def _section_lines(name: str, section: dict) -> list[str]:
     lines += ["| figure | value | target | met? | command |", "|---|---|---|---|---|"]
     for key, value in section.get("figures", {}).items():
         target, met = verdict(key, value)
-        lines.append(f"| `{key}` | {value:g} | {target} | {met} | `{COMMANDS[name]}` |")
+        lines.append(f"| `{key}` | {value:g} | {target} | {met} | `{_command(name, section)}` |")
     if section.get("note"):
         lines += ["", section["note"]]
     if section.get("wall_s"):

@@ -134,6 +134,9 @@ def parse_node(raw: RawKfdNode) -> KfdGpu | KfdCpu | None:
         raise KfdParseError("properties file holds no `key value` lines")
     if props.get("simd_count", 0) > 0:
         return _parse_gpu(raw, props)
+    if "simd_count" not in props and any(line.split()[:1] == ["simd_count"] for line in raw.properties_text.splitlines()):
+        # A GPU whose CU figure is garbage must show up as a problem, not vanish as "not a GPU".
+        raise KfdParseError("simd_count is not a number")
     if props.get("cpu_cores_count", 0) > 0:
         return KfdCpu(raw.node_id)
     return None

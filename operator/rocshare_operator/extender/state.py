@@ -43,11 +43,6 @@ QUOTA_MEMORY = "limits.amd.com/gpumem"
 QUOTA_CORES = "limits.amd.com/gpucores"
 QUOTA_GPUS = "requests.amd.com/gpu"
 TERMINAL_PHASES = ("Succeeded", "Failed")
-WAITING_REASONS = ("Unschedulable", "SchedulerError")
-"""PodScheduled reasons of a pod kube-scheduler gave up on for now. SchedulerError covers an
-extender it could not reach (the operator restarting): kube-scheduler may park such a pod for
-up to five minutes, and the restarted extender has never filtered it, so only this tells it
-the pod is waiting."""
 
 
 @dataclass
@@ -249,7 +244,7 @@ class SchedulerState:
             self.retrier.forget(key)
             return
         for condition in pod.get("status", {}).get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") in WAITING_REASONS:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
                 self.retrier.note_waiting(key, pod["metadata"].get("namespace", ""))
 
     def _remember(self, key: PodKey, namespace: str, text: str, node_name: str) -> None:

@@ -114,12 +114,12 @@ class PodRequest:
 
 def parse_pod(pod: Mapping) -> PodRequest:
     """Parse a pod dict (camelCase, as the API returns it). Raises RequestError."""
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    annotations = metadata.get("annotations") or {}
+    metadata = _mapping(pod.get("metadata"), "metadata")
+    spec = _mapping(pod.get("spec"), "spec")
+    annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
     containers = tuple(
-        [_parse_container(c, init=True) for c in spec.get("initContainers") or []]
-        + [_parse_container(c, init=False) for c in spec.get("containers") or []]
+        [_parse_container(_mapping(c, "an init container"), init=True) for c in _list(spec, "initContainers")]
+        + [_parse_container(_mapping(c, "a container"), init=False) for c in _list(spec, "containers")]
     )
     return PodRequest(
         namespace=str(metadata.get("namespace") or "default"),
@@ -133,10 +133,11 @@ def parse_pod(pod: Mapping) -> PodRequest:
 
 def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     name = str(container.get("name") or "?")
-    resources = container.get("resources") or {}
-    # Extended resources must have requests == limits; limits are the usual place.
-    values = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
     where = f"{'init container' if init else 'container'} {name!r}"
+    resources = _mapping(container.get("resources"), f"{where}: resources")
+    # Extended resources must have requests == limits; limits are the usual place.
+    values = {**_mapping(resources.get("requests"), f"{where}: requests"),
+              **_mapping(resources.get("limits"), f"{where}: limits")}
     memory_mib = _optional_int(values, RESOURCE_MEMORY, where, low=1, high=None)
     memory_pct = _optional_int(values, RESOURCE_MEMORY_PCT, where, low=1, high=100)
     cores_pct = _optional_int(values, RESOURCE_CORES, where, low=1, high=100)
@@ -149,6 +150,23 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     if memory_mib is not None:
         memory_pct = None  # the MiB value wins (DESIGN.md section 3)
     return ContainerRequest(name, init, gpus, memory_mib, memory_pct, cores_pct)
+
+
+def _mapping(value: object, what: str) -> Mapping:
+    """Pods from the API server always have these shapes; a hand-made one (a direct POST to the
+    extender) may not, and must be refused with a reason rather than crash the parser."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{what} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _list(spec: Mapping, key: str) -> list:
+    value = spec.get(key) or []
+    if not isinstance(value, list):
+        raise RequestError(f"spec.{key} must be a list, got {type(value).__name__}")
+    return value
 
 
 def _asked(values: Mapping) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,11 @@ async def _run_parts(kube: Kube, config: AgentConfig) -> None:
 
 def main(config: AgentConfig) -> int:
     """Blocking entry point: SIGTERM and SIGINT stop the agent cleanly."""
+    return run_until_signalled(lambda: run_agent(config), stopping="agent stopping")
+
+
+def run_until_signalled(start: Callable[[], Awaitable[None]], *, stopping: str) -> int:
+    """Run `start()` until it ends or SIGTERM/SIGINT cancels it; then log `stopping`."""
 
     async def guarded() -> None:
         task = asyncio.current_task()
@@ -95,9 +101,9 @@ def main(config: AgentConfig) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, task.cancel)
         try:
-            await run_agent(config)
+            await start()
         except asyncio.CancelledError:
-            log.info("agent stopping")
+            log.info(stopping)
 
     asyncio.run(guarded())
     return 0

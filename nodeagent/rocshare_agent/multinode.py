@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rocshare.api.models import GpuInfo
 from rocshare.kube.client import Kube
+from rocshare_agent.app import run_until_signalled
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
@@ -126,18 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          dev_root=args.dev_root, kubeconfig=args.kubeconfig,
                          health_interval_s=args.health_interval_s, heartbeat_s=args.heartbeat_s)
 
-    async def guarded() -> None:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, task.cancel)
-        try:
-            await run_fleet(config)
-        except asyncio.CancelledError:
-            log.info("node agents stopping")
-
-    asyncio.run(guarded())
-    return 0
+    return run_until_signalled(lambda: run_fleet(config), stopping="node agents stopping")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,19 +29,6 @@ NAMESPACE = "badinput"
 USER = "bob"
 
 
-def wait_for_webhook(cluster, namespace: str, timeout_s: float = 30) -> None:
-    """OperatorProcess.start returns when the extender is ready; the webhook server may need a
-    moment more. A server-side dry run of a GPU pod goes through both webhooks."""
-    pod = json.dumps(gpu_pod("webhook-probe", namespace=namespace, gpu="1"))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = cluster.kubectl("create", "--dry-run=server", "-f", "-", input_text=pod, check=False)
-        if result.returncode == 0 or time.monotonic() > deadline:
-            assert result.returncode == 0, result.stderr
-            return
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def operator(cluster) -> Iterator[OperatorProcess]:
     cluster.kubectl("create", "namespace", NAMESPACE)
@@ -50,7 +36,6 @@ def operator(cluster) -> Iterator[OperatorProcess]:
     process = OperatorProcess(cluster)
     process.start()
     process.install_webhooks()
-    wait_for_webhook(cluster, NAMESPACE)
     try:
         yield process
     finally:

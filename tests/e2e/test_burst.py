@@ -121,6 +121,7 @@ async def test_burst_of_200_slices_runs_within_60_s(burst_fleet, kube: Kube, clu
     # records on the pods, so new pods only get what is really free.
     operator.kill()
     operator.start()
+    operator.wait_webhook_serving()
     await asyncio.gather(*(create_pod(kube, gpu_pod(f"after-{index}", namespace=NAMESPACE, gpu="1", gpumem="2048",
                                                     gpucores="10", node_selector=POOL)) for index in range(20)))
     pods = await wait_for(lambda: _running_count(kube, PODS + 20), timeout_s=60, what="20 more pods Running")

@@ -49,19 +49,6 @@ NAMESPACE = "sec"
 HERE = {"rocshare.io/pool": "sec-vega10"}
 
 
-def wait_for_webhook(cluster, namespace: str, timeout_s: float = 30) -> None:
-    """OperatorProcess.start returns when the extender is ready; the webhook server may need a
-    moment more. A server-side dry run of a GPU pod goes through both webhooks."""
-    pod = json.dumps(gpu_pod("webhook-probe", namespace=namespace, gpu="1"))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = cluster.kubectl("create", "--dry-run=server", "-f", "-", input_text=pod, check=False)
-        if result.returncode == 0 or time.monotonic() > deadline:
-            assert result.returncode == 0, result.stderr
-            return
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def setup(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[tuple[OperatorProcess, SimulatedNode]]:
     cluster.kubectl("create", "namespace", NAMESPACE)
@@ -69,7 +56,6 @@ def setup(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[tuple[OperatorP
     operator = OperatorProcess(cluster)
     operator.start()
     operator.install_webhooks()
-    wait_for_webhook(cluster, NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
         "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": "sec-vega10"},
         "spec": {"nodeSelector": {"rocshare.io/sim": "sec-vega10"}}}))
@@ -192,6 +178,7 @@ async def test_webhook_fails_closed_for_gpu_pods_only(ready, kube: Kube, cluster
         assert created["spec"]["schedulerName"] == "default-scheduler"  # not mutated, not refused
     finally:
         operator.start()
+        operator.wait_webhook_serving()
         for name, namespace in (("no-gpu", NAMESPACE), ("system-gpu", "kube-system")):
             cluster.kubectl("delete", "pod", name, "-n", namespace, "--force", "--grace-period=0",
                             "--ignore-not-found", "--wait=false", check=False)
@@ -245,7 +232,6 @@ async def test_extender_serves_tls_and_kube_scheduler_binds_through_it(ready, ku
     restart_scheduler(cluster, tls_scheduler_config(cluster))
     try:
         tls.start()
-        wait_for_webhook(cluster, NAMESPACE)
         url = f"http://127.0.0.1:{cluster.ports.extender}/readyz"
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             urllib.request.urlopen(url, timeout=3).read()  # plain HTTP on the TLS port: no answer
@@ -261,3 +247,4 @@ async def test_extender_serves_tls_and_kube_scheduler_binds_through_it(ready, ku
         tls.stop()
         restart_scheduler(cluster, None)
         operator.start()
+        operator.wait_webhook_serving()

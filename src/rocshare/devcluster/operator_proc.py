@@ -9,6 +9,7 @@ Used by the e2e tests (which kill and restart it) and by `make demo`.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,23 @@ class OperatorProcess:
             documents.append(document)
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                              input_text=yaml.safe_dump_all(documents))
+        self.wait_webhook_serving()
+
+    def wait_webhook_serving(self, timeout_s: float = 30.0) -> None:
+        """start() returns once the extender answers; Kopf's webhook server may need a moment
+        more. A server-side dry run of a GPU pod passes through both webhooks."""
+        probe = json.dumps({"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": "webhook-probe", "namespace": "default"},
+                            "spec": {"containers": [{"name": "c", "image": "probe",
+                                                     "resources": {"limits": {"amd.com/gpu": "1"}}}]}})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.cluster.kubectl("create", "--dry-run=server", "-f", "-", input_text=probe, check=False)
+            if result.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the webhook did not answer within {timeout_s:.0f} s: {result.stderr.strip()}")
+            time.sleep(0.3)
 
     def _webhook_cert(self) -> certs.KeyPair:
         pair = certs.KeyPair(self.cluster.pki / "webhook.crt", self.cluster.pki / "webhook.key")

@@ -18,6 +18,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2_grpc as pb_grpc
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from tests.integration.deviceplugin.test_plugin_socket import FakeKubelet, wait_for
+from tests.agent_fakes import MemoryPods
 
 NODE = "n"
 
@@ -25,28 +26,6 @@ NODE = "n"
 def gpu(index: int) -> GpuInfo:
     return GpuInfo(id=f"GPU-{index:016x}", index=index, render_minor=128 + index, gfx_target_version=90010,
                    cu_count=104, pci_bdf=f"0000:{index:02x}:00.0", split_count=2, healthy=True)
-
-
-class Pods:
-    def __init__(self) -> None:
-        self.pods: list[dict] = []
-        self.allocated: list[str] = []
-        self.refused: list[tuple[str, str]] = []
-
-    def cached(self):
-        return self.pods
-
-    async def next_event(self, timeout_s):
-        return False
-
-    async def fresh(self):
-        return self.pods
-
-    async def mark_allocated(self, ref):
-        self.allocated.append(ref.name)
-
-    async def mark_refused(self, ref, reason):
-        self.refused.append((ref.name, reason))
 
 
 def in_flight(name: str, gpu_ids: list[str], *, asks: int | None = None, node: str = NODE) -> dict:
@@ -63,7 +42,7 @@ def in_flight(name: str, gpu_ids: list[str], *, asks: int | None = None, node: s
 async def stub(tmp_path: Path):
     kubelet = FakeKubelet(tmp_path)
     await kubelet.start()
-    pods = Pods()
+    pods = MemoryPods()
     service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu")
     service.set_inventory([gpu(0), gpu(1)])
     unit = PluginUnit(service, plugin_dir=tmp_path, poll_s=0.1)

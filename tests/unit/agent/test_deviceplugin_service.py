@@ -13,6 +13,7 @@ from rocshare.api.models import GpuInfo
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin.inflight import Refusal
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from tests.agent_fakes import MemoryPods
 
 NODE = "node-a"
 
@@ -20,31 +21,6 @@ NODE = "node-a"
 def gpu(index: int, *, healthy: bool = True) -> GpuInfo:
     return GpuInfo(id=f"GPU-{index:016x}", index=index, render_minor=128 + index, gfx_target_version=90010,
                    cu_count=104, pci_bdf=f"0000:{index:02x}:00.0", numa=index % 2, split_count=2, healthy=healthy)
-
-
-class MemoryPods:
-    def __init__(self, pods: list[dict]) -> None:
-        self.pods = pods
-        self.allocated: list[str] = []
-        self.refused: list[tuple[str, str]] = []
-
-    def cached(self):
-        return self.pods
-
-    async def next_event(self, timeout_s):
-        return False
-
-    async def fresh(self):
-        return self.pods
-
-    async def mark_allocated(self, ref):
-        self.allocated.append(ref.name)
-        for p in self.pods:
-            if p["metadata"]["uid"] == ref.uid:
-                p["metadata"]["annotations"]["rocshare.io/allocated"] = "now"
-
-    async def mark_refused(self, ref, reason):
-        self.refused.append((ref.name, reason))
 
 
 def committed_pod(name: str, containers: dict[str, list[str]]) -> dict:

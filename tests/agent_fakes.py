@@ -1,0 +1,31 @@
+"""An in-memory stand-in for the device plugin's pod source (`KubePods`), for unit and
+integration tests of the gRPC handlers: the pods are a plain list; marks are recorded."""
+
+from __future__ import annotations
+
+from rocshare.api.allocation import ALLOCATED_ANNOTATION
+
+
+class MemoryPods:
+    def __init__(self, pods: list[dict] | None = None) -> None:
+        self.pods = pods if pods is not None else []
+        self.allocated: list[str] = []
+        self.refused: list[tuple[str, str]] = []
+
+    def cached(self):
+        return self.pods
+
+    async def next_event(self, timeout_s):
+        return False
+
+    async def fresh(self):
+        return self.pods
+
+    async def mark_allocated(self, ref):
+        self.allocated.append(ref.name)
+        for pod in self.pods:
+            if pod["metadata"]["uid"] == ref.uid:
+                pod["metadata"].setdefault("annotations", {})[ALLOCATED_ANNOTATION] = "now"
+
+    async def mark_refused(self, ref, reason):
+        self.refused.append((ref.name, reason))

@@ -7,6 +7,10 @@ out (so a dead operator can never block the control plane) with failurePolicy Fa
 everywhere else (so a GPU pod is never admitted unchecked).
 
 Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocshare.io.
+The mutating handler also refuses bad GPU pods (checking the pod as mutated), so creating a
+GPU pod costs one webhook call; the validating handler is called only for writes that carry
+or change an allocation annotation and come from someone other than rocshare's own service
+accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
 """
 
 from __future__ import annotations
@@ -49,12 +53,12 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
         return userinfo.get("username", "") in settings.trusted_users
 
     @kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)
-    def mutate(body: kopf.Body, patch: kopf.Patch, **_: object) -> None:
+    def mutate(body: kopf.Body, patch: kopf.Patch, userinfo: dict, **_: object) -> None:
+        """Default the GPU pod, then check it as it will be stored: one call per pod created."""
         pod = dict(body)
         plan = plan_mutation(pod, scheduler_name=settings.scheduler_name, runtime_class_name=runtime_class_for(pod))
-        if plan.empty:
-            return
-        mutated = apply_mutation(pod, plan)
+        mutated = pod if plan.empty else apply_mutation(pod, plan)
+        _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo)))
         for key in ("schedulerName", "runtimeClassName", "containers", "initContainers"):
             if key in mutated["spec"] and mutated["spec"][key] != pod.get("spec", {}).get(key):
                 patch.spec[key] = mutated["spec"][key]
@@ -62,13 +66,17 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
     @kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE", "UPDATE"], registry=registry)
     def validate(body: kopf.Body, old: kopf.Body | None, operation: str | None, userinfo: dict,
                  **_: object) -> None:
-        try:
-            if operation == "UPDATE" and old is not None:
-                validate_update(dict(old), dict(body), trusted=trusted(userinfo))
-            else:
-                validate_create(dict(body), trusted=trusted(userinfo))
-        except Refused as refused:
-            raise kopf.AdmissionError(str(refused), code=422) from None
+        if operation == "UPDATE" and old is not None:
+            _refuse_unless(lambda: validate_update(dict(old), dict(body), trusted=trusted(userinfo)))
+        else:
+            _refuse_unless(lambda: validate_create(dict(body), trusted=trusted(userinfo)))
+
+
+def _refuse_unless(check: Callable[[], None]) -> None:
+    try:
+        check()
+    except Refused as refused:
+        raise kopf.AdmissionError(str(refused), code=422) from None
 
 
 def server(settings: WebhookSettings) -> kopf.WebhookServer:

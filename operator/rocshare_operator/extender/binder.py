@@ -1,11 +1,13 @@
 """Bind: the one place a scheduling decision becomes real (DESIGN.md section 2).
 
 For one pod and the node kube-scheduler chose:
+0. start from the pod as kube-scheduler sent it to filter (kept by `saw`), else read it;
 1. wait (bounded) until the node has no pod in flight — bound but not yet allocated by
    its agent — so the agent can never confuse two pods' Allocate calls;
 2. decide GPUs and CU ranges from the current ledger;
 3. write the record on the pod with a resourceVersion precondition (a concurrent change
-   to the pod makes the write fail, and we decide again from a fresh read);
+   to the pod, or a stale copy from filter, makes the write fail, and we decide again from
+   a fresh read);
 4. account it in the ledger and mark it in flight, then create the Binding;
 5. if the Binding fails, take the record back off the pod and out of the ledger.
 The in-flight mark is released by the pod watch (allocated, ended or deleted).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record, encode_record
@@ -24,7 +26,7 @@ from rocshare.api.hami import encode_pod_devices
 from rocshare.api.node_settings import HAMI_POD_DEVICES_ANNOTATION
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
-from rocshare.core.ids import pod_key
+from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.request import RequestError, parse_pod
 from rocshare.kube.client import ApiError, Conflict, Kube, object_path
 from rocshare_operator.extender.decisions import Rejection, node_rejection, policy_for
@@ -33,6 +35,7 @@ from rocshare_operator.extender.state import InFlight, SchedulerState
 log = logging.getLogger(__name__)
 
 DECISION_ATTEMPTS = 3
+SEEN_PODS_MAX = 2048
 
 
 class BindRefused(Exception):
@@ -51,6 +54,18 @@ class Binder:
         """Binds under way per node. Prioritize ranks such nodes lower: kube-scheduler does not
         count amd.com resources of pods it has sent to bind, so without this a burst would all
         pick the same best node and most binds would find it full."""
+        self._seen: OrderedDict[PodKey, dict] = OrderedDict()
+
+    def saw(self, pod: dict) -> None:
+        """Keep the pod kube-scheduler sent to filter, so bind need not read it again (bounded:
+        the oldest are dropped; a pod bind finds no copy of is read from the API server)."""
+        meta = pod["metadata"]
+        self._seen[pod_key(meta.get("namespace", ""), meta.get("name", ""))] = pod
+        if len(self._seen) > SEEN_PODS_MAX:
+            self._seen.popitem(last=False)
+
+    def forget(self, key: PodKey) -> None:
+        self._seen.pop(key, None)
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> AllocationRecord:
         """Commit and bind; raises BindRefused with the reason."""
@@ -58,12 +73,12 @@ class Binder:
         deadline = time.monotonic() + self.wait_timeout_s
         self.queued[node] += 1
         try:
-            pod = await self._read_pod(path, uid)
+            pod = self._seen_pod(pod_key(namespace, name), uid) or await self._read_pod(path, uid)
             if _existing_record(pod) is None:
                 self._decide(pod, node)  # refuse at once when it can't fit: waiting frees nothing
             async with self._locks.setdefault(node, asyncio.Lock()):
                 await self._wait_for_room(node, deadline)
-                record = await self._commit(path, namespace, name, uid, node)
+                record = await self._commit(path, namespace, name, uid, node, pod)
         finally:
             self.queued[node] -= 1
             if not self.queued[node]:
@@ -84,10 +99,19 @@ class Binder:
                 except TimeoutError:
                     continue
 
-    async def _commit(self, path: str, namespace: str, name: str, uid: str, node: str) -> AllocationRecord:
+    def _seen_pod(self, key: PodKey, uid: str) -> dict | None:
+        pod = self._seen.pop(key, None)
+        if pod is None or (uid and pod["metadata"].get("uid") != uid) or pod.get("spec", {}).get("nodeName"):
+            return None
+        return pod
+
+    async def _commit(self, path: str, namespace: str, name: str, uid: str, node: str,
+                      pod: dict | None) -> AllocationRecord:
+        """`pod` may be stale: the write's resourceVersion precondition catches that."""
         key = pod_key(namespace, name)
         for attempt in range(1, DECISION_ATTEMPTS + 1):
-            pod = await self._read_pod(path, uid)
+            if pod is None:
+                pod = await self._read_pod(path, uid)
             existing = _existing_record(pod)
             if existing is not None:  # an earlier bind wrote it and its Binding failed or timed out
                 if existing.node != node:
@@ -99,6 +123,7 @@ class Binder:
                     await self.kube.merge_patch(path, _record_patch(pod, record, self._device_types(node)))
                 except Conflict:
                     log.info("pod %s changed while binding (attempt %d); deciding again", key, attempt)
+                    pod = None
                     continue
             self.state.commit(key, namespace, record)
             self.state.inflight[node] = InFlight(key, time.monotonic())

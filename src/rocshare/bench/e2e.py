@@ -34,12 +34,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ POOL = "bench-e2e"
 SLICE = {"amd.com/gpu": "1", "amd.com/gpumem": "4096", "amd.com/gpucores": "25"}
 TARGET_RATIO = 0.5
 TARGET_PODS_PER_S = 100.0
+METRIC_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -215,14 +218,16 @@ async def _measured_burst(stack: _Stack, kube: Kube, namespace: str, count: int,
         raise RuntimeError(f"{namespace}: the warm-up pod did not run: {warm.failed or 'timed out'}")
     await delete_all(kube, namespace)
     pids = {**stack.pids(), "bench": os.getpid()}
+    requests_before = _api_requests(stack.cluster)
     cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
     machine_before, load_before = _machine_cpu_s(), os.getloadavg()[0]
     burst = await run_burst(kube, [_pod(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
                             namespace=namespace, timeout_s=timeout_s)
     cpu = {name: round(_cpu_s(pid) - cpu_before[name], 1) for name, pid in pids.items()}
+    requests = _api_requests(stack.cluster) - requests_before
     # Other users of the machine slow every figure down; say how much CPU they took meanwhile.
     others_s = _machine_cpu_s() - machine_before - sum(cpu.values())
-    return {"burst": burst, "cpu_s": cpu, "others_cpu_s": round(max(0.0, others_s), 1),
+    return {"burst": burst, "cpu_s": cpu, "others_cpu_s": round(max(0.0, others_s), 1), "requests": requests,
             "load_1m_before": round(load_before, 2)}
 
 
@@ -284,6 +289,25 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _api_requests(cluster: ControlPlane) -> Counter[str]:
+    """kube-apiserver's count of requests so far, by "VERB resource[/subresource]" (its /metrics),
+    and of admission webhook calls, by "webhook <name>"."""
+    counts: Counter[str] = Counter()
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(METRIC_LABEL.findall(line))
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            counts[f"{labels.get('verb', '')} {resource}".strip()] += int(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("apiserver_admission_webhook_request_total{"):
+            counts[f"webhook {dict(METRIC_LABEL.findall(line)).get('name', '')}"] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def _per_pod(requests: Counter[str], pods: int) -> dict[str, float]:
+    """Requests per Running pod, the kinds that happen at least once per ten pods."""
+    return {kind: round(count / pods, 2) for kind, count in requests.most_common() if pods and count * 10 >= pods}
+
+
 def _machine_cpu_s() -> float:
     """CPU seconds the whole machine spent busy (not idle or waiting) since boot."""
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -319,6 +343,8 @@ def _figures(*, nodes: int, pods: int, gpus_per_node: int, baseline: dict[str, A
         "e2e_operator_cpu_ms_per_pod": _cpu_ms_per_pod({"operator": rocshare["cpu_s"].get("operator", 0.0)},
                                                        ours.running),
         "e2e_cpu_s_by_process": rocshare["cpu_s"], "e2e_baseline_cpu_s_by_process": baseline["cpu_s"],
+        "e2e_api_requests_per_pod": _per_pod(rocshare["requests"], ours.running),
+        "e2e_baseline_api_requests_per_pod": _per_pod(baseline["requests"], base.running),
         "e2e_cpu_s_other_users": rocshare["others_cpu_s"], "e2e_baseline_cpu_s_other_users": baseline["others_cpu_s"],
         "e2e_load_1m_before_burst": rocshare["load_1m_before"],
         "e2e_baseline_load_1m_before_burst": baseline["load_1m_before"],

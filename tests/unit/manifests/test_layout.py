@@ -5,6 +5,8 @@ in each overlay, RBAC free of wildcards, Argo CD sync waves that put definitions
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -139,3 +141,17 @@ def test_operator_arguments_parse_with_the_real_cli(path: str) -> None:
     assert args.namespace == "rocshare-system"
     assert args.standalone is False  # peering through the ClusterKopfPeering `rocshare`
     assert find(render(path), "ClusterKopfPeering", "rocshare")
+
+
+def test_webhook_skips_exactly_the_users_the_operator_trusts() -> None:
+    """The validating webhook's matchCondition and the webhook's own trusted list name the same users:
+    a user skipped by the condition but not trusted by the handler (or the reverse) is a hole or a cost."""
+    from rocshare.devcluster.operator_proc import TRUSTED_USERS_CONDITION, _also_trusting
+    from rocshare_operator.webhook import WebhookSettings
+
+    written = list(yaml.safe_load_all((ROOT / "manifests/base/webhook/webhooks.yaml").read_text()))
+    validating = find(written, "ValidatingWebhookConfiguration", "rocshare-pods")["webhooks"][0]
+    expression = next(c["expression"] for c in validating["matchConditions"] if c["name"] == TRUSTED_USERS_CONDITION)
+    listed = re.findall(r"'([^']+)'", expression)
+    assert set(listed) == set(WebhookSettings().trusted_users)
+    assert re.findall(r"'([^']+)'", _also_trusting(expression, "admin")) == ["admin", *listed]

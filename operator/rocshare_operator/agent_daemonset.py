@@ -9,10 +9,11 @@ the pool's nodes (``rocshare.io/pool=<pool>``) and tolerate the usual GPU taint.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 import jinja2
 import yaml
@@ -58,6 +59,12 @@ def render_daemonset(pool: Mapping, deployment: AgentDeployment) -> dict:
         metrics_port=METRICS_PORT,
         owner={"apiVersion": API_VERSION, "kind": "AmdGpuPool", "name": meta["name"], "uid": meta["uid"]},
     )
+    return copy.deepcopy(_parsed(text))
+
+
+@lru_cache(maxsize=64)
+def _parsed(text: str) -> dict:
+    """Parsing YAML costs ~1 ms; a pool's loop renders the same text on every pass."""
     return yaml.safe_load(text)
 
 

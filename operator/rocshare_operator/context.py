@@ -1,5 +1,7 @@
 """What every handler of this operator shares: the API connection, operator
-settings, and the wake-up registry that links events to reconcile loops.
+settings, the cluster feed (Nodes and Pods, watched once for the whole process) with
+the slices index the reconcilers read, and the wake-up registry that links events to
+reconcile loops.
 
 Handlers find it as ``memo.rocshare`` (Kopf copies the operator's memo shallowly
 into each object's memo, so they all see this one object).
@@ -16,12 +18,16 @@ start, and the `applied` fingerprints only save redundant writes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rocshare.kube.client import Kube
 from rocshare_operator.agent_daemonset import AgentDeployment
+from rocshare_operator.cluster_feed import ClusterFeed
+from rocshare_operator.pool_logic import NodeView
+from rocshare_operator.pool_status import Inventory
+from rocshare_operator.usage import SliceIndex
 
 LoopKey = tuple[Hashable, ...]  # ("pool", name) or ("share", namespace, name)
 
@@ -41,6 +47,7 @@ class LoopState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     reasons: set[str] = field(default_factory=set)
     applied: dict[str, Any] = field(default_factory=dict)
+    view: Any = None  # what the loop last reconciled (a pool's PoolView): lets events tell whom they concern
 
     def take_reasons(self) -> set[str]:
         """Clear the flag and return the reasons, before a reconcile, so later wakes cause another pass."""
@@ -80,20 +87,28 @@ class Wakeups:
             if key[0] == kind:
                 self.wake(key, reason)
 
+    def wake_where(self, kind: str, concerned: Callable[[LoopKey, LoopState], bool]) -> None:
+        for key, state in list(self._loops.items()):
+            if key[0] == kind and concerned(key, state):
+                self.wake(key)
+
+    def wake_shares_in(self, namespace: str) -> None:
+        self.wake_where("share", lambda key, _state: key[1] == namespace)
+
 
 @dataclass
 class OperatorContext:
     kube: Kube
     agent: AgentDeployment
+    feed: ClusterFeed
+    slices: SliceIndex = field(default_factory=SliceIndex)
     wakeups: Wakeups = field(default_factory=Wakeups)
     kubeconfig: str | None = None
-    # Last value seen per watched object, so that an event that changes nothing we
-    # read (a heartbeat, a pod status tick) wakes nobody.
-    seen: dict[Hashable, Any] = field(default_factory=dict)
 
-    def changed(self, key: Hashable, value: Any) -> bool:
-        """Record `value` for `key` (None forgets it); True when it differs from the last one."""
-        before = self.seen.pop(key, None)
-        if value is not None:
-            self.seen[key] = value
-        return before != value
+    def node_views(self) -> list[NodeView]:
+        return [facts.view for facts in self.feed.node_facts()]
+
+    def inventory(self, node: str) -> Inventory | None:
+        """The node's AmdGpuNode as status reads it; None when the node has none."""
+        facts = self.feed.gpu_node(node)
+        return None if facts is None else Inventory.of(facts)

@@ -3,12 +3,12 @@ list+watch on every start (Kopf holds handlers back until they are filled).
 
 Each index maps a key to a store of small frozen values (never whole objects):
   pool_views          pool name -> PoolView
-  node_views          node name -> NodeView
-  inventories         node name -> Inventory (from its AmdGpuNode)
-  pods_by_node        node name -> PodSlices of each pod holding a slice there
-  pods_by_namespace   namespace -> PodSlices
   shares_by_pool      pool name -> (namespace, share name)
 An indexer returns {} (not None) to drop an object, which Kopf reads as "no keys".
+
+Nodes, AmdGpuNodes and pods are not indexed here: the whole process reads them from one
+watch per kind, the cluster feed (cluster_feed.py), and the reconcilers from its views
+(context.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ from typing import Any, TypeVar
 import kopf
 
 from rocshare.api.models import GROUP, VERSION
-from rocshare_operator.pool_logic import NodeView, PoolView, node_view, pool_view
-from rocshare_operator.pool_status import Inventory
-from rocshare_operator.usage import gpu_summaries, pod_slices
+from rocshare_operator.pool_logic import PoolView, pool_view
 
 V = TypeVar("V")
 
@@ -29,28 +27,6 @@ V = TypeVar("V")
 @kopf.index(GROUP, VERSION, "amdgpupools")
 def pool_views(body: kopf.Body, name: str, **_: Any) -> dict[str, PoolView]:
     return {name: pool_view(body)}
-
-
-@kopf.index("v1", "nodes")
-def node_views(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
-    return {name: node_view(body)}
-
-
-@kopf.index(GROUP, VERSION, "amdgpunodes")
-def inventories(name: str, status: kopf.Status, **_: Any) -> dict[str, Inventory]:
-    return {name: Inventory(node=name, gpus=gpu_summaries(status.get("gpus") or []))}
-
-
-@kopf.index("v1", "pods")
-def pods_by_node(body: kopf.Body, **_: Any) -> dict:
-    held = pod_slices(body)
-    return {held.node: held} if held and held.node else {}
-
-
-@kopf.index("v1", "pods")
-def pods_by_namespace(body: kopf.Body, **_: Any) -> dict:
-    held = pod_slices(body)
-    return {held.namespace: held} if held else {}
 
 
 @kopf.index(GROUP, VERSION, "amdgpushares")

@@ -8,10 +8,12 @@ or from Python::
                        extra_tasks=(serve_extender, serve_webhook))
 
 `run_operator` connects one `Kube`, builds the `OperatorContext` (handlers see it as
-``memo.rocshare``), and runs Kopf cluster-wide next to each extra task. An extra
-task is a callable taking the context and returning an awaitable that runs until
-cancelled (the scheduler extender and the admission webhook join this way, sharing
-the connection). When any of them ends, the rest are stopped; an error is raised.
+``memo.rocshare``), and runs Kopf cluster-wide next to the cluster feed (the one watch
+on Nodes and Pods, cluster_feed.py) and each extra task. An extra task is a callable
+taking the context and returning an awaitable that runs until cancelled (the scheduler
+extender and the admission webhook join this way, sharing the connection and the feed;
+the callable itself runs before the feed starts, so it may subscribe). When any of them
+ends, the rest are stopped; an error is raised.
 
 Kopf runs standalone in tests (``--standalone``); in a cluster it peers through the
 ``ClusterKopfPeering`` named ``rocshare`` (which the manifests must install), so
@@ -32,6 +34,7 @@ import kopf
 from rocshare.kube.client import Kube
 from rocshare_operator import indexes, login, nodes_status, pools, shares  # noqa: F401  (registers handlers)
 from rocshare_operator.agent_daemonset import AgentDeployment
+from rocshare_operator.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext
 
 ExtraTask = Callable[[OperatorContext], Awaitable[Any]]
@@ -63,12 +66,15 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
                        extra_tasks: Iterable[ExtraTask] = (), settings: kopf.OperatorSettings | None = None) -> None:
     """Run until a signal stops Kopf or any task ends; `namespace` is where agent DaemonSets go."""
     kube = await Kube.connect(kubeconfig)
-    context = OperatorContext(kube=kube, agent=AgentDeployment(namespace=namespace), kubeconfig=kubeconfig)
+    context = OperatorContext(kube=kube, agent=AgentDeployment(namespace=namespace), feed=ClusterFeed(kube),
+                              kubeconfig=kubeconfig)
+    nodes_status.subscribe(context)
     stop_flag = asyncio.Event()
     try:
         # Extra tasks first: kopf.operator() treats tasks that exist when it starts as not its own.
         extras = [asyncio.create_task(factory(context), name=f"extra-{index}")
                   for index, factory in enumerate(extra_tasks)]
+        extras.append(asyncio.create_task(context.feed.run(), name="cluster-feed"))
         operator = asyncio.create_task(kopf.operator(
             settings=settings or operator_settings(standalone=standalone), standalone=standalone,
             clusterwide=True, stop_flag=stop_flag, memo=kopf.Memo(rocshare=context)), name="kopf")

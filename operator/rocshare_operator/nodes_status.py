@@ -1,99 +1,75 @@
-"""Watches that keep pools and shares current: Nodes, AmdGpuNodes, pods, and the
-DaemonSets the operator owns.
+"""What keeps pools and shares current: Nodes, AmdGpuNodes and pods (from the process's
+cluster feed) and the DaemonSets the operator owns (from Kopf).
 
-A Node whose labels change is brought in line here at once (the same pure rule the
-pool loops use), which also removes marks of pools that no longer exist. Every
-handler then wakes only the loops whose inputs changed; an event that changes
-nothing they read (a kubelet heartbeat, an agent heartbeat, a pod status tick)
-wakes nobody.
+Each handler wakes only the loops whose inputs changed; an event that changes nothing
+they read (a kubelet heartbeat, an agent heartbeat, a pod status tick) wakes nobody.
+Node marks are written by the pool loops alone: a node whose labels or marks changed
+wakes the loops of the pools it names or that select it (and loops that have not run
+yet); each brings the nodes it concerns in line with the one membership rule.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
 
-from rocshare.api.models import GROUP, VERSION
-from rocshare.kube.client import ApiError
 from rocshare_operator.agent_daemonset import AGENT_NAME
-from rocshare_operator.context import OperatorContext, pool_key, share_key
-from rocshare_operator.indexes import all_values, one_value
-from rocshare_operator.pool_logic import NodeView, desired_node_patch, node_view, owning_pool
+from rocshare_operator.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts
+from rocshare_operator.context import LoopState, OperatorContext, pool_key
+from rocshare_operator.pool_logic import NodeView
 from rocshare_operator.pool_status import Inventory
-from rocshare_operator.pools import patch_node
-from rocshare_operator.usage import gpu_summaries, pod_slices
+from rocshare_operator.usage import slices_of
 
 
-@kopf.on.event("v1", "nodes")
-async def node_event(event: kopf.RawEvent, name: str, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
-                     pool_views: kopf.Index, **_: Any) -> None:
-    ctx: OperatorContext = memo.rocshare
-    deleted = event["type"] == "DELETED"
-    view = None if deleted else node_view(body)
-    before: NodeView | None = ctx.seen.get(("node", name))
-    if not ctx.changed(("node", name), view):
-        return
-    pools = all_values(pool_views)
-    if view is not None:
-        patch = desired_node_patch(view, pools)
-        if patch is not None:
-            try:
-                await patch_node(ctx, name, patch, logger=logger)
-            except ApiError as error:
-                raise kopf.TemporaryError(f"marking node {name}: {error}", delay=2.0) from error
-    for pool in _pools_concerned(before, view, pools):
-        ctx.wakeups.wake(pool_key(pool))
+def subscribe(ctx: OperatorContext) -> None:
+    """Have the cluster feed tell the reconcilers about nodes and pods (before the feed runs)."""
+    ctx.feed.subscribe(on_node=lambda kind, facts, before: node_changed(ctx, kind, facts, before),
+                       on_gpu_node=lambda kind, facts, before: gpu_node_changed(ctx, kind, facts, before),
+                       on_pod=lambda kind, facts, _before: pod_changed(ctx, kind, facts))
 
 
-def _pools_concerned(before: NodeView | None, after: NodeView | None, pools: list) -> set[str]:
-    """Pools whose membership, conflicts or totals may change with this node."""
-    names = set()
-    for view in (before, after):
-        if view is None:
-            continue
-        if view.marks.pool:
-            names.add(view.marks.pool)
-        names.update(pool.name for pool in pools if pool.selects(view.label_map))
-        owner = owning_pool(view.label_map, pools)
-        if owner:
-            names.add(owner.name)
-    return names
+def node_changed(ctx: OperatorContext, kind: str, facts: NodeFacts, before: NodeFacts | None) -> None:
+    """Labels or marks changed: wake the pools this node may join, leave or be marked for."""
+    was = before.view if before is not None else None
+    now = None if kind == "DELETED" else facts.view
+    if was == now:
+        return  # only allocatable changed: the extender reads it, pools do not
+    ctx.wakeups.wake_where("pool", lambda key, state: _concerns(key[1], state, was, now))
 
 
-@kopf.on.event(GROUP, VERSION, "amdgpunodes")
-def inventory_event(event: kopf.RawEvent, name: str, status: kopf.Status, memo: kopf.Memo,
-                    node_views: kopf.Index, **_: Any) -> None:
+def _concerns(pool: str, state: LoopState, *views: NodeView | None) -> bool:
+    if state.view is None:  # not reconciled yet: it will read the node anyway, but let it know
+        return True
+    return any(view is not None and (view.marks.pool == pool or state.view.selects(view.label_map))
+               for view in views)
+
+
+def gpu_node_changed(ctx: OperatorContext, kind: str, facts: GpuNodeFacts, before: GpuNodeFacts | None) -> None:
     """The agent published: wake the node's pool when the GPUs it lists changed."""
-    ctx: OperatorContext = memo.rocshare
-    gpus = None if event["type"] == "DELETED" else Inventory(name, gpu_summaries(status.get("gpus") or []))
-    if ctx.changed(("inventory", name), gpus):
-        _wake_pool_of_node(ctx, node_views, name)
+    was = None if before is None else Inventory.of(before)
+    now = None if kind == "DELETED" else Inventory.of(facts)
+    if was != now:
+        _wake_pool_of_node(ctx, facts.name)
         ctx.wakeups.wake_kind("share")  # cores percent depends on the GPUs' CU counts
 
 
-@kopf.on.event("v1", "pods")
-def pod_event(event: kopf.RawEvent, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-              node_views: kopf.Index, shares_by_pool: kopf.Index, **_: Any) -> None:
+def pod_changed(ctx: OperatorContext, kind: str, facts: PodFacts) -> None:
     """A slice appeared, changed or was released: wake its node's pool and its namespace's shares."""
-    ctx: OperatorContext = memo.rocshare
-    held = None if event["type"] == "DELETED" else pod_slices(body)
-    before = ctx.seen.get(("pod", namespace, name))
-    if not ctx.changed(("pod", namespace, name), held):
+    held = None if kind == "DELETED" else slices_of(facts)
+    before = ctx.slices.put(facts.namespace, facts.name, held)
+    if before == held:
         return
     for slices in (before, held):
         if slices is not None and slices.node:
-            _wake_pool_of_node(ctx, node_views, slices.node)
-    for share_namespace, share in all_values(shares_by_pool):
-        if share_namespace == namespace:
-            ctx.wakeups.wake(share_key(share_namespace, share))
+            _wake_pool_of_node(ctx, slices.node)
+    ctx.wakeups.wake_shares_in(facts.namespace)
 
 
-def _wake_pool_of_node(ctx: OperatorContext, node_views: kopf.Index, node: str) -> None:
-    view = one_value(node_views, node)
-    if view is not None and view.marks.pool:
-        ctx.wakeups.wake(pool_key(view.marks.pool))
+def _wake_pool_of_node(ctx: OperatorContext, node: str) -> None:
+    facts = ctx.feed.node(node)
+    if facts is not None and facts.view.marks.pool:
+        ctx.wakeups.wake(pool_key(facts.view.marks.pool))
 
 
 @kopf.on.event("apps", "v1", "daemonsets",

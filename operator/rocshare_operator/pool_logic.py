@@ -184,5 +184,11 @@ def nodes_to_reconcile(pool: PoolView, nodes: Iterable[NodeView]) -> list[NodeVi
     return [node for node in nodes if node.marks.pool == pool.name or pool.selects(node.label_map)]
 
 
+def orphaned_nodes(nodes: Iterable[NodeView], pools: Iterable[PoolView]) -> list[NodeView]:
+    """Nodes carrying our marks for no existing pool (say, one deleted without its finalizer)."""
+    names = {pool.name for pool in pools}
+    return [node for node in nodes if node.marks.any and node.marks.pool not in names]
+
+
 def conflict_message(node: str, *, holder: str, loser: str) -> str:
     return f"node {node} is selected by pools {holder} and {loser}; {holder} is older and keeps it"

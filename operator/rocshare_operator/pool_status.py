@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rocshare.api.models import AmdGpuPoolStatus
+from rocshare_operator.cluster_facts import GpuNodeFacts
 from rocshare_operator.conditions import ConditionState, merge_conditions
 from rocshare_operator.usage import GpuSummary, PodSlices, pod_cores_pct
 
@@ -26,6 +27,10 @@ class Inventory:
 
     node: str
     gpus: tuple[GpuSummary, ...]
+
+    @classmethod
+    def of(cls, facts: GpuNodeFacts) -> Inventory:
+        return cls(facts.name, facts.summaries())
 
     def cu_counts(self) -> dict[str, int]:
         return {gpu.id: gpu.cu_count for gpu in self.gpus}

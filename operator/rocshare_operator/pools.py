@@ -2,9 +2,10 @@
 
 One reconcile loop (a Kopf daemon) per pool does all the writing; events elsewhere
 only wake it (see context.py). A pass is idempotent: it computes the desired node
-marks, DaemonSet and status from the indexes and writes only what differs. The
-finalizer's handler releases the pool's nodes before the pool goes; the DaemonSet
-goes with the pool through its owner reference.
+marks, DaemonSet and status from Kopf's pool index and the cluster feed (nodes,
+AmdGpuNodes, pods' slices), and writes only what differs. Loops start reconciling once
+the feed has listed every object, as Kopf holds handlers until its indexes are filled. The finalizer's handler releases the pool's nodes before the pool goes; the
+DaemonSet goes with the pool through its owner reference.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rocshare_operator.pool_logic import (
     desired_node_patch,
     membership,
     nodes_to_reconcile,
+    orphaned_nodes,
     pool_view,
 )
 from rocshare_operator.pool_status import PoolFacts, pool_status
@@ -59,6 +61,7 @@ async def pool_loop(name: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
     ctx: OperatorContext = memo.rocshare
     state = ctx.wakeups.register(pool_key(name))
     try:
+        await wait_for_feed(ctx, stopped)
         while not stopped:
             reasons = state.take_reasons()
             try:
@@ -70,6 +73,15 @@ async def pool_loop(name: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.D
             await sleep_until_woken(state, stopped, pause_s)
     finally:
         ctx.wakeups.unregister(pool_key(name), state)
+
+
+async def wait_for_feed(ctx: OperatorContext, stopped: kopf.DaemonStopped) -> None:
+    """Until the cluster feed has listed every node and pod (or the loop is stopped)."""
+    synced = asyncio.ensure_future(ctx.feed.wait_synced())
+    stopping = asyncio.ensure_future(stopped.wait())
+    await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (synced, stopping):
+        task.cancel()
 
 
 async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeout_s: float) -> None:
@@ -84,13 +96,12 @@ async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeo
 
 
 async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
-                         logger: logging.Logger, pool_views: kopf.Index, node_views: kopf.Index,
-                         inventories: kopf.Index, pods_by_node: kopf.Index, **_: Any) -> None:
-    view = pool_view(body)
+                         logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
+    view = state.view = pool_view(body)
     if view.deleting:
         return  # the finalizer's handler releases the nodes
     pools = [pool for pool in all_values(pool_views) if pool.name != view.name] + [view]
-    nodes = all_values(node_views)
+    nodes = ctx.node_views()
     await mark_nodes(ctx, view, pools, nodes, logger=logger)
     if view.eligible:
         await apply_daemonset(ctx, state, body, force="daemonset" in reasons, logger=logger)
@@ -98,8 +109,8 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
     facts = PoolFacts(
         generation=body.get("metadata", {}).get("generation"), members=member_of.members,
         conflicting=member_of.conflicting_nodes,
-        inventories={node: inventory for node in member_of.members for inventory in inventories.get(node, ())},
-        pods_by_node={node: list(pods_by_node.get(node, ())) for node in member_of.members},
+        inventories={node: inventory for node in member_of.members if (inventory := ctx.inventory(node))},
+        pods_by_node={node: ctx.slices.on_node(node) for node in member_of.members},
         problem=view.problem,
     )
     previous = dict(body.get("status") or {})
@@ -113,8 +124,10 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
 
 async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,
                      logger: logging.Logger) -> None:
-    """Label and annotate (or release) every node this pool selects or still marks."""
-    for node in nodes_to_reconcile(view, nodes):
+    """Label and annotate (or release) every node this pool selects or still marks, and unmark
+    nodes marked for pools that no longer exist (no loop of theirs is left to do it)."""
+    concerned = {node.name: node for node in nodes_to_reconcile(view, nodes) + orphaned_nodes(nodes, pools)}
+    for node in concerned.values():
         patch = desired_node_patch(node, pools)
         if patch is not None:
             await patch_node(ctx, node.name, patch, logger=logger)
@@ -154,14 +167,15 @@ def announce_conflicts(body: kopf.Body, view: PoolView, conflicts: tuple[tuple[s
 
 @kopf.on.delete(GROUP, VERSION, "amdgpupools")
 async def release_pool(name: str, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
-                       pool_views: kopf.Index, node_views: kopf.Index, shares_by_pool: kopf.Index,
-                       **_: Any) -> None:
+                       pool_views: kopf.Index, shares_by_pool: kopf.Index, **_: Any) -> None:
     """Finalizer: unmark the pool's nodes (or hand them to the next pool that selects them)."""
     ctx: OperatorContext = memo.rocshare
+    if not ctx.feed.synced:
+        raise kopf.TemporaryError(f"releasing the nodes of pool {name}: nodes not listed yet", delay=1.0)
     view = pool_view(body)  # deleting: it owns nothing any more
     pools = [pool for pool in all_values(pool_views) if pool.name != name] + [view]
     try:
-        await mark_nodes(ctx, view, pools, all_values(node_views), logger=logger)
+        await mark_nodes(ctx, view, pools, ctx.node_views(), logger=logger)
     except ApiError as error:
         raise kopf.TemporaryError(f"releasing the nodes of pool {name}: {error}", delay=2.0) from error
     ctx.wakeups.wake_kind("pool")

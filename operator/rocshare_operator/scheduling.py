@@ -9,18 +9,22 @@ at our TLS certificate.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import kopf
 
 from rocshare_operator import webhook
 from rocshare_operator.admission import runtime_class_for
 from rocshare_operator.context import OperatorContext
-from rocshare_operator.extender.server import ExtenderSettings, run_extender
+from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
 from rocshare_operator.extender.state import SchedulerState
 
 
 def extender_task(settings: ExtenderSettings, state: SchedulerState):
-    async def serve(context: OperatorContext) -> None:
-        await run_extender(context.kube, settings, state)
+    def serve(context: OperatorContext) -> Awaitable[None]:
+        # Now, not inside the coroutine: run_operator calls this before the cluster feed runs.
+        subscribe(context.feed, state)
+        return run_extender(context.kube, settings, state, feed=context.feed)
 
     return serve
 

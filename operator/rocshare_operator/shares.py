@@ -1,8 +1,8 @@
 """AmdGpuShare handlers: the share's ResourceQuota and its status.
 
-One reconcile loop per share (a Kopf daemon, woken by pods of its namespace, by
-its pool appearing or going, and by edits to its quota). Each pass server-side
-applies the quota when its intent changed, then writes status when it differs.
+One reconcile loop per share (a Kopf daemon, woken by pods of its namespace through the
+cluster feed, by its pool appearing or going, and by edits to its quota). Each pass
+server-side applies the quota when its intent changed, then writes status when it differs.
 The quota is owned by the share, so it goes when the share goes.
 """
 
@@ -18,7 +18,14 @@ from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits
 from rocshare.kube.client import ApiError, object_path
 from rocshare_operator.context import LoopState, OperatorContext, share_key
 from rocshare_operator.indexes import one_value
-from rocshare_operator.pools import ERROR_PAUSE_S, FIELD_MANAGER, RESYNC_S, now_rfc3339, sleep_until_woken
+from rocshare_operator.pools import (
+    ERROR_PAUSE_S,
+    FIELD_MANAGER,
+    RESYNC_S,
+    now_rfc3339,
+    sleep_until_woken,
+    wait_for_feed,
+)
 from rocshare_operator.retrying import with_retries
 from rocshare_operator.share_logic import QUOTA_LABELS, quota_body, share_status
 
@@ -37,6 +44,7 @@ async def share_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo
     key = share_key(namespace, name)
     state = ctx.wakeups.register(key)
     try:
+        await wait_for_feed(ctx, stopped)
         while not stopped:
             reasons = state.take_reasons()
             try:
@@ -51,8 +59,7 @@ async def share_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo
 
 
 async def reconcile_share(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
-                          logger: logging.Logger, pool_views: kopf.Index, pods_by_namespace: kopf.Index,
-                          inventories: kopf.Index, **_: Any) -> None:
+                          logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
@@ -60,12 +67,12 @@ async def reconcile_share(ctx: OperatorContext, state: LoopState, body: kopf.Bod
     limits = ShareLimits.model_validate(dict(spec.get("limits") or {}))
     await apply_quota(ctx, state, body, limits, force="quota" in reasons, logger=logger)
     pool = one_value(pool_views, spec.get("pool"))
-    pods = list(pods_by_namespace.get(meta["namespace"], ()))
+    pods = ctx.slices.in_namespace(meta["namespace"])
     previous = dict(body.get("status") or {})
     status = share_status(
         share=meta["name"], pool=spec.get("pool", ""), pool_exists=pool is not None and not pool.deleting,
         generation=meta.get("generation"), pods=pods,
-        inventories={pod.node: inventory for pod in pods for inventory in inventories.get(pod.node, ())},
+        inventories={node: inventory for node in {pod.node for pod in pods} if (inventory := ctx.inventory(node))},
         previous_conditions=previous.get("conditions"), now=now_rfc3339(),
     )
     if status != previous:

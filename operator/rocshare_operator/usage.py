@@ -18,17 +18,25 @@ Rules, and why:
 from __future__ import annotations
 
 import functools
-
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record
+from rocshare.api.allocation import AllocationError, AllocationRecord
+from rocshare_operator.cluster_facts import (
+    GpuSummary,
+    PodFacts,
+    decoded_record,
+    gpu_summaries,
+    pod_facts,
+)
 
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+__all__ = ["GpuSummary", "gpu_summaries"]  # re-exported: status code reads them with pods' use
+
 WHOLE_GPU_PCT = 100
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceUse:
     """One pod's effective hold on one GPU."""
 
@@ -38,7 +46,7 @@ class DeviceUse:
     all_cores: bool  # a whole GPU or reservesAllCores
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodSlices:
     namespace: str
     name: str
@@ -56,41 +64,33 @@ class PodSlices:
         return sum(device.cu_count for device in self.devices)
 
 
-@dataclass(frozen=True)
-class GpuSummary:
-    """What status needs of one inventory entry (GpuInfo)."""
-
-    id: str
-    cu_count: int
-    vram_mib: int | None
-    healthy: bool
-
-
 def pod_slices(pod: Mapping) -> PodSlices | None:
+    """The hold of a pod object, or None when it holds nothing (no record, or finished)."""
+    return slices_of(pod_facts(pod))
+
+
+def slices_of(pod: PodFacts) -> PodSlices | None:
     """The pod's hold, or None when it holds nothing (no record, or finished)."""
-    meta = pod.get("metadata", {})
-    text = (meta.get("annotations") or {}).get(ALLOCATION_ANNOTATION)
-    if text is None or (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
+    if pod.allocation is None or pod.finished:
         return None
-    namespace, name = meta.get("namespace", ""), meta.get("name", "")
-    node = (pod.get("spec") or {}).get("nodeName") or ""
-    decoded = _decoded_use(text)
+    decoded = _decoded_use(pod.allocation)
     if isinstance(decoded, str):
-        return PodSlices(namespace=namespace, name=name, node=node, error=decoded)
+        return PodSlices(namespace=pod.namespace, name=pod.name, node=pod.node, error=decoded)
     record_node, devices, gpus = decoded
-    return PodSlices(namespace=namespace, name=name, node=node or record_node, devices=devices, gpus=gpus)
+    return PodSlices(namespace=pod.namespace, name=pod.name, node=pod.node or record_node, devices=devices,
+                     gpus=gpus)
 
 
 @functools.lru_cache(maxsize=4096)
 def _decoded_use(text: str) -> tuple[str, tuple[DeviceUse, ...], int] | str:
-    """A record's use, or the decoding error. Memoised: every pod event reaches several
-    handlers and indexes, and a record never changes once written."""
+    """A record's use, or the decoding error. Memoised: a pod's record is read again on each
+    of its status changes, and a record never changes once written."""
     try:
-        record = decode_record(text)
+        record = decoded_record(text)
     except AllocationError as error:
         return str(error)
     devices, gpus = effective_use(record)
-    return record.node, devices, gpus
+    return sys.intern(record.node), devices, gpus
 
 
 def effective_use(record: AllocationRecord) -> tuple[tuple[DeviceUse, ...], int]:
@@ -101,7 +101,7 @@ def effective_use(record: AllocationRecord) -> tuple[tuple[DeviceUse, ...], int]
     for container in record.containers:
         for device in container.devices:
             all_cores = device.whole or device.reserves_all_cores
-            use = DeviceUse(device.gpu_id, device.memory_mib, device.cu_count, all_cores)
+            use = DeviceUse(sys.intern(device.gpu_id), device.memory_mib, device.cu_count, all_cores)
             if container.init:
                 init[device.gpu_id] = _larger(init.get(device.gpu_id), use)
             else:
@@ -140,8 +140,35 @@ def pod_cores_pct(pod: PodSlices, gpu_cu_counts: Mapping[str, int]) -> int:
     return sum(cores_pct(device, gpu_cu_counts.get(device.gpu_id)) for device in pod.devices)
 
 
-def gpu_summaries(gpus: Iterable[Mapping]) -> tuple[GpuSummary, ...]:
-    """From AmdGpuNode status.gpus entries; missing numbers read as 0 / unknown."""
-    return tuple(GpuSummary(id=str(gpu.get("id", "")), cu_count=int(gpu.get("cuCount") or 0),
-                            vram_mib=gpu.get("vramMiB"), healthy=bool(gpu.get("healthy")))
-                 for gpu in gpus)
+class SliceIndex:
+    """The holds of live pods, by node and by namespace: what pool and share status sum.
+
+    Mutable, owned by its caller, rebuilt from the pod watch; only pods that hold something
+    are kept (a pod without a record costs nothing here).
+    """
+
+    def __init__(self) -> None:
+        self._by_namespace: dict[str, dict[str, PodSlices]] = {}
+        self._by_node: dict[str, set[PodSlices]] = {}
+
+    def put(self, namespace: str, name: str, held: PodSlices | None) -> PodSlices | None:
+        """Record what the pod holds now (None: nothing); returns what it held before."""
+        in_namespace = self._by_namespace.get(namespace, {})
+        before = in_namespace.pop(name, None)
+        if before is not None:
+            on_node = self._by_node[before.node]
+            on_node.discard(before)
+            if not on_node:
+                del self._by_node[before.node]
+            if not in_namespace:
+                del self._by_namespace[namespace]
+        if held is not None:
+            self._by_namespace.setdefault(namespace, {})[held.name] = held
+            self._by_node.setdefault(held.node, set()).add(held)
+        return before
+
+    def on_node(self, node: str) -> list[PodSlices]:
+        return list(self._by_node.get(node, ()))
+
+    def in_namespace(self, namespace: str) -> list[PodSlices]:
+        return list(self._by_namespace.get(namespace, {}).values())

@@ -2,14 +2,18 @@
 
 For one pod and the node kube-scheduler chose:
 0. start from the pod as kube-scheduler sent it to filter (kept by `saw`), else read it;
-1. wait (bounded) until the node has no pod in flight — bound but not yet allocated by
-   its agent — so the agent can never confuse two pods' Allocate calls;
-2. decide GPUs and CU ranges from the current ledger;
-3. write the record on the pod with a resourceVersion precondition (a concurrent change
-   to the pod, or a stale copy from filter, makes the write fail, and we decide again from
-   a fresh read);
-4. account it in the ledger and mark it in flight, then create the Binding;
-5. if the Binding fails, take the record back off the pod and out of the ledger.
+1. wait (bounded) until the node has no pod in flight -- bound but not yet allocated by
+   its agent -- so the agent can never confuse two pods' Allocate calls;
+2. decide GPUs and CU ranges from the current ledger, account them in the ledger and
+   mark the pod in flight;
+3. create the Binding carrying the record as annotations, with the pod's uid and
+   resourceVersion as preconditions: the API server sets the node and the record in one
+   write (pods/binding merges a Binding's annotations into the pod), so a pod is never
+   bound without its record nor holds a record without being bound;
+4. if the API server refuses (the pod changed, or a stale copy from filter: Conflict),
+   nothing was written: take the decision back and decide again from a fresh read. If
+   the outcome is unknown (timeout, server error), read the pod to learn it; until a read
+   answers, the slice stays accounted (blocked, never double-booked).
 The in-flight mark is released by the pod watch (allocated, ended or deleted).
 """
 
@@ -28,13 +32,14 @@ from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.request import RequestError, parse_pod
-from rocshare.kube.client import ApiError, Conflict, Kube, object_path
+from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
 from rocshare_operator.extender.decisions import Rejection, node_rejection, policy_for
 from rocshare_operator.extender.state import InFlight, SchedulerState
 
 log = logging.getLogger(__name__)
 
 DECISION_ATTEMPTS = 3
+UNKNOWN_OUTCOME_READ_PAUSES_S = (0.2, 0.5, 1.0, 2.0, 4.0)
 SEEN_PODS_MAX = 2048
 
 
@@ -77,19 +82,19 @@ class Binder:
             if _existing_record(pod) is None:
                 self._decide(pod, node)  # refuse at once when it can't fit: waiting frees nothing
             async with self._locks.setdefault(node, asyncio.Lock()):
-                await self._wait_for_room(node, deadline)
-                record = await self._commit(path, namespace, name, uid, node, pod)
+                await self._wait_for_room(node, pod_key(namespace, name), deadline)
+                return await self._commit_and_bind(path, namespace, name, uid, node, pod)
         finally:
             self.queued[node] -= 1
             if not self.queued[node]:
                 del self.queued[node]
-        await self._create_binding(path, namespace, name, uid, node, record)
-        return record
 
-    async def _wait_for_room(self, node: str, deadline: float) -> None:
+    async def _wait_for_room(self, node: str, key: PodKey, deadline: float) -> None:
+        """Until no other pod is in flight on the node (this pod may be: an attempt whose outcome
+        could not be learnt left it so)."""
         state = self.state
         async with state.changed:
-            while node in state.inflight:
+            while node in state.inflight and state.inflight[node].pod != key:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     held = state.inflight[node]
@@ -105,40 +110,76 @@ class Binder:
             return None
         return pod
 
-    async def _commit(self, path: str, namespace: str, name: str, uid: str, node: str,
-                      pod: dict | None) -> AllocationRecord:
-        """`pod` may be stale: the write's resourceVersion precondition catches that."""
+    async def _commit_and_bind(self, path: str, namespace: str, name: str, uid: str, node: str,
+                               pod: dict | None) -> AllocationRecord:
+        """`pod` may be stale: the Binding's resourceVersion precondition catches that."""
         key = pod_key(namespace, name)
+        if key in self.state.ledger:
+            pod = None  # an earlier attempt's outcome is unknown: only a fresh read tells
         for attempt in range(1, DECISION_ATTEMPTS + 1):
             if pod is None:
                 pod = await self._read_pod(path, uid)
+                if key in self.state.ledger and _existing_record(pod) is None:
+                    await self.state.uncommit(key)  # that attempt's Binding was not written
             existing = _existing_record(pod)
-            if existing is not None:  # an earlier bind wrote it and its Binding failed or timed out
-                if existing.node != node:
-                    raise BindRefused(f"pod {key} is already committed to node {existing.node}")
-                record = existing
-            else:
-                record = self._decide(pod, node)
-                try:
-                    await self.kube.merge_patch(path, _record_patch(pod, record, self._device_types(node)))
-                except Conflict:
-                    log.info("pod %s changed while binding (attempt %d); deciding again", key, attempt)
-                    pod = None
-                    continue
+            if existing is not None and existing.node != node:
+                raise BindRefused(f"pod {key} is already committed to node {existing.node}")
+            # A record on an unbound pod (written by a rocshare before bindings carried it) is kept.
+            record = existing or self._decide(pod, node)
             self.state.commit(key, namespace, record)
             self.state.inflight[node] = InFlight(key, time.monotonic())
-            return record
+            annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
+            try:
+                await self.kube.create(path + "/binding", _binding(pod, node, annotations))
+                return record
+            except (Conflict, NotFound, Invalid, Forbidden) as error:  # refused: nothing was written
+                await self.state.uncommit(key)
+                if not isinstance(error, Conflict):
+                    raise BindRefused(f"binding to {node} failed: {error}") from None
+                log.info("pod %s changed while binding (attempt %d); deciding again", key, attempt)
+                pod = None
+            except ApiError as error:
+                await self._settle_unknown_outcome(path, key, node, error)
+                return record
         raise BindRefused(f"pod {key} kept changing during bind ({DECISION_ATTEMPTS} attempts)")
 
+    async def _settle_unknown_outcome(self, path: str, key: PodKey, node: str, error: ApiError) -> None:
+        """The Binding may or may not have been written: a read tells. Returns when it was (the
+        decision stands); raises BindRefused when it was not (the decision is taken back) or when
+        no read answers (the slice stays accounted and the pod in flight: blocked, never
+        double-booked, until the pod ends or kube-scheduler's next bind reads it)."""
+        for pause_s in UNKNOWN_OUTCOME_READ_PAUSES_S:
+            await asyncio.sleep(pause_s)
+            try:
+                pod = await self.kube.get(path)
+            except NotFound:
+                break  # deleted: its watch event releases the slice
+            except ApiError:
+                continue
+            if pod.get("spec", {}).get("nodeName") == node and _existing_record(pod) is not None:
+                return
+            await self.state.uncommit(key)
+            raise BindRefused(f"binding to {node} failed: {error}")
+        log.error("pod %s: binding to %s failed (%s) and the pod could not be read; its slice stays "
+                  "accounted until the pod ends or is bound again", key, node, error)
+        raise BindRefused(f"binding to {node} failed: {error}")
+
     async def _read_pod(self, path: str, uid: str) -> dict:
+        """The pod as the API server has it now. A pod found bound has its record put in the
+        ledger before bind refuses (the watch may not have shown it yet)."""
         try:
             pod = await self.kube.get(path)
         except ApiError as error:
             raise BindRefused(f"cannot read the pod: {error}") from None
-        if uid and pod["metadata"].get("uid") != uid:
+        meta = pod["metadata"]
+        if uid and meta.get("uid") != uid:
             raise BindRefused("the pod was deleted and re-created under the same name")
-        if pod.get("spec", {}).get("nodeName"):
-            raise BindRefused(f"the pod is already bound to {pod['spec']['nodeName']}")
+        bound_to = pod.get("spec", {}).get("nodeName")
+        if bound_to:
+            record = _existing_record(pod)
+            if record is not None:
+                self.state.commit(pod_key(meta.get("namespace", ""), meta["name"]), meta.get("namespace", ""), record)
+            raise BindRefused(f"the pod is already bound to {bound_to}")
         return pod
 
     def _decide(self, pod: dict, node_name: str) -> AllocationRecord:
@@ -159,31 +200,6 @@ class Binder:
         status = self.state.gpu_status.get(node_name)
         return {gpu.id: gpu.product for gpu in status.gpus} if status else {}
 
-    async def _create_binding(self, path: str, namespace: str, name: str, uid: str, node: str,
-                              record: AllocationRecord) -> None:
-        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        if uid:
-            binding["metadata"]["uid"] = uid
-        try:
-            await self.kube.create(path + "/binding", binding)
-        except ApiError as error:
-            await self._roll_back(path, namespace, name, node)
-            raise BindRefused(f"binding to {node} failed: {error}") from None
-
-    async def _roll_back(self, path: str, namespace: str, name: str, node: str) -> None:
-        key = pod_key(namespace, name)
-        try:
-            await self.kube.merge_patch(path, {"metadata": {"annotations": {
-                ALLOCATION_ANNOTATION: None, HAMI_POD_DEVICES_ANNOTATION: None}}})
-        except ApiError as error:
-            # The record stays on the pod and in the ledger: blocked, never double-booked.
-            log.error("pod %s: could not remove the record after a failed binding: %s", key, error)
-            await self.state.release_inflight(node, key)
-            return
-        await self.state.uncommit(key)
-
-
 def _existing_record(pod: dict) -> AllocationRecord | None:
     text = (pod["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION)
     if text is None:
@@ -194,13 +210,21 @@ def _existing_record(pod: dict) -> AllocationRecord | None:
         raise BindRefused(str(error)) from None
 
 
-def _record_patch(pod: dict, record: AllocationRecord, device_types: dict[str, str]) -> dict:
+def _record_annotations(pod: dict, record: AllocationRecord, device_types: dict[str, str]) -> dict[str, str]:
     spec = pod.get("spec", {})
     names = [c["name"] for c in spec.get("initContainers", [])] + [c["name"] for c in spec.get("containers", [])]
-    return {"metadata": {
-        "resourceVersion": pod["metadata"]["resourceVersion"],
-        "annotations": {
-            ALLOCATION_ANNOTATION: encode_record(record),
-            HAMI_POD_DEVICES_ANNOTATION: encode_pod_devices(record, device_types=device_types, container_names=names),
-        },
-    }}
+    return {
+        ALLOCATION_ANNOTATION: encode_record(record),
+        HAMI_POD_DEVICES_ANNOTATION: encode_pod_devices(record, device_types=device_types, container_names=names),
+    }
+
+
+def _binding(pod: dict, node: str, annotations: dict[str, str] | None) -> dict:
+    """A Binding the API server applies only to this very pod (uid) as we read it (resourceVersion)."""
+    meta = pod["metadata"]
+    binding_meta = {"name": meta["name"], "namespace": meta.get("namespace", ""), "uid": meta.get("uid", ""),
+                    "resourceVersion": meta.get("resourceVersion", "")}
+    if annotations:
+        binding_meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": binding_meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}

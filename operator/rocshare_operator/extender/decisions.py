@@ -5,32 +5,35 @@ bind, and a reservation made here would leak (DESIGN.md section 2, rule 1).
 Rejections stay typed (reason words with GPU counts) until the reply is rendered
 as the extender API's `"<n>/<total> <Reason>"` strings.
 
-Speed (kube-scheduler may send thousands of node names per call): the core's `plan_pod`
+Speed (kube-scheduler may send thousands of node names per call): the core planner's
 answer for a node -- its score, or why the pod does not fit -- is memoised in
-`state.plans` per node, keyed by what the answer depends on (the pod's GPU request and
-the node's policy) and valid only while the node's ledger version and inventory object
-are unchanged; prioritize, which kube-scheduler calls right after filter for the same
-pod, and later pods of the same shape find the answers there. Answers for pods that name
-no GPU uuid depend only on the node's shape and loads, and are also shared between nodes
-alike. Quota, blocked nodes and pools are read fresh on every call. The memo holds
-answers, not capacity: bind (`node_rejection` + the core's `allocate`) always plans again
-against the current ledger, under its per-node lock.
+`state.plans`, keyed by what the answer depends on (the pod's GPU request and the node's
+policy) and valid only while the node's ledger version and inventory object are
+unchanged; prioritize, which kube-scheduler calls right after filter for the same pod,
+and later pods of the same shape find the answers there. Answers for pods that name no
+GPU uuid depend only on the node's shape and usage, and are also shared between nodes
+alike. Per call, what is the same for every node is worked out once: the policy of each
+pool (usually one for all), one `PodPlanner` per policy (it works out each node shape's
+needs once), one `Rejection` per distinct failure (rendered once). Quota, blocked nodes
+and pools are read fresh on every call. The memo holds answers, not capacity: bind
+(`node_rejection` + the core's `allocate`) always plans again against the current
+ledger, under its per-node lock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from collections import Counter
+from dataclasses import dataclass, field
 
 from rocshare.api.models import Scheduling
-from rocshare.core.allocate import plan_pod
+from rocshare.core.allocate import Plan, PodPlanner
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.policies import Policy, normalize_scores
 from rocshare.core.quota import QuotaCost
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.quota import quota_verdict
-from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.extender.state import KeyMemo, SchedulerState
 
 NO_INVENTORY = "NoGpuInventory"
 """The node has no published GPUs, no allocatable amd.com/gpu, or is in no pool."""
@@ -43,6 +46,12 @@ class Rejection:
     reasons: tuple[tuple[str, int], ...]
     total: int
     detail: str = ""
+    rendered: str = field(init=False, repr=False, compare=False)
+    """The extender API's text, rendered once: memoised rejections go into many replies."""
+
+    def __post_init__(self) -> None:
+        summary = ", ".join(f"{count}/{self.total} {reason}" for reason, count in self.reasons)
+        object.__setattr__(self, "rendered", f"{summary} ({self.detail})" if self.detail else summary)
 
     @classmethod
     def of_fit(cls, failure: FitFailure) -> Rejection:
@@ -53,12 +62,7 @@ class Rejection:
         return cls(((reason, total),), total, detail)
 
     def text(self) -> str:
-        return self._text
-
-    @cached_property
-    def _text(self) -> str:  # memoised rejections are rendered once, not once per reply
-        summary = ", ".join(f"{count}/{self.total} {reason}" for reason, count in self.reasons)
-        return f"{summary} ({self.detail})" if self.detail else summary
+        return self.rendered
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,16 @@ class FilterResult:
     failed: dict[str, Rejection]
 
     def to_json(self) -> dict:
-        return {"NodeNames": self.feasible, "FailedNodes": {name: r.text() for name, r in self.failed.items()},
+        return {"NodeNames": self.feasible, "FailedNodes": {name: r.rendered for name, r in self.failed.items()},
                 "FailedAndUnresolvableNodes": {}, "Error": ""}
+
+    def reason_counts(self) -> Counter[str]:
+        """Nodes rejected per reason word (for metrics: one increment per reason, not per node)."""
+        counts: Counter[str] = Counter()
+        for rejection, nodes in Counter(self.failed.values()).items():  # failures alike are few
+            for reason, _gpus in rejection.reasons:
+                counts[reason] += nodes
+        return counts
 
 
 def policy_for(state: SchedulerState, node_name: str, request: PodRequest) -> Policy:
@@ -76,68 +88,110 @@ def policy_for(state: SchedulerState, node_name: str, request: PodRequest) -> Po
     return Policy.resolve(pool.scheduling if pool else Scheduling(), request)
 
 
+@dataclass(frozen=True, slots=True)
+class _Way:
+    """How one pod is planned under one policy: the core's planner and, unless bind is
+    asking (it always plans afresh), the memo of this (request, policy)."""
+
+    planner: PodPlanner
+    memo: KeyMemo | None
+
+
 class _Pass:
-    """One decision call for one pod: what is the same for every node is computed once."""
+    """One decision call for one pod: what is the same for every node is worked out once
+    (quota, policies per pool, the planner), so the per-node step is a few dict lookups."""
 
     def __init__(self, state: SchedulerState, request: PodRequest, *, memoised: bool = True) -> None:
         self.state = state
         self.request = request
         self.memoised = memoised
-        self._inventories, self._pools, self._ledger = state.inventories, state.node_pools, state.ledger
+        self._inventories, self._node_pools, self._ledger = state.inventories, state.node_pools, state.ledger
+        self._versions = state.ledger.versions
         selection = request.selection
-        self.shareable = not (selection.use_uuids or selection.nouse_uuids)  # else answers read GPU ids
+        self._shareable = not (selection.use_uuids or selection.nouse_uuids)  # else answers read GPU ids
         self.limits = state.quota_limits(request.namespace)
         self.quota_free = self.limits.memory_mib is None and self.limits.cores_pct is None and self.limits.gpus is None
         self.used = state.namespace_costs.get(request.namespace, QuotaCost())
         self._request_key = (request.gpu_key, request.cpu_milli, request.memory_mib)
-        self._policies: dict[str | None, tuple[Policy, int]] = {}
+        self._ways: dict[Policy, _Way] = {}
+        self._pool_ways: dict[str | None, _Way] = {}
         self._quota: dict[object, str | None] = {}
+        self._whole_node: dict[tuple[str, int, str], Rejection] = {}
+        self._rejections: dict[FitFailure, Rejection] = {}
+        self._uniform = self._uniform_way()
 
     def rejection(self, name: str, blocked: set[str]) -> Rejection | None:
         """Why the pod cannot go to this node now, or None when it can."""
         node = self._inventories.get(name)
         if node is None or not node.gpus:
-            return Rejection.whole_node(NO_INVENTORY, 0)
-        total = len(node.gpus)
-        if name in blocked:
-            return Rejection.whole_node(BLOCKED, total)
-        over = None if self.quota_free else self._quota_verdict(node)
-        if over is not None:
-            return Rejection.whole_node(Reason.RESOURCE_QUOTA_NOT_FIT.value, total, over)
+            return self._whole(NO_INVENTORY, 0)
+        if blocked and name in blocked:
+            return self._whole(BLOCKED, len(node.gpus))
+        if not self.quota_free:
+            over = self._quota_verdict(node)
+            if over is not None:
+                return self._whole(Reason.RESOURCE_QUOTA_NOT_FIT.value, len(node.gpus), over)
         answer = self.answer(name, node)
         return answer if isinstance(answer, Rejection) else None
 
     def answer(self, name: str, node: NodeInventory) -> float | Rejection:
-        """plan_pod's verdict for the node: the score, or the typed reasons it does not fit."""
-        found = self._policies.get(self._pools.get(name))  # inlined: this runs once per node
-        policy, key = found if found is not None else self._policy(name)
-        if not self.memoised:
-            return self._plan(node, policy, key)
-        table = self.state.plans.table(name, self._ledger.node_version(name), node)
-        answer = table.get(key)
-        if answer is None:
-            answer = table[key] = self._plan(node, policy, key)
+        """The core planner's verdict for the node: the score, or the typed reasons it does not fit."""
+        way = self._uniform or self._way_of(name)
+        if way.memo is None:
+            return self._plan(node, way)
+        version = self._versions.get(name, 0)
+        entry = way.memo.by_node.get(name)
+        if entry is not None and entry[0] == version and entry[1] is node:
+            return entry[2]
+        answer = self._plan(node, way)
+        way.memo.by_node[name] = (version, node, answer)
         return answer
 
-    def _plan(self, node: NodeInventory, policy: Policy, key: int) -> float | Rejection:
+    def _plan(self, node: NodeInventory, way: _Way) -> float | Rejection:
         usage = self._ledger.usage(node)
-        shared_key = None
-        if self.memoised and self.shareable:
-            shared_key = (node.shape, usage.loads, usage.cpu_milli, usage.memory_mib, key)
-            answer = self.state.plans.shared.get(shared_key)
-            if answer is not None:
-                return answer
-        plan = plan_pod(node, usage, self.request, policy)
-        answer = Rejection.of_fit(plan) if isinstance(plan, FitFailure) else plan.score
-        if shared_key is not None:
-            self.state.plans.share(shared_key, answer)
+        if way.memo is None or not self._shareable:
+            return self._verdict(way.planner.plan(node, usage))
+        shape_key = (node.shape, usage.loads, usage.cpu_milli, usage.memory_mib)
+        answer = way.memo.by_shape.get(shape_key)
+        if answer is None:
+            answer = self._verdict(way.planner.plan(node, usage))
+            self.state.plans.share(way.memo, shape_key, answer)
         return answer
 
-    def _policy(self, name: str) -> tuple[Policy, int]:
-        """The node's pool policy and the memo key of (this request, that policy), once per pool."""
-        policy = policy_for(self.state, name, self.request)
-        key = self.state.plans.key_id((self._request_key, policy)) if self.memoised else -1
-        found = self._policies[self._pools.get(name)] = (policy, key)
+    def _verdict(self, plan: Plan | FitFailure) -> float | Rejection:
+        if not isinstance(plan, FitFailure):
+            return plan.score
+        found = self._rejections.get(plan)  # many nodes fail alike: one Rejection, rendered once
+        if found is None:
+            found = self._rejections[plan] = Rejection.of_fit(plan)
+        return found
+
+    def _uniform_way(self) -> _Way | None:
+        """The one way every node is planned, when every pool resolves to the same policy
+        (the usual case: then no node's pool needs looking up)."""
+        policies = {Policy.resolve(pool.scheduling, self.request) for pool in self.state.pools.values()}
+        policies.add(Policy.resolve(Scheduling(), self.request))  # nodes of no (known) pool
+        return self._way(policies.pop()) if len(policies) == 1 else None
+
+    def _way_of(self, name: str) -> _Way:
+        pool = self._node_pools.get(name)
+        found = self._pool_ways.get(pool)
+        if found is None:
+            found = self._pool_ways[pool] = self._way(policy_for(self.state, name, self.request))
+        return found
+
+    def _way(self, policy: Policy) -> _Way:
+        found = self._ways.get(policy)
+        if found is None:
+            memo = self.state.plans.answers((self._request_key, policy)) if self.memoised else None
+            found = self._ways[policy] = _Way(PodPlanner(self.request, policy), memo)
+        return found
+
+    def _whole(self, reason: str, total: int, detail: str = "") -> Rejection:
+        key = (reason, total, detail)
+        found = self._whole_node.get(key)
+        if found is None:
+            found = self._whole_node[key] = Rejection.whole_node(reason, total, detail)
         return found
 
     def _quota_verdict(self, node: NodeInventory) -> str | None:
@@ -168,13 +222,13 @@ def filter_nodes(state: SchedulerState, request: PodRequest, node_names: list[st
 
 def prioritize(state: SchedulerState, request: PodRequest, node_names: list[str]) -> list[dict]:
     decision = _Pass(state, request)
+    inventories = state.inventories
     raw: dict[str, float] = {}
     for name in node_names:
-        node = state.inventories.get(name)
-        if node is None:
-            continue
-        answer = decision.answer(name, node)
-        if not isinstance(answer, Rejection):
-            raw[name] = answer
+        node = inventories.get(name)
+        if node is not None:
+            answer = decision.answer(name, node)
+            if not isinstance(answer, Rejection):
+                raw[name] = answer
     scores = normalize_scores(raw)
     return [{"Host": name, "Score": scores.get(name, 0)} for name in node_names]

@@ -9,8 +9,6 @@ Routes: POST /extender/filter, /extender/prioritize, /extender/bind; GET /health
 from __future__ import annotations
 
 import asyncio
-import gc
-import json
 import logging
 import ssl
 import time
@@ -18,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import start_http_server
 
@@ -26,11 +25,13 @@ from rocshare.core.ids import pod_key
 from rocshare.core.request import RequestError, parse_pod
 from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
+from rocshare_operator.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
 from rocshare_operator.extender.decisions import filter_nodes, prioritize
+from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.retry import Retrier
-from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.extender.state import SchedulerState, quota_facts
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +57,18 @@ class ExtenderService:
             self.metrics.decisions.labels("filter", "error").inc()
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
         result = filter_nodes(self.state, request, names)
+        if result.feasible:
+            self.binder.saw(_pod(args))
+        else:
+            self.binder.forget(pod_key(request.namespace, request.name))
         if self.state.retrier is not None:
             key = pod_key(request.namespace, request.name)
             if result.feasible:
                 self.state.retrier.forget(key)
             else:
                 self.state.retrier.note_waiting(key, request.namespace)
-        for rejection in result.failed.values():
-            for reason, _count in rejection.reasons:
-                self.metrics.node_rejections.labels(reason).inc()
+        for reason, nodes in result.reason_counts().items():
+            self.metrics.node_rejections.labels(reason).inc(nodes)
         self.metrics.decisions.labels("filter", "fit" if result.feasible else "unfit").inc()
         return result.to_json()
 
@@ -75,9 +79,13 @@ class ExtenderService:
         except RequestError:
             return [{"Host": name, "Score": 0} for name in names]
         self.metrics.decisions.labels("prioritize", "scored").inc()
+        scores = prioritize(self.state, request, names)
         queued = self.binder.queued
-        return [{"Host": entry["Host"], "Score": max(0, entry["Score"] - queued.get(entry["Host"], 0))}
-                for entry in prioritize(self.state, request, names)]
+        if queued:
+            for entry in scores:
+                if entry["Host"] in queued:
+                    entry["Score"] = max(0, entry["Score"] - queued[entry["Host"]])
+        return scores
 
     async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -125,17 +133,17 @@ def make_app(service: ExtenderService) -> web.Application:
             return web.json_response({"Error": "rocshare extender is still building its caches"}, status=503)
         started = time.perf_counter()
         try:
-            args = json.loads(await request.read())
+            args = orjson.loads(await request.read())
             if not isinstance(args, dict):
                 raise BadRequest("the request body must be a JSON object")
             reply = await verbs[verb](args)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        except orjson.JSONDecodeError as error:
             return web.json_response({"Error": f"the request body is not JSON: {error}"}, status=400)
         except BadRequest as error:
             return web.json_response({"Error": str(error)}, status=400)
         finally:
             service.metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        return web.json_response(reply)
+        return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -160,23 +168,33 @@ class ExtenderSettings:
 
 
 def informers_for(kube: Kube, state: SchedulerState) -> list[Informer]:
+    """The extender's own watches; Nodes, Pods and AmdGpuNodes come from the process's cluster feed."""
     return [
-        Informer(kube, "/api/v1/nodes", state.on_node, name="nodes"),
-        Informer(kube, object_path(API_VERSION, "amdgpunodes"), state.on_gpu_node, name="amdgpunodes"),
         Informer(kube, object_path(API_VERSION, "amdgpupools"), state.on_pool, name="amdgpupools"),
-        Informer(kube, "/api/v1/resourcequotas", state.on_quota, name="resourcequotas"),
-        Informer(kube, "/api/v1/pods", state.on_pod, name="pods"),
+        Informer(kube, "/api/v1/resourcequotas", state.on_quota, name="resourcequotas", decode=quota_facts,
+                 changed_only=True),
     ]
 
 
-async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None) -> None:
-    """Serve until cancelled: caches from watches, the HTTP service, the metrics port."""
+def subscribe(feed: ClusterFeed, state: SchedulerState) -> None:
+    """Feed the state from the process's one watch per kind (before the feed runs)."""
+    feed.subscribe(on_node=state.on_node_facts, on_gpu_node=state.on_gpu_node_facts, on_pod=state.on_pod_facts)
+
+
+async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None,
+                       feed: ClusterFeed | None = None) -> None:
+    """Serve until cancelled: caches from watches, the HTTP service, the metrics port. `feed`: the
+    operator's cluster feed, `state` already subscribed to it; without one the extender runs its own."""
     state = state or SchedulerState()
     state.retrier = Retrier(kube)
+    own_feed = feed is None
+    if feed is None:
+        feed = ClusterFeed(kube)
+        subscribe(feed, state)
     informers = informers_for(kube, state)
     metrics = ExtenderMetrics(state)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
-                              ready=lambda: all(informer.synced.is_set() for informer in informers))
+                              ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers))
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)
     await runner.setup()
@@ -184,8 +202,10 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     await site.start()
     log.info("extender serving on %s:%d (metrics :%d)", settings.host, settings.port, settings.metrics_port)
     tasks = [asyncio.create_task(informer.run(), name=f"informer-{informer.name}") for informer in informers]
+    if own_feed:
+        tasks.append(asyncio.create_task(feed.run(), name="cluster-feed"))
     tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
-    tasks.append(asyncio.create_task(_freeze_when_synced(informers), name="gc-freeze"))
+    tasks.append(asyncio.create_task(_freeze_when_synced(informers, feed), name="gc-freeze"))
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -195,12 +215,11 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
         metrics_server.shutdown()
 
 
-async def _freeze_when_synced(informers: list[Informer]) -> None:
+async def _freeze_when_synced(informers: list[Informer], feed: ClusterFeed) -> None:
     """Move the first full caches out of the garbage collector's sight: they live as long as
     the process, and scanning them on every collection shows up as decision-latency spikes."""
-    await asyncio.gather(*(informer.synced.wait() for informer in informers))
-    gc.collect()
-    gc.freeze()
+    await asyncio.gather(feed.wait_synced(), *(informer.synced.wait() for informer in informers))
+    settle_heap()  # the bench calls the same
 
 
 def _tls(settings: ExtenderSettings) -> ssl.SSLContext | None:

@@ -1,6 +1,9 @@
 """The scheduler's view of the cluster, rebuilt from watches (never the source of truth).
 
-Fed by informers on Nodes, AmdGpuNodes, AmdGpuPools, ResourceQuotas and Pods:
+Fed by the operator's cluster feed (Nodes, Pods and AmdGpuNodes, watched once for the whole
+process, as `NodeFacts`, `PodFacts` and `GpuNodeFacts`) and by informers on AmdGpuPools and
+ResourceQuotas. It keeps only what decisions read: per node its facts (never the body),
+per AmdGpuNode slotted `GpuFacts` (never the pydantic status), and the records in the ledger:
 - per node, a `NodeInventory` from the agent's AmdGpuNode status and the pool settings
   the operator wrote on the Node (a node whose allocatable amd.com/gpu is 0, or that
   has no pool, offers nothing);
@@ -26,23 +29,30 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationError, decode_record
-from rocshare.api.models import AmdGpuNodeStatus, AmdGpuPoolSpec, ShareLimits, Sharing
-from rocshare.api.node_settings import POOL_LABEL, POOL_SETTINGS_ANNOTATION, SettingsError, decode_settings
-from rocshare.core.ids import PodKey, pod_key
+from rocshare.api.allocation import AllocationError
+from rocshare.api.models import AmdGpuPoolSpec, ShareLimits, Sharing
+from rocshare.api.node_settings import SettingsError, decode_settings
+from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
 from rocshare.core.quota import QuotaCost
+from rocshare_operator.cluster_facts import (
+    GpuNodeFacts,
+    NodeFacts,
+    PodFacts,
+    decoded_record,
+    gpu_node_facts,
+    node_facts,
+    pod_facts,
+)
 from rocshare_operator.extender.quota import cu_totals_of, record_cost
 from rocshare_operator.extender.retry import Retrier
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "amd.com/gpu"
 QUOTA_MEMORY = "limits.amd.com/gpumem"
 QUOTA_CORES = "limits.amd.com/gpucores"
 QUOTA_GPUS = "requests.amd.com/gpu"
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass
@@ -51,65 +61,74 @@ class InFlight:
     since_s: float
 
 
-class NodeMemo:
-    """Answers of pure functions of (a node's inventory, its ledger usage, a key), per node.
+@dataclass(slots=True)
+class KeyMemo:
+    """One key's answers (see `NodeMemo`)."""
 
-    A node's table is used only while the node's ledger version and its `NodeInventory`
-    object are the ones the table was filled with: the ledger bumps the version on every
-    apply or release on the node, and a changed inventory is a new object. Nothing else
-    is memoised here (quota, blocked nodes, in-flight pods are read fresh on every call).
-    Keys are interned to small ints (`key_id`) so per-node lookups hash cheaply; `shared`
-    holds answers that depend only on a node's shape and loads (no GPU identity), for
-    callers whose key reads no GPU id. Bounded: past the limits everything is dropped
-    and refilled by later calls.
+    by_node: dict[str, tuple[int, NodeInventory, Any]] = field(default_factory=dict)
+    """Node name -> (its ledger version, its inventory, the answer computed from them)."""
+    by_shape: dict[tuple, Any] = field(default_factory=dict)
+    """(node shape, usage) -> the answer, for keys whose answers read no GPU id."""
+
+
+class NodeMemo:
+    """Answers of pure functions of (a node's inventory, its ledger usage, a key).
+
+    `answers(key)` is one key's `KeyMemo`. A `by_node` entry is used only while the node's
+    ledger version and `NodeInventory` object are the ones it was computed from (the ledger
+    bumps the version on every apply or release on the node; a changed inventory is a new
+    object): callers check both, in their own loop over thousands of nodes, and replace a
+    stale entry. `by_shape` holds answers that depend only on a node's shape and usage (no
+    GPU identity), so nodes alike share them. Nothing else is memoised here (quota, blocked
+    nodes, in-flight pods are read fresh on every call). Bounded: past MAX_KEYS keys
+    everything is dropped, past MAX_SHARED shape answers all of those; later calls refill.
     """
 
     MAX_KEYS = 64
     MAX_SHARED = 100_000
 
     def __init__(self) -> None:
-        self._key_ids: dict[Hashable, int] = {}
-        self._tables: dict[str, tuple[int, NodeInventory, dict[int, Any]]] = {}
-        self.shared: dict[tuple, Any] = {}
+        self._keys: dict[Hashable, KeyMemo] = {}
+        self._shared = 0
 
-    def key_id(self, key: Hashable) -> int:
-        found = self._key_ids.get(key)
+    def answers(self, key: Hashable) -> KeyMemo:
+        found = self._keys.get(key)
         if found is None:
-            if len(self._key_ids) >= self.MAX_KEYS:
+            if len(self._keys) >= self.MAX_KEYS:
                 self.clear()
-            found = self._key_ids[key] = len(self._key_ids)
+            found = self._keys[key] = KeyMemo()
         return found
 
-    def table(self, name: str, version: int, inventory: NodeInventory) -> dict[int, Any]:
-        entry = self._tables.get(name)
-        if entry is not None and entry[0] == version and entry[1] is inventory:
-            return entry[2]
-        table: dict[int, Any] = {}
-        self._tables[name] = (version, inventory, table)
-        return table
-
-    def share(self, key: tuple, value: Any) -> None:
-        if len(self.shared) >= self.MAX_SHARED:
-            self.shared.clear()
-        self.shared[key] = value
+    def share(self, memo: KeyMemo, shape_key: tuple, value: Any) -> None:
+        if self._shared >= self.MAX_SHARED:
+            for each in self._keys.values():
+                each.by_shape.clear()
+            self._shared = 0
+        memo.by_shape[shape_key] = value
+        self._shared += 1
 
     def forget(self, name: str) -> None:
-        self._tables.pop(name, None)
+        for memo in self._keys.values():
+            memo.by_node.pop(name, None)
+
+    def holds(self, name: str) -> bool:
+        """Whether any key holds an answer for the node."""
+        return any(name in memo.by_node for memo in self._keys.values())
 
     def clear(self) -> None:
-        self._key_ids.clear()
-        self._tables.clear()
-        self.shared.clear()
+        self._keys.clear()
+        self._shared = 0
 
 
 @dataclass
 class SchedulerState:
-    node_objects: dict[str, dict[str, Any]] = field(default_factory=dict)
-    gpu_status: dict[str, AmdGpuNodeStatus] = field(default_factory=dict)
+    nodes: dict[str, NodeFacts] = field(default_factory=dict)
+    gpu_status: dict[str, GpuNodeFacts] = field(default_factory=dict)
+    """Node name -> its AmdGpuNode's GPUs (only nodes whose status was accepted)."""
     pools: dict[str, AmdGpuPoolSpec] = field(default_factory=dict)
     inventories: dict[str, NodeInventory] = field(default_factory=dict)
     node_pools: dict[str, str] = field(default_factory=dict)
-    """Node name -> its pool label (an index of node_objects, read once per node per decision)."""
+    """Node name -> its pool label (an index of nodes, read once per node per decision)."""
     plans: NodeMemo = field(default_factory=NodeMemo)
     ledger: Ledger = field(default_factory=Ledger)
     pod_nodes: dict[PodKey, str] = field(default_factory=dict)
@@ -127,13 +146,17 @@ class SchedulerState:
     # ---- nodes and inventory ------------------------------------------------------------
 
     def on_node(self, kind: str, node: dict[str, Any]) -> None:
-        name = node["metadata"]["name"]
+        """A Node object (tests, benches); the operator feeds `on_node_facts` from its one node watch."""
+        self.on_node_facts(kind, node_facts(node))
+
+    def on_node_facts(self, kind: str, node: NodeFacts, _before: NodeFacts | None = None) -> None:
+        name = node.name
         if kind == "DELETED":
-            self.node_objects.pop(name, None)
+            self.nodes.pop(name, None)
             self.node_pools.pop(name, None)
         else:
-            self.node_objects[name] = node
-            pool = (node["metadata"].get("labels") or {}).get(POOL_LABEL)
+            self.nodes[name] = node
+            pool = node.view.marks.pool
             if pool:
                 self.node_pools[name] = pool
             else:
@@ -141,24 +164,24 @@ class SchedulerState:
         self._rebuild_inventory(name)
 
     def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
-        name = obj["metadata"]["name"]
-        if kind == "DELETED" or "status" not in obj:
+        """An AmdGpuNode object (tests, benches); the operator feeds `on_gpu_node_facts` from its one watch."""
+        self.on_gpu_node_facts(kind, gpu_node_facts(obj))
+
+    def on_gpu_node_facts(self, kind: str, facts: GpuNodeFacts, _before: GpuNodeFacts | None = None) -> None:
+        name = facts.name
+        if kind == "DELETED" or facts.gpus is None:
+            if kind != "DELETED" and facts.problem:
+                log.error("AmdGpuNode %s has an %s; ignoring its GPUs", name, facts.problem)
             self.gpu_status.pop(name, None)
         else:
-            try:
-                status = AmdGpuNodeStatus.model_validate(obj["status"])
-            except ValidationError as error:
-                log.error("AmdGpuNode %s has an invalid status, ignoring its GPUs: %s", name, error.errors()[0])
-                self.gpu_status.pop(name, None)
-            else:
-                self._accept_status(name, status)
+            self._accept_status(name, facts)
         self._rebuild_inventory(name)
 
-    def _accept_status(self, name: str, status: AmdGpuNodeStatus) -> None:
+    def _accept_status(self, name: str, status: GpuNodeFacts) -> None:
         """A GPU listed twice would be offered twice (double its memory and CUs, or one pod handed
         the same device twice): the node offers nothing until its status is fixed."""
         seen: set[str] = set()
-        repeated = sorted({gpu.id for gpu in status.gpus if gpu.id in seen or seen.add(gpu.id)})
+        repeated = sorted({gpu.id for gpu in status.gpus or () if gpu.id in seen or seen.add(gpu.id)})
         if not repeated:
             self.status_problems.pop(name, None)
             self.gpu_status[name] = status
@@ -184,23 +207,23 @@ class SchedulerState:
         return self.pools.get(pool) if pool else None
 
     def _rebuild_inventory(self, name: str) -> None:
-        node = self.node_objects.get(name)
+        node = self.nodes.get(name)
         status = self.gpu_status.get(name)
         if node is None or status is None or _allocatable_gpus(node) == 0:
             self.inventories.pop(name, None)
             self.plans.forget(name)
             return
         sharing = self._sharing_of(node)
-        inventory = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing)  # GpuFacts: GpuInfo's fields
         if inventory != self.inventories.get(name):
             self.inventories[name] = inventory
             if self.retrier is not None:
                 # kube-scheduler may have retried on the node event before this cache saw it.
                 self.retrier.room_freed()
 
-    def _sharing_of(self, node: dict[str, Any]) -> Sharing:
-        name = node["metadata"]["name"]
-        text = node["metadata"].get("annotations", {}).get(POOL_SETTINGS_ANNOTATION)
+    def _sharing_of(self, node: NodeFacts) -> Sharing:
+        name = node.name
+        text = node.view.marks.settings_json
         if text is None:
             return Sharing()
         try:
@@ -216,40 +239,43 @@ class SchedulerState:
     # ---- pods and the ledger -------------------------------------------------------------
 
     async def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        key = pod_key(meta.get("namespace", ""), meta["name"])
-        annotations = meta.get("annotations") or {}
-        ended = kind == "DELETED" or pod.get("status", {}).get("phase") in TERMINAL_PHASES
+        """A Pod object (tests, benches); the operator feeds `on_pod_facts` from its one pod watch."""
+        await self.on_pod_facts(kind, pod_facts(pod))
+
+    async def on_pod_facts(self, kind: str, pod: PodFacts, _before: PodFacts | None = None) -> None:
+        key = pod.key
+        ended = kind == "DELETED" or pod.finished
         if self.retrier is not None:
             self._track_waiting(key, pod, ended)
-        text = annotations.get(ALLOCATION_ANNOTATION)
-        if ended or text is None:
+        if ended:
             await self._forget(key)
             return
+        if pod.allocation is None:
+            # Bind writes the record and the node in one Binding, and nothing removes a record from
+            # a live pod: an event without one predates the Binding (the watch lags behind bind).
+            return
         if key not in self.ledger and key not in self.broken_records:
-            self._remember(key, meta.get("namespace", ""), text, pod.get("spec", {}).get("nodeName", ""))
+            self._remember(key, pod.namespace, pod.allocation, pod.node)
         node = self.pod_nodes.get(key)
-        if node and not _awaiting_allocation(pod, annotations):
+        if node and not _awaiting_allocation(pod):
             await self.release_inflight(node, key)
-        elif node and pod.get("spec", {}).get("nodeName") == node and node not in self.inflight:
+        elif node and pod.node == node and node not in self.inflight:
             # Bound before this process started (or its bind's own mark was lost): still in
             # flight, so no second pod may be bound to the node until the agent serves this one.
             self.inflight[node] = InFlight(key, time.monotonic())
 
-    def _track_waiting(self, key: PodKey, pod: dict[str, Any], ended: bool) -> None:
+    def _track_waiting(self, key: PodKey, pod: PodFacts, ended: bool) -> None:
         """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
         (e.g. Insufficient amd.com/gpu while a node's GPUs were down) -- are retried when room appears."""
-        spec = pod.get("spec", {})
-        if ended or spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
+        if ended or pod.node or pod.scheduler_name != self.scheduler_name:
             self.retrier.forget(key)
             return
-        for condition in pod.get("status", {}).get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                self.retrier.note_waiting(key, pod["metadata"].get("namespace", ""))
+        if pod.unschedulable is not None:
+            self.retrier.note_waiting(key, pod.namespace)
 
     def _remember(self, key: PodKey, namespace: str, text: str, node_name: str) -> None:
         try:
-            record = decode_record(text)
+            record = decoded_record(text)
         except AllocationError as error:
             # Never "free": the GPUs it names are unknown, so its node stays blocked.
             log.error("pod %s: %s; its node takes no new pods until the pod ends", key, error)
@@ -330,11 +356,18 @@ class SchedulerState:
         )
 
 
-def _awaiting_allocation(pod: dict[str, Any], annotations: dict[str, str]) -> bool:
+def quota_facts(quota: dict[str, Any]) -> dict[str, Any]:
+    """What `on_quota` reads of a ResourceQuota: its name and spec.hard (not status.used, which
+    the quota controller rewrites on every pod the namespace starts)."""
+    meta = quota.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", "")},
+            "spec": {"hard": dict((quota.get("spec") or {}).get("hard") or {})}}
+
+
+def _awaiting_allocation(pod: PodFacts) -> bool:
     """Not yet served by the node's agent: the agent's own test (nodeagent inflight.py). A pod the
     kubelet started (Running) was served even when the agent's mark never landed."""
-    return (ALLOCATED_ANNOTATION not in annotations and not pod["metadata"].get("deletionTimestamp")
-            and pod.get("status", {}).get("phase", "Pending") == "Pending")
+    return not pod.allocated and not pod.deleting and pod.phase == "Pending"
 
 
 def _tightest(values) -> int | None:
@@ -360,6 +393,5 @@ def _quantity_int(value: Any) -> int | None:
     return number
 
 
-def _allocatable_gpus(node: dict[str, Any]) -> int | None:
-    value = node.get("status", {}).get("allocatable", {}).get(GPU_RESOURCE)
-    return None if value is None else _quantity_int(value)
+def _allocatable_gpus(node: NodeFacts) -> int | None:
+    return None if node.gpus_allocatable is None else _quantity_int(node.gpus_allocatable)

@@ -1,7 +1,8 @@
 """The allocation record: the scheduler's committed decision, written on the pod.
 
-The extender's bind writes it (annotation ``rocshare.io/allocation``) with an
-optimistic-concurrency precondition before it creates the Binding; the node agent
+The extender's bind writes it (annotation ``rocshare.io/allocation``) in the pod's
+Binding, so the API server sets node and record in one write, under the pod's uid and
+resourceVersion as preconditions; the node agent
 serves the kubelet's Allocate calls from it and nothing else; the ledger is rebuilt
 from these records on restart. Versioned JSON; decoding a record that does not
 match is an error (an undecodable record keeps its GPUs blocked, never "free").

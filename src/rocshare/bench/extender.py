@@ -18,12 +18,15 @@ Pods are drawn from fleet.POD_MIX, so shapes repeat as in a real workload: "warm
 follow one untimed pod of each shape (a live extender's steady state); "cold" rounds empty
 the extender's plan memo first, as for the first pod of a never-seen shape.
 Only the decision functions are timed: no HTTP and no JSON parsing of the request body.
+The garbage collector is set as in the live extender (`heap.settle_heap` once the caches
+are built), so its pauses are the ones production sees.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import time
@@ -85,6 +88,7 @@ class Timings:
 
 
 async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int) -> dict:
+    from rocshare_operator.extender.heap import settle_heap
     from rocshare_operator.extender.state import SchedulerState
 
     rng = random.Random(seed)
@@ -94,9 +98,13 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int) -> 
     live = fill(state, names, occupancy, rng)
     build_s = time.perf_counter() - build_started
     reached = occupancy_of(state)
-    warm_up(state, names)
-    warm = await _rounds(state, names, live, rounds, rng, cold=False)
-    cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True)
+    settle_heap()  # as the live extender does once its caches are synced
+    try:
+        warm_up(state, names)
+        warm = await _rounds(state, names, live, rounds, rng, cold=False)
+        cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True)
+    finally:
+        gc.unfreeze()  # this setting's caches become garbage; the next one settles its own
     return {
         "nodes": nodes, "target_occupancy": occupancy, "occupancy": round(reached, 3),
         "pods_in_ledger": len(state.ledger), "rounds": rounds, "build_s": round(build_s, 1),
@@ -171,9 +179,11 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
 
 
 def warm_up(state, names: list[str]) -> None:
-    """One untimed filter + prioritize per pod shape of the mix: the steady state of a live extender."""
+    """One untimed filter + prioritize per pod shape of the mix: the steady state of a live extender
+    (whose modules, the binder's too, were all imported at start: no timed round pays an import)."""
     from rocshare.bench.fleet import POD_MIX, pod_object
     from rocshare.core.request import parse_pod
+    from rocshare_operator.extender import binder  # noqa: F401
     from rocshare_operator.extender.decisions import filter_nodes, prioritize
 
     for serial, (_, resources) in enumerate(POD_MIX):
@@ -211,15 +221,13 @@ def decide(state, body: dict, names: list[str], timings: Timings):
 
 
 def _bind_decision(state, body: dict, scores: list[dict]):
-    from rocshare.api.allocation import encode_record
     from rocshare_operator.extender import binder
 
     best = max(scores, key=lambda entry: entry["Score"])["Host"]
     # The Binder's own decision code, so the figure is bind's; it needs no client for this part.
     bind = binder.Binder(kube=None, state=state)
     record = bind._decide(body, best)
-    encode_record(record)
-    binder._record_patch(body, record, bind._device_types(best))
+    binder._binding(body, best, binder._record_annotations(body, record, bind._device_types(best)))
     return record
 
 

@@ -1,8 +1,10 @@
 """Placing a pod on one node: fit, GPU choice, score, and the committed AllocationRecord.
 
 ``plan_pod`` is the hot path (filter and prioritize): plain ints and tuples, no pydantic,
-no CU ranges. ``allocate`` (bind) re-plans against the current ledger, picks concrete CU
-ranges best-fit, and builds the record with pydantic at the edge.
+no CU ranges; ``PodPlanner`` is the same for one pod over many nodes, working out what
+depends only on a node's shape once per shape. ``allocate`` (bind) re-plans against the
+current ledger, picks concrete CU ranges best-fit, and builds the record with pydantic at
+the edge.
 
 Containers are placed one after another against a scratch copy of the node's loads, so two
 containers of one pod may share a GPU (each holds its own slice). Init containers are placed
@@ -12,14 +14,13 @@ the kubelet's max(init, sum of app containers)); the record lists them first, as
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.core.choose import choose_gpus
 from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges
-from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, gpu_reason, need_for
-from rocshare.core.inventory import NodeInventory
+from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, barred_reason, load_reason, need_for
+from rocshare.core.inventory import NodeInventory, ShapeKey
 from rocshare.core.ledger import NodeUsage
 from rocshare.core.policies import NODE_SCORERS, NodeView, Policy, ScoringContext, gpu_scorer_for
 from rocshare.core.request import ContainerRequest, PodRequest
@@ -50,21 +51,107 @@ def plan_pod(
     ctx: ScoringContext = DEFAULT_CONTEXT,
 ) -> Plan | FitFailure:
     """Fit the whole pod on the node and score it; or the typed reasons it does not fit."""
-    host = _host_failure(node, usage, request)
-    if host is not None:
-        return host
-    cpu_before = node.cpu_milli - usage.cpu_milli if node.cpu_milli else None
-    cpu_after = cpu_before - request.cpu_milli if cpu_before is not None else None
-    loads = list(usage.loads)
-    placed: list[tuple[PlannedDevice, ...]] = []
-    for container in request.gpu_containers:
-        result = _place_container(node, loads, container, request, policy, ctx, (cpu_before, cpu_after))
-        if isinstance(result, FitFailure):
-            return result
-        placed.append(result)
-    view = NodeView(node, usage.loads, tuple(loads), cpu_before, cpu_after)
-    score = NODE_SCORERS[policy.node](view, request, ctx)
-    return Plan(tuple(placed), tuple(loads), score)
+    return PodPlanner(request, policy, ctx).plan(node, usage)
+
+
+@dataclass(frozen=True, slots=True)
+class _ContainerFit:
+    """One container on one node shape: its need of each GPU and the load that need adds."""
+
+    gpus: int
+    needs: tuple[GpuNeed, ...]
+    adds: tuple[Load, ...]
+
+
+class PodPlanner:
+    """``plan_pod`` for one pod and policy, asked about as many nodes as the caller likes.
+
+    What depends only on a node's shape -- each container's need of each GPU, the load it
+    adds, which GPUs are barred whatever their load (health, the pod's type filters) -- is
+    worked out once per shape, not once per node. A shape leaves GPU ids out, so a pod with
+    uuid filters has its barred GPUs worked out per node. The answers are exactly
+    ``plan_pod``'s: the planner only remembers functions of the shape, never capacity.
+    """
+
+    def __init__(self, request: PodRequest, policy: Policy, ctx: ScoringContext = DEFAULT_CONTEXT) -> None:
+        self.request = request
+        self.policy = policy
+        self.ctx = ctx
+        self._gpu_scorer = gpu_scorer_for(policy)
+        self._node_scorer = NODE_SCORERS[policy.node]
+        self._reads_ids = bool(request.selection.use_uuids or request.selection.nouse_uuids)
+        self._shapes: dict[ShapeKey, tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]] = {}
+
+    def plan(self, node: NodeInventory, usage: NodeUsage) -> Plan | FitFailure:
+        host = _host_failure(node, usage, self.request)
+        if host is not None:
+            return host
+        fits, barred = self._shape_facts(node)
+        cpu_before = node.cpu_milli - usage.cpu_milli if node.cpu_milli else None
+        cpu_after = cpu_before - self.request.cpu_milli if cpu_before is not None else None
+        loads = list(usage.loads)
+        placed: list[tuple[PlannedDevice, ...]] = []
+        for fit in fits:
+            result = self._place_container(node, loads, fit, barred, (cpu_before, cpu_after))
+            if isinstance(result, FitFailure):
+                return result
+            placed.append(result)
+        view = NodeView(node, usage.loads, tuple(loads), cpu_before, cpu_after)
+        return Plan(tuple(placed), tuple(loads), self._node_scorer(view, self.request, self.ctx))
+
+    def _shape_facts(self, node: NodeInventory) -> tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]:
+        facts = self._shapes.get(node.shape)
+        if facts is None:
+            fits = tuple(_container_fit(node, container) for container in self.request.gpu_containers)
+            facts = self._shapes[node.shape] = (fits, self._barred(node))
+        if self._reads_ids:
+            return facts[0], self._barred(node)
+        return facts
+
+    def _barred(self, node: NodeInventory) -> tuple[Reason | None, ...]:
+        return tuple(barred_reason(spec, self.request.selection) for spec in node.gpus)
+
+    def _place_container(
+        self,
+        node: NodeInventory,
+        loads: list[Load],
+        fit: _ContainerFit,
+        barred: tuple[Reason | None, ...],
+        cpu: tuple[int | None, int | None],
+    ) -> tuple[PlannedDevice, ...] | FitFailure:
+        reasons: dict[Reason, int] = {}  # GPUs per reason (a plain dict: a Counter costs more to make)
+        candidates: list[int] = []
+        for pos, spec in enumerate(node.gpus):
+            reason = barred[pos]
+            if reason is None:
+                reason = load_reason(spec, loads[pos], fit.needs[pos])
+            if reason is None:
+                candidates.append(pos)
+            else:
+                reasons[reason] = reasons.get(reason, 0) + 1
+        total = len(node.gpus)
+        if len(candidates) < fit.gpus:
+            if candidates:  # no GPU check gives this reason: the fitting GPUs are counted once
+                reasons[Reason.NODE_INSUFFICIENT_GPUS] = len(candidates)
+            return FitFailure.of(reasons, total)
+        frozen, scorer, ctx = tuple(loads), self._gpu_scorer, self.ctx
+
+        def score(pos: int) -> float:
+            after = frozen[:pos] + (add_load(frozen[pos], fit.adds[pos]),) + frozen[pos + 1:]
+            return scorer(NodeView(node, frozen, after, *cpu), pos, ctx)
+
+        chosen = choose_gpus(node, candidates, fit.gpus, self.request.selection, self.policy.gpu, score)
+        if isinstance(chosen, Reason):  # a set reason (NUMA, link): no GPU check gives it either
+            reasons[chosen] = len(candidates)
+            return FitFailure.of(reasons, total)
+        for pos in chosen:
+            loads[pos] = add_load(loads[pos], fit.adds[pos])
+        return tuple(PlannedDevice(pos, fit.needs[pos]) for pos in chosen)
+
+
+def _container_fit(node: NodeInventory, container: ContainerRequest) -> _ContainerFit:
+    needs = tuple(need_for(spec, container, node.omitted_cores) for spec in node.gpus)
+    return _ContainerFit(container.gpus, needs, tuple(need.load(spec) for need, spec in zip(needs, node.gpus)))
 
 
 def _host_failure(node: NodeInventory, usage: NodeUsage, request: PodRequest) -> FitFailure | None:
@@ -74,46 +161,6 @@ def _host_failure(node: NodeInventory, usage: NodeUsage, request: PodRequest) ->
     if node.memory_mib and usage.memory_mib + request.memory_mib > node.memory_mib:
         return FitFailure.of({Reason.NODE_INSUFFICIENT_MEMORY: total}, total)
     return None
-
-
-def _place_container(
-    node: NodeInventory,
-    loads: list[Load],
-    container: ContainerRequest,
-    request: PodRequest,
-    policy: Policy,
-    ctx: ScoringContext,
-    cpu: tuple[int | None, int | None],
-) -> tuple[PlannedDevice, ...] | FitFailure:
-    selection = request.selection
-    needs = [need_for(spec, container, node.omitted_cores) for spec in node.gpus]
-    reasons: Counter[Reason] = Counter()
-    candidates: list[int] = []
-    for pos, spec in enumerate(node.gpus):
-        reason = gpu_reason(spec, loads[pos], needs[pos], selection)
-        if reason is None:
-            candidates.append(pos)
-        else:
-            reasons[reason] += 1
-    total = len(node.gpus)
-    if len(candidates) < container.gpus:
-        if candidates:
-            reasons[Reason.NODE_INSUFFICIENT_GPUS] += len(candidates)
-        return FitFailure.of(reasons, total)
-    scorer = gpu_scorer_for(policy)
-    frozen = tuple(loads)
-
-    def score(pos: int) -> float:
-        after = frozen[:pos] + (add_load(frozen[pos], needs[pos].load(node.gpus[pos])),) + frozen[pos + 1:]
-        return scorer(NodeView(node, frozen, after, *cpu), pos, ctx)
-
-    chosen = choose_gpus(node, candidates, container.gpus, selection, policy.gpu, score)
-    if isinstance(chosen, Reason):
-        reasons[chosen] += len(candidates)
-        return FitFailure.of(reasons, total)
-    for pos in chosen:
-        loads[pos] = add_load(loads[pos], needs[pos].load(node.gpus[pos]))
-    return tuple(PlannedDevice(pos, needs[pos]) for pos in chosen)
 
 
 def allocate(

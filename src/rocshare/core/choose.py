@@ -32,6 +32,8 @@ def choose_gpus(
     score: Callable[[int], float],
 ) -> tuple[int, ...] | Reason:
     """``count`` positions from ``candidates``, or the reason no allowed set exists."""
+    if count == 1:  # no set constraint binds one GPU: the best score, the lowest position on ties
+        return (max(candidates, key=lambda pos: (score(pos), -pos)),)
     groups = _numa_groups(node, candidates, count) if selection.numa_bind and count > 1 else [list(candidates)]
     if not groups:
         return Reason.NUMA_NOT_FIT

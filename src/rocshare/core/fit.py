@@ -83,13 +83,19 @@ def need_for(spec: GpuSpec, container: ContainerRequest, omitted: OmittedCores) 
 
 def gpu_reason(spec: GpuSpec, load: Load, need: GpuNeed, selection: Selection) -> Reason | None:
     """The first reason this GPU cannot take the need, or None when it can."""
+    barred = barred_reason(spec, selection)
+    return barred if barred is not None else load_reason(spec, load, need)
+
+
+def barred_reason(spec: GpuSpec, selection: Selection) -> Reason | None:
+    """The part of gpu_reason no load changes: health, then the pod's type and uuid filters."""
     if not spec.healthy:
         return Reason.CARD_NOT_HEALTH
     if not selection.accepts_product(spec.product_lower):
         return Reason.CARD_TYPE_MISMATCH
     if (selection.use_uuids or selection.nouse_uuids) and not selection.accepts_uuid(spec.gpu_id):
         return Reason.CARD_UUID_MISMATCH
-    return load_reason(spec, load, need)
+    return None
 
 
 def load_reason(spec: GpuSpec, load: Load, need: GpuNeed) -> Reason | None:
@@ -115,6 +121,9 @@ def add_load(load: Load, need_load: Load) -> Load:
 # ---- reasons summary ---------------------------------------------------------------------
 
 
+_REASON_ORDER = {reason: rank for rank, reason in enumerate(Reason)}
+
+
 @dataclass(frozen=True, slots=True)
 class FitFailure:
     """Why a pod does not fit a node: reason -> number of GPUs, out of ``total`` GPUs."""
@@ -124,8 +133,7 @@ class FitFailure:
 
     @classmethod
     def of(cls, counts: Mapping[Reason, int], total: int) -> FitFailure:
-        order = list(Reason)
-        return cls(tuple(sorted(counts.items(), key=lambda item: order.index(item[0]))), total)
+        return cls(tuple(sorted(counts.items(), key=lambda item: _REASON_ORDER[item[0]])), total)
 
     def summary(self) -> list[str]:
         return format_reasons(self.reasons, self.total)

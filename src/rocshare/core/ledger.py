@@ -19,7 +19,7 @@ records (which the allocator never produces) cannot make subtraction go wrong.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord, DeviceSlice
@@ -194,6 +194,11 @@ class Ledger:
     def node_version(self, node: str) -> int:
         """Changes whenever a record on that node is applied or released."""
         return self._versions.get(NodeName(node), 0)
+
+    @property
+    def versions(self) -> Mapping[str, int]:
+        """Every node's `node_version` (absent = 0), for callers that check thousands of nodes."""
+        return self._versions
 
     def usage(self, node: NodeInventory) -> NodeUsage:
         """The node's usage in its GPU order (cached until the node's records change)."""

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from rocshare.api.models import GpuPolicy, NodePolicy, Scheduling
 from rocshare.core.fit import Load
@@ -66,9 +67,9 @@ class ScoringContext:
     """BestFit's GPU normaliser: the largest node's GPUs x 1000."""
 
 
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """One node for a scorer: loads before/after the pod, host CPU free after (None = untracked)."""
+class NodeView(NamedTuple):
+    """One node for a scorer: loads before/after the pod, host CPU free after (None = untracked).
+    A named tuple, immutable like the rest: one is built per candidate GPU of every node planned."""
 
     node: NodeInventory
     before: tuple[Load, ...]
@@ -122,10 +123,13 @@ NodeScoreFn = Callable[[NodeView, PodRequest, ScoringContext], float]
 
 
 def node_used_fraction(node: NodeInventory, loads: tuple[Load, ...]) -> float:
-    healthy = [(spec, load) for spec, load in zip(node.gpus, loads) if spec.healthy]
-    if not healthy:
-        return 0.0
-    return sum(used_fraction(spec, load) for spec, load in healthy) / len(healthy)
+    """Mean used_fraction over the node's healthy GPUs (0 when none is healthy)."""
+    total, healthy = 0.0, 0
+    for spec, load in zip(node.gpus, loads):
+        if spec.healthy:
+            total += used_fraction(spec, load)
+            healthy += 1
+    return total / healthy if healthy else 0.0
 
 
 def node_binpack(view: NodeView, request: PodRequest, ctx: ScoringContext) -> float:
@@ -228,4 +232,4 @@ def normalize_scores(scores: Mapping[str, float]) -> dict[str, int]:
     if high == low:
         return {name: 0 for name in scores}
     span = high - low
-    return {name: int(round((value - low) * MAX_EXTENDER_SCORE / span)) for name, value in scores.items()}
+    return {name: round((value - low) * MAX_EXTENDER_SCORE / span) for name, value in scores.items()}  # an int

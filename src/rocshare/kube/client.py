@@ -9,7 +9,6 @@ translated here, once, into `ApiError` subclasses that say whether a retry can h
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -74,7 +74,7 @@ def _translate(error: ApiException) -> ApiError:
 def _error_from_reply(status: int, reason: str, body: bytes | str) -> ApiError:
     """The API server's Status object names the reason and the offending fields; keep both."""
     try:
-        decoded = json.loads(body or "{}")
+        decoded = orjson.loads(body or b"{}")
         return _error_for(status, decoded.get("reason", reason), decoded.get("message", ""))
     except (ValueError, AttributeError):
         return _error_for(status, reason, body.decode(errors="replace") if isinstance(body, bytes) else str(body))
@@ -151,7 +151,7 @@ class Kube:
             raise Unavailable(0, "ReplyBroken", str(error) or type(error).__name__) from None
         if not 200 <= response.status <= 299:
             raise _error_from_reply(response.status, response.reason or "", text)
-        return json.loads(text) if text else {}
+        return orjson.loads(text) if text else {}
 
     async def get(self, path: str) -> dict[str, Any]:
         return await self.request("GET", path)
@@ -203,7 +203,7 @@ class Kube:
         try:
             async for line in response.content:
                 if line.strip():
-                    event = json.loads(line)
+                    event = orjson.loads(line)
                     yield WatchEvent(event["type"], event["object"])
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Unavailable(0, "WatchBroken", str(error) or type(error).__name__) from None

@@ -6,6 +6,13 @@ says the version is too old (410 Gone) it lists again and reports objects that
 vanished meanwhile as deletions. `synced` is set after the first list, so servers
 can refuse to answer until their caches are whole (STYLE.md 4). Errors are retried
 with a backoff list, each attempt logged with its number.
+
+What is kept is up to the caller: `decode` turns each object into the value stored
+under its key and handed to the handler (by default the object without its managed
+fields). A small decoded value keeps memory small at scale, and with
+``changed_only=True`` an event whose decoded value equals the stored one (a kubelet
+heartbeat, a status tick nobody reads) reaches no handler at all. While a handler
+runs, `store` still holds the object's previous value, so a handler can compare.
 """
 
 from __future__ import annotations
@@ -13,20 +20,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rocshare.kube.client import ApiError, Kube
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
-"""Called with ("ADDED" | "MODIFIED" | "DELETED", object)."""
+V = TypeVar("V")
+
+Handler = Callable[[str, Any], Awaitable[None] | None]
+"""Called with ("ADDED" | "MODIFIED" | "DELETED", decoded object); a deletion gets the last stored value."""
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 PAGE_SIZE = 500
 
 
-def _slim(obj: dict[str, Any]) -> dict[str, Any]:
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
     """Managed fields are often most of an object's size and no handler reads them."""
     obj.get("metadata", {}).pop("managedFields", None)
     return obj
@@ -37,16 +46,19 @@ def object_key(obj: dict[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-class Informer:
+class Informer(Generic[V]):
     def __init__(self, kube: Kube, path: str, handler: Handler, *, name: str = "",
-                 label_selector: str | None = None, field_selector: str | None = None) -> None:
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 decode: Callable[[dict[str, Any]], Any] = slim, changed_only: bool = False) -> None:
         self._kube = kube
         self._path = path
         self._handler = handler
+        self._decode = decode
+        self._changed_only = changed_only
         self.name = name or path
         self._query = {key: value for key, value in
                        (("labelSelector", label_selector), ("fieldSelector", field_selector)) if value}
-        self.store: dict[str, dict[str, Any]] = {}
+        self.store: dict[str, V] = {}
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
@@ -73,24 +85,24 @@ class Informer:
                     resource_version = ""
 
     async def _relist(self) -> str:
-        fresh: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
         resource_version = ""
         token = ""
         while True:  # pages keep each reply small: one unpaginated list of 20,000 pods is ~60 MB
             query = {**self._query, "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
             listing = await self._kube.list(self._path, **query)
             for item in listing.get("items", []):
-                fresh[object_key(item)] = _slim(item)
+                key = object_key(item)
+                seen.add(key)
+                value = self._decoded(key, item)
+                if value is not None:
+                    await self._update(key, value)
             resource_version = listing.get("metadata", {}).get("resourceVersion", resource_version)
             token = listing.get("metadata", {}).get("continue", "")
             if not token:
                 break
-        for key in set(self.store) - set(fresh):
-            await self._emit("DELETED", self.store.pop(key))
-        for key, item in fresh.items():
-            kind = "MODIFIED" if key in self.store else "ADDED"
-            self.store[key] = item
-            await self._emit(kind, item)
+        for key in set(self.store) - seen:
+            await self._delete(key)
         self.synced.set()
         return resource_version
 
@@ -105,21 +117,43 @@ class Informer:
             if event.type == "BOOKMARK":
                 continue
             key = object_key(event.object)
-            obj = _slim(event.object)
+            value = self._decoded(key, event.object)
             if event.type == "DELETED":
-                self.store.pop(key, None)
-            else:
-                self.store[key] = obj
-            await self._emit(event.type, obj)
+                await self._delete(key, value)
+            elif value is not None:
+                await self._update(key, value)
         return resource_version
 
-    async def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+    def _decoded(self, key: str, obj: dict[str, Any]) -> Any:
+        """The decoded object, or None (logged) when it cannot be decoded: it stays as it was."""
         try:
-            result = self._handler(kind, obj)
+            return self._decode(obj)
+        except Exception:  # one bad object must not stop the cache
+            log.exception("%s: cannot decode %s", self.name, key)
+            return None
+
+    async def _update(self, key: str, value: V) -> None:
+        previous = self.store.get(key)
+        if previous is None:
+            await self._emit("ADDED", key, value)
+        elif not self._changed_only or previous != value:
+            await self._emit("MODIFIED", key, value)
+        self.store[key] = value
+
+    async def _delete(self, key: str, value: V | None = None) -> None:
+        """`value`: the object's last state from a watch event; a relist knows only the stored one."""
+        last = value if value is not None else self.store.get(key)
+        if last is not None:
+            await self._emit("DELETED", key, last)
+        self.store.pop(key, None)
+
+    async def _emit(self, kind: str, key: str, value: Any) -> None:
+        try:
+            result = self._handler(kind, value)
             if asyncio.iscoroutine(result):
                 await result
         except Exception:  # one bad object must not stop the cache
-            log.exception("%s: handler failed on %s %s", self.name, kind, object_key(obj))
+            log.exception("%s: handler failed on %s %s", self.name, kind, key)
 
 
 class _Expired(Exception):

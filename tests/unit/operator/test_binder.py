@@ -1,7 +1,8 @@
-"""Bind starts from the pod kube-scheduler sent to filter (no read on the happy path) and never
-trusts that copy: the record's write carries its resourceVersion, and a Conflict means a fresh
-read and a new decision. The API server here is a stand-in that keeps one pod and checks
-preconditions as the real one does; tests/e2e/test_scheduling.py proves bind on the real one."""
+"""Bind starts from the pod kube-scheduler sent to filter (no read on the happy path) and writes
+the record and the node in one request: a Binding carrying the record as annotations, with the
+pod's uid and resourceVersion as preconditions. The API server here is a stand-in that keeps
+one pod and applies a Binding as kube-apiserver's pods/binding does (preconditions, "already
+assigned", annotations merged); tests/e2e/test_scheduling.py proves bind on the real one."""
 
 from __future__ import annotations
 
@@ -10,35 +11,45 @@ import copy
 import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
-from rocshare.kube.client import Conflict
-from rocshare_operator.extender.binder import SEEN_PODS_MAX, Binder
+from rocshare.kube.client import ApiError, Conflict, Unavailable
+from rocshare_operator.extender import binder as binder_module
+from rocshare_operator.extender.binder import SEEN_PODS_MAX, Binder, BindRefused
 from rocshare_operator.extender.state import SchedulerState
 
 
 class OnePodServer:
-    """One pod; merge patches honour metadata.resourceVersion; every call is logged."""
+    """One pod; Bindings honour their preconditions; every call is logged. `fail_binding`:
+    "before" fails without writing, "after" writes then fails (the reply is lost); `fail_reads`
+    makes every GET fail."""
 
     def __init__(self, pod: dict) -> None:
         self.pod = copy.deepcopy(pod)
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[str] = []
+        self.fail_binding: str | None = None
+        self.fail_reads = False
 
     async def get(self, path: str) -> dict:
-        self.calls.append(("GET", path))
+        self.calls.append("GET")
+        if self.fail_reads:
+            raise Unavailable(503, "ServiceUnavailable", "etcd is down")
         return copy.deepcopy(self.pod)
 
-    async def merge_patch(self, path: str, patch: dict) -> dict:
-        self.calls.append(("PATCH", path))
-        meta = self.pod["metadata"]
-        if patch["metadata"].get("resourceVersion") not in (None, meta["resourceVersion"]):
-            raise Conflict(409, "Conflict", "the object has been modified")
-        meta.setdefault("annotations", {}).update(patch["metadata"].get("annotations", {}))
+    async def create(self, path: str, binding: dict) -> dict:
+        assert path.endswith("/binding")
+        self.calls.append("BIND")
+        if self.fail_binding == "before":
+            raise Unavailable(0, "Unreachable", "connection reset")
+        meta, wanted = self.pod["metadata"], binding["metadata"]
+        if wanted.get("uid") not in ("", meta["uid"]) or wanted.get("resourceVersion") not in ("", meta["resourceVersion"]):
+            raise Conflict(409, "Conflict", "precondition failed")
+        if self.pod["spec"].get("nodeName"):
+            raise Conflict(409, "Conflict", "pod p is already assigned")
+        self.pod["spec"]["nodeName"] = binding["target"]["name"]
+        meta.setdefault("annotations", {}).update(wanted.get("annotations", {}))
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-        return copy.deepcopy(self.pod)
-
-    async def create(self, path: str, body: dict) -> dict:
-        self.calls.append(("POST", path))
-        self.pod["spec"]["nodeName"] = body["target"]["name"]
-        return body
+        if self.fail_binding == "after":
+            raise ApiError(504, "Timeout", "the reply was lost")
+        return {"kind": "Status", "status": "Success"}
 
 
 def gpu(index: int) -> dict:
@@ -60,23 +71,25 @@ def state() -> SchedulerState:
     return state
 
 
-async def test_a_pod_seen_at_filter_is_bound_without_a_read(state: SchedulerState) -> None:
+async def test_a_pod_seen_at_filter_is_bound_in_one_request(state: SchedulerState) -> None:
     server = OnePodServer(pod())
     binder = Binder(server, state)
     binder.saw(pod())
     record = await binder.bind("ns", "p", "uid-p", "n1")
-    assert [verb for verb, _ in server.calls] == ["PATCH", "POST"]
+    assert server.calls == ["BIND"]
+    assert server.pod["spec"]["nodeName"] == "n1"
     assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
-    assert "ns/p" in state.ledger and state.inflight["n1"].pod == "ns/p"
+    assert state.ledger.records()["ns/p"] == record and state.inflight["n1"].pod == "ns/p"
 
 
 async def test_a_stale_copy_costs_one_read_and_a_second_decision(state: SchedulerState) -> None:
     server = OnePodServer(pod(resource_version="6"))  # changed after kube-scheduler's copy
     binder = Binder(server, state)
     binder.saw(pod(resource_version="5"))
-    await binder.bind("ns", "p", "uid-p", "n1")
-    assert [verb for verb, _ in server.calls] == ["PATCH", "GET", "PATCH", "POST"]
+    record = await binder.bind("ns", "p", "uid-p", "n1")
+    assert server.calls == ["BIND", "GET", "BIND"]
     assert server.pod["metadata"]["resourceVersion"] == "7"  # written once, on the fresh copy
+    assert state.ledger.records()["ns/p"] == record
 
 
 async def test_a_copy_of_another_pod_under_the_same_name_is_not_used(state: SchedulerState) -> None:
@@ -84,7 +97,56 @@ async def test_a_copy_of_another_pod_under_the_same_name_is_not_used(state: Sche
     binder = Binder(server, state)
     binder.saw({**pod(), "metadata": {**pod()["metadata"], "uid": "uid-of-an-older-p"}})
     await binder.bind("ns", "p", "uid-p", "n1")
-    assert [verb for verb, _ in server.calls] == ["GET", "PATCH", "POST"]
+    assert server.calls == ["GET", "BIND"]
+
+
+@pytest.fixture
+def no_pauses(monkeypatch) -> None:
+    monkeypatch.setattr(binder_module, "UNKNOWN_OUTCOME_READ_PAUSES_S", (0.0, 0.0, 0.0))
+
+
+async def test_a_binding_written_but_unanswered_stands(state: SchedulerState, no_pauses) -> None:
+    server = OnePodServer(pod())
+    server.fail_binding = "after"
+    record = await Binder(server, state).bind("ns", "p", "uid-p", "n1")
+    assert server.calls == ["GET", "BIND", "GET"]
+    assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
+    assert state.ledger.records()["ns/p"] == record and state.inflight["n1"].pod == "ns/p"
+
+
+async def test_a_binding_never_written_is_taken_back(state: SchedulerState, no_pauses) -> None:
+    server = OnePodServer(pod())
+    server.fail_binding = "before"
+    with pytest.raises(BindRefused, match="connection reset"):
+        await Binder(server, state).bind("ns", "p", "uid-p", "n1")
+    assert "ns/p" not in state.ledger and "n1" not in state.inflight
+    assert not server.pod["spec"].get("nodeName")
+
+
+async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_reads_it(
+        state: SchedulerState, no_pauses) -> None:
+    server = OnePodServer(pod())
+    server.fail_binding, server.fail_reads = "before", True
+    binder = Binder(server, state)
+    binder.saw(pod())
+    with pytest.raises(BindRefused):
+        await binder.bind("ns", "p", "uid-p", "n1")
+    assert "ns/p" in state.ledger and state.inflight["n1"].pod == "ns/p"  # blocked, not free
+    server.fail_binding, server.fail_reads = None, False
+    binder.saw(pod())  # kube-scheduler tries again, with its copy
+    record = await binder.bind("ns", "p", "uid-p", "n1")
+    assert server.calls[-2:] == ["GET", "BIND"]  # the copy is not trusted over the lost attempt
+    assert state.ledger.records() == {"ns/p": record}
+    assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
+
+
+async def test_a_pod_found_bound_has_its_record_accounted(state: SchedulerState) -> None:
+    server = OnePodServer(pod())
+    first = await Binder(server, state).bind("ns", "p", "uid-p", "n1")
+    await state.uncommit("ns/p")  # as if this process had restarted before the watch showed it
+    with pytest.raises(BindRefused, match="already bound to n1"):
+        await Binder(server, state).bind("ns", "p", "uid-p", "n1")
+    assert state.ledger.records()["ns/p"] == first
 
 
 def test_copies_are_bounded_oldest_first(state: SchedulerState) -> None:
@@ -93,3 +155,13 @@ def test_copies_are_bounded_oldest_first(state: SchedulerState) -> None:
         binder.saw({"metadata": {"name": f"p{index}", "namespace": "ns"}})
     assert binder._seen_pod("ns/p0", "") is None
     assert binder._seen_pod(f"ns/p{SEEN_PODS_MAX}", "") is not None
+
+
+async def test_a_late_event_from_before_the_binding_does_not_free_the_slice(state: SchedulerState) -> None:
+    server = OnePodServer(pod())
+    record = await Binder(server, state).bind("ns", "p", "uid-p", "n1")
+    before_binding = {**pod(), "status": {"phase": "Pending"}}  # the watch is behind bind
+    await state.on_pod("MODIFIED", before_binding)
+    assert state.ledger.records() == {"ns/p": record}
+    await state.on_pod("DELETED", before_binding)
+    assert "ns/p" not in state.ledger

@@ -118,6 +118,33 @@ async def test_memoised_filter_and_prioritize_match_a_fresh_plan_through_random_
             await release(state, live.pop(rng.randrange(len(live)))[0])
 
 
+async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own() -> None:
+    rng = random.Random(5)
+    state = SchedulerState()
+    set_pool(state, "pack")
+    set_pool(state, "spread", nodePolicy="spread", gpuPolicy="spread")
+    names = [f"n{i}" for i in range(10)]
+    for index, name in enumerate(names):
+        add_node(state, name, pool=("pack", "spread", "unknown-pool")[index % 3])
+    for serial in range(40):
+        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
+        result = filter_nodes(state, pod, names)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state, pod, result.feasible)}
+        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
+        commit(state, pod, rng.choice(result.feasible))
+
+
+def test_nodes_failing_alike_share_one_rendered_rejection(state: SchedulerState) -> None:
+    for name in ("n1", "n2"):
+        commit(state, request(f"whole-{name}", gpus=4), name)
+    result = filter_nodes(state, request(memory_mib=1024), ["n1", "n2", "gone", "also-gone"])
+    assert result.failed["n1"] is result.failed["n2"]
+    assert result.failed["gone"] is result.failed["also-gone"]
+    assert result.to_json()["FailedNodes"]["n2"] == "4/4 ExclusiveDeviceAllocateConflict"
+    assert result.reason_counts() == {"ExclusiveDeviceAllocateConflict": 2, NO_INVENTORY: 2}
+
+
 def test_rejection_text_names_reasons_per_gpu(state: SchedulerState) -> None:
     pod = request(gpus=8)
     result = filter_nodes(state, pod, ["n1", "nowhere"])
@@ -163,7 +190,7 @@ def test_a_node_losing_its_gpus_or_pool_answers_accordingly(state: SchedulerStat
     assert feasible(state, pod) == ["n1", "n2", "n3"]
     state.on_gpu_node("DELETED", {"metadata": {"name": "n3"}})
     assert feasible(state, pod) == ["n1", "n2"]
-    assert state.plans.table("n3", state.ledger.node_version("n3"), state.inventories["n1"]) == {}
+    assert not state.plans.holds("n3") and state.plans.holds("n1")
 
 
 def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
@@ -197,14 +224,15 @@ def test_a_uuid_pinned_pod_is_not_answered_from_a_look_alike_node(state: Schedul
 
 
 def count_plans(monkeypatch) -> list[int]:
+    """Nodes the decisions module plans (the core's allocate, used by `commit`, is not counted)."""
     calls = [0]
-    real = decisions.plan_pod
 
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
+    class Counted(decisions.PodPlanner):
+        def plan(self, *args, **kwargs):
+            calls[0] += 1
+            return super().plan(*args, **kwargs)
 
-    monkeypatch.setattr(decisions, "plan_pod", counted)
+    monkeypatch.setattr(decisions, "PodPlanner", Counted)
     return calls
 
 
@@ -229,10 +257,19 @@ def test_bind_checks_plan_afresh(state: SchedulerState, monkeypatch) -> None:
     assert calls[0] == 1
 
 
-def test_memo_is_bounded() -> None:
+def test_memo_is_bounded(monkeypatch) -> None:
     memo = NodeMemo()
-    for key in range(NodeMemo.MAX_KEYS):
-        assert memo.key_id(("shape", key)) == key
-    memo.shared[("x",)] = 1.0
-    assert memo.key_id(("one", "more")) == 0  # past the limit everything is dropped
-    assert memo.shared == {}
+    first = memo.answers(("shape", 0))
+    first.by_node["n1"] = (0, None, 1.0)
+    for key in range(1, NodeMemo.MAX_KEYS):
+        memo.answers(("shape", key))
+    assert memo.answers(("shape", 0)) is first and memo.holds("n1")
+    assert memo.answers(("one", "more")).by_node == {}  # past the key limit everything is dropped
+    assert memo.answers(("shape", 0)) is not first and not memo.holds("n1")
+    monkeypatch.setattr(NodeMemo, "MAX_SHARED", 3)
+    kept = memo.answers(("shape", 0))
+    for serial in range(3):
+        memo.share(kept, ("loads", serial), float(serial))
+    assert len(kept.by_shape) == 3
+    memo.share(memo.answers(("one", "more")), ("loads", 9), 9.0)  # past the shape limit those are dropped
+    assert kept.by_shape == {} and memo.answers(("one", "more")).by_shape == {("loads", 9): 9.0}

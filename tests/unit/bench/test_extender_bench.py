@@ -1,0 +1,27 @@
+"""`rocshare bench extender` on a tiny fleet: the report's shape, and that the bench runs
+under the live extender's garbage-collector settings (the one shared `settle_heap`), then
+hands the heap back unfrozen so the next setting settles its own caches."""
+
+from __future__ import annotations
+
+import gc
+
+from rocshare.bench import extender as bench
+from rocshare_operator.extender import heap
+
+
+def test_each_setting_is_timed_under_the_live_extenders_gc_settings(monkeypatch) -> None:
+    settled: list[int] = []
+    real = heap.settle_heap
+
+    def settle() -> None:
+        real()
+        settled.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(heap, "settle_heap", settle)
+    report = bench.measure([4], [0.5, 0.9], rounds=3)
+    assert len(settled) == 2 and all(count > 0 for count in settled)
+    assert gc.get_freeze_count() == 0
+    for setting in report["settings"]:
+        assert setting["nodes"] == 4 and setting["warm"]["rounds"] == 3 and setting["cold"]["rounds"] == 20
+        assert 0 < setting["warm"]["p50_ms"] <= setting["warm"]["p99_ms"]

@@ -315,7 +315,9 @@ NOTES = [
     "* **Operator** (`src/rocshare/bench/cost.py`): real etcd + kube-apiserver + controller-manager; "
     "N Nodes, N AmdGpuNodes with status, 4 bound pods per node with allocation records (no webhook, no "
     "kube-scheduler), then `rocshare operator --standalone --no-webhook`; RSS (VmRSS, max over 20 s after "
-    "/readyz) from /proc. The process holds the extender's caches *and* Kopf's watches and indexes.",
+    "/readyz) from /proc. The process holds one watch per kind for Nodes, Pods and AmdGpuNodes (small "
+    "facts, no bodies) shared by the extender and the reconcilers, the extender's caches, and Kopf's "
+    "watches on pools, shares, DaemonSets and quotas.",
     "* **Agent**: one simulated node (kubelet peer + `rocshare agent`, health every 2 s) on the MI210 "
     "capture with synthetic 64 GiB VRAM and splitCount 25; idle over 30 s; burst: 200 pods bound one at a "
     "time (the extender's in-flight gate) until all Running and marked allocated. CPU from /proc/<pid>/stat.",

@@ -145,18 +145,18 @@ class Binder:
 
     async def _settle_unknown_outcome(self, path: str, key: PodKey, node: str, error: ApiError) -> None:
         """The Binding may or may not have been written: a read tells. Returns when it was (the
-        decision stands); raises BindRefused when it was not (the decision is taken back) or when
-        no read answers (the slice stays accounted and the pod in flight: blocked, never
-        double-booked, until the pod ends or kube-scheduler's next bind reads it)."""
+        decision stands); raises BindRefused when it was not or the pod is gone (the decision is
+        taken back), or when no read answers (the slice stays accounted and the pod in flight:
+        blocked, never double-booked, until the pod ends or kube-scheduler's next bind reads it)."""
         for pause_s in UNKNOWN_OUTCOME_READ_PAUSES_S:
             await asyncio.sleep(pause_s)
             try:
                 pod = await self.kube.get(path)
             except NotFound:
-                break  # deleted: its watch event releases the slice
+                pod = None  # gone: whatever was written, it holds nothing now
             except ApiError:
                 continue
-            if pod.get("spec", {}).get("nodeName") == node and _existing_record(pod) is not None:
+            if pod is not None and pod.get("spec", {}).get("nodeName") == node and _existing_record(pod) is not None:
                 return
             await self.state.uncommit(key)
             raise BindRefused(f"binding to {node} failed: {error}")

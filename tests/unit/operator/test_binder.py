@@ -11,7 +11,7 @@ import copy
 import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
-from rocshare.kube.client import ApiError, Conflict, Unavailable
+from rocshare.kube.client import ApiError, Conflict, NotFound, Unavailable
 from rocshare_operator.extender import binder as binder_module
 from rocshare_operator.extender.binder import SEEN_PODS_MAX, Binder, BindRefused
 from rocshare_operator.extender.state import SchedulerState
@@ -165,3 +165,18 @@ async def test_a_late_event_from_before_the_binding_does_not_free_the_slice(stat
     assert state.ledger.records() == {"ns/p": record}
     await state.on_pod("DELETED", before_binding)
     assert "ns/p" not in state.ledger
+
+
+async def test_a_pod_gone_after_an_unanswered_binding_holds_nothing(state: SchedulerState, no_pauses) -> None:
+    server = OnePodServer(pod())
+    server.fail_binding = "before"
+
+    async def gone(path: str) -> dict:
+        raise NotFound(404, "NotFound", "pods \"p\" not found")
+
+    binder = Binder(server, state)
+    binder.saw(pod())
+    server.get = gone  # deleted meanwhile (its DELETED event may have come before the commit)
+    with pytest.raises(BindRefused):
+        await binder.bind("ns", "p", "uid-p", "n1")
+    assert "ns/p" not in state.ledger and "n1" not in state.inflight

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DECISION_ATTEMPTS = 3
 UNKNOWN_OUTCOME_READ_PAUSES_S = (0.2, 0.5, 1.0, 2.0, 4.0)
+SETTLE_LATER_PAUSE_S = (5.0, 60.0)  # first and longest pause between reads once bind has given up
 SEEN_PODS_MAX = 2048
 
 
@@ -60,6 +61,7 @@ class Binder:
         count amd.com resources of pods it has sent to bind, so without this a burst would all
         pick the same best node and most binds would find it full."""
         self._seen: OrderedDict[PodKey, dict] = OrderedDict()
+        self._settling: set[asyncio.Task] = set()
 
     def saw(self, pod: dict) -> None:
         """Keep the pod kube-scheduler sent to filter, so bind need not read it again (bounded:
@@ -139,30 +141,56 @@ class Binder:
                 log.info("pod %s changed while binding (attempt %d); deciding again", key, attempt)
                 pod = None
             except ApiError as error:
-                await self._settle_unknown_outcome(path, key, node, error)
+                await self._settle_unknown_outcome(path, key, node, record, error)
                 return record
         raise BindRefused(f"pod {key} kept changing during bind ({DECISION_ATTEMPTS} attempts)")
 
-    async def _settle_unknown_outcome(self, path: str, key: PodKey, node: str, error: ApiError) -> None:
+    async def _settle_unknown_outcome(self, path: str, key: PodKey, node: str, record: AllocationRecord,
+                                      error: ApiError) -> None:
         """The Binding may or may not have been written: a read tells. Returns when it was (the
         decision stands); raises BindRefused when it was not or the pod is gone (the decision is
-        taken back), or when no read answers (the slice stays accounted and the pod in flight:
-        blocked, never double-booked, until the pod ends or kube-scheduler's next bind reads it)."""
+        taken back), or when no read answers: then the slice stays accounted and the pod in
+        flight (blocked, never double-booked) and reads go on in the background until one
+        answers or a later bind of the pod has replaced the decision."""
         for pause_s in UNKNOWN_OUTCOME_READ_PAUSES_S:
             await asyncio.sleep(pause_s)
-            try:
-                pod = await self.kube.get(path)
-            except NotFound:
-                pod = None  # gone: whatever was written, it holds nothing now
-            except ApiError:
+            settled = await self._settled(path, key, node, record)
+            if settled is None:
                 continue
-            if pod is not None and pod.get("spec", {}).get("nodeName") == node and _existing_record(pod) is not None:
+            if settled:
                 return
-            await self.state.uncommit(key)
             raise BindRefused(f"binding to {node} failed: {error}")
         log.error("pod %s: binding to %s failed (%s) and the pod could not be read; its slice stays "
-                  "accounted until the pod ends or is bound again", key, node, error)
+                  "accounted until a read tells whether the Binding was written", key, node, error)
+        task = asyncio.create_task(self._settle_later(path, key, node, record))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
         raise BindRefused(f"binding to {node} failed: {error}")
+
+    async def _settle_later(self, path: str, key: PodKey, node: str, record: AllocationRecord) -> None:
+        pause_s, longest_s = SETTLE_LATER_PAUSE_S
+        while self.state.ledger.record(key) is record:
+            await asyncio.sleep(pause_s)
+            if await self._settled(path, key, node, record) is not None:
+                log.info("pod %s: the outcome of its binding to %s is settled", key, node)
+                return
+            pause_s = min(2 * pause_s, longest_s)
+
+    async def _settled(self, path: str, key: PodKey, node: str, record: AllocationRecord) -> bool | None:
+        """True: the Binding was written (the decision stands). False: it was not, or the pod is
+        gone; the decision is taken back. None: no answer, or a later bind replaced the decision."""
+        try:
+            pod = await self.kube.get(path)
+        except NotFound:
+            pod = None  # gone: whatever was written, it holds nothing now
+        except ApiError:
+            return None
+        if self.state.ledger.record(key) is not record:
+            return None
+        if pod is not None and pod.get("spec", {}).get("nodeName") == node and _existing_record(pod) is not None:
+            return True
+        await self.state.uncommit(key)
+        return False
 
     async def _read_pod(self, path: str, uid: str) -> dict:
         """The pod as the API server has it now. A pod found bound has its record put in the

@@ -214,6 +214,10 @@ class Ledger:
     def records(self) -> dict[PodKey, AllocationRecord]:
         return dict(self._records)
 
+    def record(self, pod_key: PodKey) -> AllocationRecord | None:
+        """The record applied for the pod, if any (the very object given to `apply`)."""
+        return self._records.get(pod_key)
+
     def __contains__(self, pod_key: object) -> bool:
         return pod_key in self._records or pod_key in self._host_only
 

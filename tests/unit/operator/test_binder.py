@@ -6,6 +6,7 @@ assigned", annotations merged); tests/e2e/test_scheduling.py proves bind on the 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -138,6 +139,25 @@ async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_re
     assert server.calls[-2:] == ["GET", "BIND"]  # the copy is not trusted over the lost attempt
     assert state.ledger.records() == {"ns/p": record}
     assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
+    for task in binder._settling:  # still asleep (5 s); it would find its decision replaced
+        task.cancel()
+
+
+async def test_an_unreadable_outcome_is_settled_in_the_background_once_reads_work(
+        state: SchedulerState, no_pauses, monkeypatch) -> None:
+    monkeypatch.setattr(binder_module, "SETTLE_LATER_PAUSE_S", (0.0, 0.0))
+    server = OnePodServer(pod())
+    server.fail_binding, server.fail_reads = "before", True
+    binder = Binder(server, state)
+    binder.saw(pod())
+    with pytest.raises(BindRefused):
+        await binder.bind("ns", "p", "uid-p", "n1")
+    assert "ns/p" in state.ledger
+    server.fail_reads = False  # the API server answers again; kube-scheduler has not retried yet
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert "ns/p" not in state.ledger and "n1" not in state.inflight
+    assert not binder._settling
 
 
 async def test_a_pod_found_bound_has_its_record_accounted(state: SchedulerState) -> None:

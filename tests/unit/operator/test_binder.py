@@ -124,14 +124,20 @@ async def test_a_binding_never_written_is_taken_back(state: SchedulerState, no_p
     assert not server.pod["spec"].get("nodeName")
 
 
-async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_reads_it(
-        state: SchedulerState, no_pauses) -> None:
+async def bind_with_the_api_server_unreadable(state: SchedulerState) -> tuple[OnePodServer, Binder]:
+    """A bind whose Binding gets no answer and whose pod cannot be read afterwards: refused."""
     server = OnePodServer(pod())
     server.fail_binding, server.fail_reads = "before", True
     binder = Binder(server, state)
     binder.saw(pod())
     with pytest.raises(BindRefused):
         await binder.bind("ns", "p", "uid-p", "n1")
+    return server, binder
+
+
+async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_reads_it(
+        state: SchedulerState, no_pauses) -> None:
+    server, binder = await bind_with_the_api_server_unreadable(state)
     assert "ns/p" in state.ledger and state.inflight["n1"].pod == "ns/p"  # blocked, not free
     server.fail_binding, server.fail_reads = None, False
     binder.saw(pod())  # kube-scheduler tries again, with its copy
@@ -146,12 +152,7 @@ async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_re
 async def test_an_unreadable_outcome_is_settled_in_the_background_once_reads_work(
         state: SchedulerState, no_pauses, monkeypatch) -> None:
     monkeypatch.setattr(binder_module, "SETTLE_LATER_PAUSE_S", (0.0, 0.0))
-    server = OnePodServer(pod())
-    server.fail_binding, server.fail_reads = "before", True
-    binder = Binder(server, state)
-    binder.saw(pod())
-    with pytest.raises(BindRefused):
-        await binder.bind("ns", "p", "uid-p", "n1")
+    server, binder = await bind_with_the_api_server_unreadable(state)
     assert "ns/p" in state.ledger
     server.fail_reads = False  # the API server answers again; kube-scheduler has not retried yet
     for _ in range(20):

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Iterable
 from pathlib import Path
 
@@ -292,18 +291,13 @@ def _operator_rss(cluster, settle_s: float = 20.0, *, extender: bool = True,
 
 
 def _wait_ready(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the operator exited ({process.returncode}) before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"the operator was not ready after {timeout_s:.0f} s")
+    from rocshare.devcluster.operator_proc import wait_ready
+
+    def exited() -> str | None:
+        return None if process.poll() is None else f"the operator exited ({process.returncode}) before it was ready"
+
+    if not wait_ready(url, timeout_s, exited=exited):
+        raise RuntimeError(f"the operator was not ready after {timeout_s:.0f} s")
 
 
 def _wait_quiet(process: subprocess.Popen, timeout_s: float, window_s: float = 5.0) -> None:

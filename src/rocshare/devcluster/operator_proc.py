@@ -12,10 +12,12 @@ import base64
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,20 +113,37 @@ class OperatorProcess:
                            dns_names=("localhost", "rocshare-webhook.rocshare-system.svc"),
                            ip_addresses=("127.0.0.1",))
 
+    def readyz(self) -> tuple[str, ssl.SSLContext | None]:
+        """The extender's readiness URL and the TLS context to reach it with (None: plain HTTP)."""
+        return f"http://127.0.0.1:{self.cluster.ports.extender}/readyz", None
+
     def _wait_ready(self, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        url = f"http://127.0.0.1:{self.cluster.ports.extender}/readyz"
-        while time.monotonic() < deadline:
-            if self.pid and not _alive(self.pid):
-                raise RuntimeError(f"the operator exited; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the operator's extender was not ready after {wait_s:.0f} s; see {self.log_path}")
+        url, context = self.readyz()
+
+        def exited() -> str | None:
+            return f"the operator exited; see {self.log_path}" if self.pid and not _alive(self.pid) else None
+
+        if not wait_ready(url, wait_s, exited=exited, context=context):
+            raise RuntimeError(f"the operator's extender was not ready after {wait_s:.0f} s; see {self.log_path}")
+
+
+def wait_ready(url: str, timeout_s: float, *, exited: Callable[[], str | None],
+               context: ssl.SSLContext | None = None) -> bool:
+    """Poll `url` until it answers 200 (True) or `timeout_s` passes (False). `exited` says why the
+    process behind it is gone, or None while it runs; a reason is raised as RuntimeError at once."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gone = exited()
+        if gone:
+            raise RuntimeError(gone)
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as reply:
+                if reply.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def _also_trusting(expression: str, user: str) -> str:

@@ -115,7 +115,7 @@ class DevicePluginService:
     async def get_preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []
         for container in request.container_requests:
-            committed = self._committed_gpus_for(container.allocation_size)
+            committed = await self._committed_gpus_for(container.allocation_size)
             ids = preferred_ids(list(container.available_deviceIDs), list(container.must_include_deviceIDs),
                                 container.allocation_size, committed_gpu_ids=committed, gpus=self._gpus_by_id)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
@@ -196,9 +196,11 @@ class DevicePluginService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _committed_gpus_for(self, size: int) -> list[str]:
+    async def _committed_gpus_for(self, size: int) -> list[str]:
+        """The in-flight pod's GPUs for its next container, found as Allocate finds the pod: the
+        kubelet may ask as soon as it sees the binding, before this agent's watch shows it."""
         try:
-            in_flight = find_in_flight(self._pods.cached(), self.node_name)
+            in_flight = await self._in_flight()
         except Refusal:
             return []
         served = self._progress.get(in_flight.pod.uid, 0)

@@ -119,3 +119,20 @@ async def test_preferred_allocation_points_at_the_committed_gpus():
     reply = await service.get_preferred_allocation(pb.PreferredAllocationRequest(container_requests=[
         pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=2)]))
     assert list(reply.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0", "GPU-0000000000000000::0"]
+
+
+class LaggingWatch(MemoryPods):
+    """The kubelet asks as soon as it sees the binding; this agent's watch has not shown it yet."""
+
+    def cached(self):
+        return []
+
+
+async def test_preferred_allocation_finds_the_pod_the_watch_has_not_shown_yet():
+    pods = [committed_pod("p", {"a": ["GPU-0000000000000002", "GPU-0000000000000000"]})]
+    service = DevicePluginService(node_name=NODE, pods=LaggingWatch(pods), hook_host_dir="/opt/vgpu")
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    available = [f"GPU-{i:016x}::{k}" for i in range(3) for k in range(2)]
+    reply = await service.get_preferred_allocation(pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=2)]))
+    assert list(reply.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0", "GPU-0000000000000000::0"]

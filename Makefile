@@ -18,9 +18,9 @@ help:
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
 
 # Python environment, pinned: pyproject.toml pins direct dependencies, constraints.txt the rest.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml dev/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]' -e ./dev
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -50,19 +50,19 @@ chaos: $(STAMP) controlplane
 	ROCSHARE_CHAOS=long $(BIN)/pytest tests -q -m chaos $(PYTEST_ARGS)
 
 bench: $(STAMP) controlplane
-	$(BIN)/rocshare bench all --out docs
+	$(BIN)/rocshare-dev bench all --out docs
 
 cluster-up: $(STAMP) controlplane
-	$(PY) -m rocshare.devcluster up
+	$(BIN)/rocshare-dev cluster up
 
 cluster-down: $(STAMP)
-	$(PY) -m rocshare.devcluster down
+	$(BIN)/rocshare-dev cluster down
 
 demo: $(STAMP) controlplane
-	$(PY) -m rocshare.devcluster.demo up
+	$(BIN)/rocshare-dev demo up
 
 demo-down: $(STAMP)
-	$(PY) -m rocshare.devcluster.demo down
+	$(BIN)/rocshare-dev demo down
 
 clean: demo-down cluster-down
 	rm -rf run

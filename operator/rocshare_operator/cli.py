@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from rocshare_operator import scheduling
-    from rocshare_operator.kopf_app import operator_settings, run_operator
+    from rocshare_operator.reconcilers.kopf_app import operator_settings, run_operator
 
     kopf.configure(verbose=args.verbose)
     settings = operator_settings(standalone=args.standalone)

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocshare.kube.client import Kube
-from rocshare_operator.agent_daemonset import AgentDeployment
-from rocshare_operator.cluster_feed import ClusterFeed
-from rocshare_operator.pool_logic import NodeView
-from rocshare_operator.pool_status import Inventory
-from rocshare_operator.usage import SliceIndex
+from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
+from rocshare_operator.feed.cluster_feed import ClusterFeed
+from rocshare_operator.status.pool_logic import NodeView
+from rocshare_operator.status.pool_status import Inventory
+from rocshare_operator.status.usage import SliceIndex
 
 LoopKey = tuple[Hashable, ...]  # ("pool", name) or ("share", namespace, name)
 

@@ -13,8 +13,8 @@ from collections.abc import Awaitable
 
 import kopf
 
-from rocshare_operator import webhook
-from rocshare_operator.admission import runtime_class_for
+from rocshare_operator.admission import webhook
+from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
 from rocshare_operator.extender.state import SchedulerState

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rocshare.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
 from rocshare.kube.client import Kube
 
 SHARED = (PROJECT_ROOT / ".." / "shared").resolve()

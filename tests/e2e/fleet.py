@@ -2,7 +2,7 @@
 polling with deadlines, and reading what the kubelet peer handed each container.
 
 Sysfs captures are read in place from ../shared; the MI210 capture has no VRAM size, so tests
-use `rocshare.devcluster.captures.mi210_with_synthetic_vram` (a copy with a synthetic 64 GiB per
+use `rocshare_dev.devcluster.captures.mi210_with_synthetic_vram` (a copy with a synthetic 64 GiB per
 GPU) and say so.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, decode_record
-from rocshare.devcluster.captures import mi210_with_synthetic_vram  # noqa: F401  (re-exported for tests)
+from rocshare_dev.devcluster.captures import mi210_with_synthetic_vram  # noqa: F401  (re-exported for tests)
 from rocshare.kube.client import Kube, NotFound, object_path
 
 PEER_CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"

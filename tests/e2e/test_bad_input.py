@@ -19,7 +19,7 @@ import pytest
 
 from rocshare.api.models import API_VERSION
 from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION
-from rocshare.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
 from tests.e2e.fleet import gpu_pod, wait_for
 

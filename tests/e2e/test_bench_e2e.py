@@ -1,7 +1,7 @@
-"""`rocshare bench e2e` at a tiny scale: the multi-node kubelet peer (`--node-count`, with and
-without its baseline plugin) and the multi-node agent runner (rocshare_agent.multinode) take
+"""`rocshare-dev bench e2e` at a tiny scale: the multi-node kubelet peer (`--node-count`, with and
+without its baseline plugin) and the multi-node agent runner (rocshare_dev.devcluster.multiagent) take
 every pod of both bursts through bind and a real Allocate to Running, and the figures come out
-under the names `rocshare bench all` reads. Runs its own control plane (as the benchmark does),
+under the names `rocshare-dev bench all` reads. Runs its own control plane (as the benchmark does),
 so it leaves the session's cluster alone; about a minute.
 """
 
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from rocshare.bench.e2e import run_e2e
+from rocshare_dev.bench.e2e import run_e2e
 
 pytestmark = pytest.mark.e2e
 

@@ -43,8 +43,8 @@ import pytest
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record
 from rocshare.api.models import API_VERSION
 from rocshare.core.cumask import render_hsa_cu_mask
-from rocshare.devcluster.operator_proc import OperatorProcess
-from rocshare.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import ApiError, Kube, object_path
 from tests.e2e.fleet import PEER_CONTAINERS_ANNOTATION, gpu_pod, mi210_with_synthetic_vram
 

@@ -33,7 +33,7 @@ from rocshare.api.allocation import (
 )
 from rocshare.api.models import OperatingMode, Sharing
 from rocshare.api.node_settings import NodeSettings
-from rocshare.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare_agent.discovery import discover
 
 pytestmark = pytest.mark.e2e

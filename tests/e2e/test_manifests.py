@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from rocshare.api.models import API_VERSION
-from rocshare.devcluster.controlplane import PROJECT_ROOT, ControlPlane
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane
 from rocshare.kube.client import Forbidden, Kube, object_path
 
 pytestmark = pytest.mark.e2e

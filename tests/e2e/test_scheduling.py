@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from rocshare.api.models import API_VERSION
-from rocshare.devcluster.operator_proc import OperatorProcess
-from rocshare.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import Forbidden, Invalid, Kube, object_path
 from tests.e2e.fleet import (
     create_pod,

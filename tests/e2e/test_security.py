@@ -34,10 +34,10 @@ import yaml
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import API_VERSION
-from rocshare.devcluster import certs
-from rocshare.devcluster.controlplane import ControlPlane, stop_process
-from rocshare.devcluster.operator_proc import OperatorProcess
-from rocshare.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster import certs
+from rocshare_dev.devcluster.controlplane import ControlPlane, stop_process
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
 from tests.e2e.fleet import create_pod, delete_pod, gpu_pod, read_pod, record_of, wait_for, wait_running
 

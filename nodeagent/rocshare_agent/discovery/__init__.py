@@ -9,7 +9,6 @@ every GPU comes back `healthy=True`.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from rocshare_agent.discovery.drm import DrmDevice, is_amdgpu, parse_drm_device
 from rocshare_agent.discovery.kfd import KfdCpu, KfdGpu, KfdParseError, parse_node
 from rocshare_agent.discovery.scan import kfd_nodes_dir, scan_drm, scan_kfd, scan_xcp_cards
 
-__all__ = ["DiscoveryResult", "bench_discovery", "discover", "drm_devices", "split_count_for"]
+__all__ = ["DiscoveryResult", "discover", "drm_devices", "split_count_for"]
 
 
 @dataclass(frozen=True)
@@ -83,17 +82,3 @@ def _drm_without_kfd(drm: list[DrmDevice], inventory: Inventory) -> list[Discove
     used = set(inventory.drm_paths.values())
     return [DiscoveryProblem(path=device.path, reason=f"amdgpu card{device.card} ({device.pci}) has no KFD node: not usable for compute")
             for device in drm if device.path not in used]
-
-
-def bench_discovery(sysfs_root: Path, repeats: int = 50) -> dict:
-    """Time `discover(sysfs_root)`: the figure for issue 4's < 100 ms target."""
-    timings_ms = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = discover(Path(sysfs_root))
-        timings_ms.append((time.perf_counter() - started) * 1000)
-    timings_ms.sort()
-    return {"sysfs_root": str(sysfs_root), "gpus": len(result.gpus), "repeats": repeats,
-            "min_ms": round(timings_ms[0], 2), "median_ms": round(timings_ms[len(timings_ms) // 2], 2),
-            "p95_ms": round(timings_ms[int(len(timings_ms) * 0.95) - 1 if repeats >= 20 else -1], 2),
-            "max_ms": round(timings_ms[-1], 2)}

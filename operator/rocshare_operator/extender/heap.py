@@ -1,5 +1,5 @@
 """The garbage collector's settings for the decision path, in one place for the live
-extender and its benchmark (`rocshare bench extender`), so the bench measures what runs.
+extender and its benchmark (`rocshare-dev bench extender`), so the bench measures what runs.
 
 Once the caches are built (every informer listed once), nearly everything alive lives as
 long as the process: inventories, ledger records, node facts. `settle_heap` collects once

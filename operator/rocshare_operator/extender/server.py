@@ -25,7 +25,7 @@ from rocshare.core.ids import pod_key
 from rocshare.core.request import RequestError, parse_pod
 from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
-from rocshare_operator.cluster_feed import ClusterFeed
+from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
 from rocshare_operator.extender.decisions import filter_nodes, prioritize
 from rocshare_operator.extender.heap import settle_heap

@@ -36,7 +36,7 @@ from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
 from rocshare.core.quota import QuotaCost
-from rocshare_operator.cluster_facts import (
+from rocshare_operator.feed.cluster_facts import (
     GpuNodeFacts,
     NodeFacts,
     PodFacts,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocshare_operator.admission import Refused, validate_create, validate_update
+from rocshare_operator.admission.pods import Refused, validate_create, validate_update
 
 
 def pod(limits: dict | None = None, *, annotations: dict | None = None, init: bool = False, **spec) -> dict:

@@ -1,4 +1,4 @@
-"""`rocshare bench extender` on a tiny fleet: the report's shape, and that the bench runs
+"""`rocshare-dev bench extender` on a tiny fleet: the report's shape, and that the bench runs
 under the live extender's garbage-collector settings (the one shared `settle_heap`), then
 hands the heap back unfrozen so the next setting settles its own caches."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 
-from rocshare.bench import extender as bench
+from rocshare_dev.bench import extender as bench
 from rocshare_operator.extender import heap
 
 

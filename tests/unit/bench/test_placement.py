@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rocshare.bench import placement
-from rocshare.bench import simulation as sim
-from rocshare.bench.trace import TracePod, load_nodes, load_pods
+from rocshare_dev.bench import placement
+from rocshare_dev.bench import simulation as sim
+from rocshare_dev.bench.trace import TracePod, load_nodes, load_pods
 
 TRACES = Path(__file__).resolve().parents[3] / ".." / "shared" / "traces" / "openb"
 NODES = TRACES / "openb_node_list_gpu_node.csv"
@@ -69,10 +69,10 @@ def test_seeds_and_policy_names():
 
 
 def test_bench_dispatches_on_registry():
-    from rocshare.bench import cli
+    from rocshare_dev.bench import cli
 
-    assert cli.BENCHMARKS["placement"][0] == "rocshare.bench.placement"
+    assert cli.BENCHMARKS["placement"][0] == "rocshare_dev.bench.placement"
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(["placement", "--policy", "bestfit", "--seeds", "42"])
-    assert args.seeds == [42] and args._bench_module == "rocshare.bench.placement"
+    assert args.seeds == [42] and args._bench_module == "rocshare_dev.bench.placement"

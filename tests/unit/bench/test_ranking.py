@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from rocshare.bench import simulation as sim
-from rocshare.bench.ranking import Ranking
-from rocshare.bench.trace import TraceNode, TracePod
+from rocshare_dev.bench import simulation as sim
+from rocshare_dev.bench.ranking import Ranking
+from rocshare_dev.bench.trace import TraceNode, TracePod
 
 
 @dataclass
@@ -121,7 +121,7 @@ def test_report_has_wall_and_cpu_latency():
 def test_cli_takes_the_tie_rule():
     import argparse
 
-    from rocshare.bench import placement
+    from rocshare_dev.bench import placement
 
     parser = argparse.ArgumentParser()
     placement.add_arguments(parser)

@@ -146,8 +146,8 @@ def test_operator_arguments_parse_with_the_real_cli(path: str) -> None:
 def test_webhook_skips_exactly_the_users_the_operator_trusts() -> None:
     """The validating webhook's matchCondition and the webhook's own trusted list name the same users:
     a user skipped by the condition but not trusted by the handler (or the reverse) is a hole or a cost."""
-    from rocshare.devcluster.operator_proc import TRUSTED_USERS_CONDITION, _also_trusting
-    from rocshare_operator.webhook import WebhookSettings
+    from rocshare_dev.devcluster.operator_proc import TRUSTED_USERS_CONDITION, _also_trusting
+    from rocshare_operator.admission.webhook import WebhookSettings
 
     written = list(yaml.safe_load_all((ROOT / "manifests/base/webhook/webhooks.yaml").read_text()))
     validating = find(written, "ValidatingWebhookConfiguration", "rocshare-pods")["webhooks"][0]

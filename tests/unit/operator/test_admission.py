@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rocshare.api.models import AmdGpuPoolSpec
-from rocshare_operator.admission import (
+from rocshare_operator.admission.pods import (
     Refused,
     apply_mutation,
     asks_for_gpus,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rocshare_operator.agent_daemonset import AgentDeployment, daemonset_name, render_daemonset
+from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment, daemonset_name, render_daemonset
 
 
 def render(**agent) -> dict:

@@ -21,16 +21,16 @@ from rocshare.api.models import API_VERSION, GpuInfo
 from rocshare.api.node_settings import POOL_LABEL
 from rocshare.kube.client import WatchEvent, object_path
 from rocshare.kube.informer import Informer
-from rocshare_operator import nodes_status
-from rocshare_operator.agent_daemonset import AgentDeployment
-from rocshare_operator.cluster_facts import GpuFacts, gpu_node_facts, node_facts, pod_facts
-from rocshare_operator.cluster_feed import ClusterFeed
+from rocshare_operator.reconcilers import nodes_status
+from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
+from rocshare_operator.feed.cluster_facts import GpuFacts, gpu_node_facts, node_facts, pod_facts
+from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext, pool_key, share_key
 from rocshare_operator.extender.server import subscribe as extender_subscribe
 from rocshare_operator.extender.state import SchedulerState
-from rocshare_operator.pool_logic import pool_view
-from rocshare_operator.pool_status import Inventory
-from rocshare_operator.usage import SliceIndex, slices_of
+from rocshare_operator.status.pool_logic import pool_view
+from rocshare_operator.status.pool_status import Inventory
+from rocshare_operator.status.usage import SliceIndex, slices_of
 
 NODES, PODS, GPU_NODES = "/api/v1/nodes", "/api/v1/pods", object_path(API_VERSION, "amdgpunodes")
 

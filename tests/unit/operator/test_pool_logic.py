@@ -10,7 +10,7 @@ from rocshare.api.node_settings import (
     POOL_SETTINGS_ANNOTATION,
     decode_settings,
 )
-from rocshare_operator.pool_logic import (
+from rocshare_operator.status.pool_logic import (
     NodeMarks,
     desired_node_patch,
     membership,

@@ -7,10 +7,10 @@ import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
 from rocshare.api.models import ShareLimits
-from rocshare_operator.conditions import ConditionState, merge_conditions
-from rocshare_operator.pool_status import Inventory, PoolFacts, pool_status
-from rocshare_operator.share_logic import PODS_LISTED_MAX, quota_body, quota_hard, quota_name, share_status
-from rocshare_operator.usage import DeviceUse, GpuSummary, cores_pct, effective_use, pod_slices
+from rocshare_operator.status.conditions import ConditionState, merge_conditions
+from rocshare_operator.status.pool_status import Inventory, PoolFacts, pool_status
+from rocshare_operator.status.share_logic import PODS_LISTED_MAX, quota_body, quota_hard, quota_name, share_status
+from rocshare_operator.status.usage import DeviceUse, GpuSummary, cores_pct, effective_use, pod_slices
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# `make images`: every image the real-node rig runs, built here without any registry.
+#   localhost/rocshare/base:bookworm      mmdebstrap minbase bookworm + python3, python3-venv
+#   localhost/rocshare/pause:dev          controlplane/cmd/pause (static), from scratch
+#   localhost/rocshare/operator:dev       images/operator.Dockerfile on the local base
+#   localhost/rocshare/node-agent:dev     images/agent.Dockerfile on the local base
+#   localhost/rocshare/kube-scheduler:v1.35.4   the control plane's own kube-scheduler binary
+#   localhost/rocshare/workload:dev       the local base, for the tests' slice pods
+# Each ends as a docker-archive in .cache/images/<name>.tar (what the rig imports into
+# containerd), cached by a content stamp: a second run with unchanged inputs does nothing.
+# buildah keeps its storage under .cache/containers, so the base image is cached there too.
+# Needs: dev/realnode/install-deps.sh and controlplane/build.sh done first.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+cache=.cache/images
+bin=${ROCSHARE_BIN_DIR:-$root/.cache/bin}
+mkdir -p "$cache"
+buildah() { command buildah --root "$root/.cache/containers/storage" --runroot "$root/.cache/containers/run" --storage-driver overlay "$@"; }
+
+# stamp <files...>: a short hash of the files' contents and names.
+stamp() { (for f in "$@"; do echo "$f"; cat "$f"; done) | sha256sum | cut -c1-16; }
+sources_stamp() { stamp "$@" $(find src operator nodeagent -type f \( -name '*.py' -o -name '*.j2' -o -name '*.proto' -o -name '*.yaml' -o -name '*.lua' -o -name '*.typed' \) -not -path '*/__pycache__/*' | sort); }
+fresh() { [ -f "$cache/$1.tar" ] && [ "$(cat "$cache/$1.stamp" 2>/dev/null)" = "$2" ]; }
+save() {  # save <image> <archive name> <stamp>
+  rm -f "$cache/$2.tar"
+  buildah push --quiet "$1" "docker-archive:$cache/$2.tar:$1" >/dev/null
+  echo "$3" > "$cache/$2.stamp"
+  echo "images: $2 built ($1)"
+}
+
+# ---- base: a bookworm rootfs with Debian's python3 (3.11) -----------------------------------
+base=localhost/rocshare/base:bookworm
+base_stamp=$(echo "minbase bookworm python3 python3-venv ca-certificates v1" | sha256sum | cut -c1-16)
+if ! fresh base "$base_stamp"; then
+  start=$(date +%s)
+  if [ "$(cat "$cache/bookworm-rootfs.stamp" 2>/dev/null)" != "$base_stamp" ]; then
+    # --format=tar: the output is a tarball whatever its name (a directory target would hold
+    # mmdebstrap's /proc and /sys mounts while it runs).
+    mmdebstrap --quiet --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates \
+      bookworm "$cache/bookworm-rootfs.tar.part"
+    mv "$cache/bookworm-rootfs.tar.part" "$cache/bookworm-rootfs.tar"
+    echo "$base_stamp" > "$cache/bookworm-rootfs.stamp"
+  fi
+  c=$(buildah from scratch)
+  buildah add --quiet "$c" "$cache/bookworm-rootfs.tar" / >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd /bin/bash "$c"
+  buildah commit --quiet --rm "$c" "$base" >/dev/null
+  save "$base" base "$base_stamp"
+  echo "images: base in $(( $(date +%s) - start )) s"
+fi
+
+# ---- pause: the sandbox image containerd's CRI uses --------------------------------------
+pause_stamp=$(stamp "$bin/pause")
+if ! fresh pause "$pause_stamp"; then
+  c=$(buildah from scratch)
+  buildah copy --quiet "$c" "$bin/pause" /pause >/dev/null
+  buildah config --entrypoint '["/pause"]' --user 65535:65535 "$c"
+  buildah commit --quiet --rm "$c" localhost/rocshare/pause:dev >/dev/null
+  save localhost/rocshare/pause:dev pause "$pause_stamp"
+fi
+
+# ---- kube-scheduler: the control plane's own binary on the local base ---------------------
+sched_stamp=$(stamp "$bin/kube-scheduler" "$cache/base.stamp")
+if ! fresh kube-scheduler "$sched_stamp"; then
+  c=$(buildah from "$base")
+  buildah copy --quiet --chmod 0755 "$c" "$bin/kube-scheduler" /usr/local/bin/kube-scheduler >/dev/null
+  buildah config --entrypoint '["/usr/local/bin/kube-scheduler"]' --cmd '' --user 65532:65532 "$c"
+  buildah commit --quiet --rm "$c" localhost/rocshare/kube-scheduler:v1.35.4 >/dev/null
+  save localhost/rocshare/kube-scheduler:v1.35.4 kube-scheduler "$sched_stamp"
+fi
+
+# ---- workload: what the tests' slice pods run -------------------------------------------
+if ! fresh workload "$base_stamp"; then
+  buildah tag "$base" localhost/rocshare/workload:dev
+  save localhost/rocshare/workload:dev workload "$base_stamp"
+fi
+
+# ---- operator and agent: the project's Dockerfiles, on the local base ---------------------
+# A machine whose HTTPS goes through an intercepting proxy trusts its CA through PIP_CERT (or
+# SSL_CERT_FILE); pip in the build container then needs that bundle too. It is mounted for the
+# RUN steps only (with a pip.conf naming it), never written into an image.
+ca_bundle=${PIP_CERT:-${SSL_CERT_FILE:-}}
+build_mounts=()
+if [ -n "$ca_bundle" ] && [ -f "$ca_bundle" ]; then
+  printf '[global]\ncert = /etc/ssl/certs/build-host-ca.crt\n' > "$cache/pip.conf"
+  build_mounts=(-v "$ca_bundle:/etc/ssl/certs/build-host-ca.crt:ro" -v "$root/$cache/pip.conf:/etc/pip.conf:ro")
+fi
+for app in operator agent; do
+  name=$([ "$app" = agent ] && echo node-agent || echo operator)
+  app_stamp=$(sources_stamp "images/$app.Dockerfile" "images/$app.Dockerfile.dockerignore" pyproject.toml constraints.txt "$cache/base.stamp")
+  fresh "$name" "$app_stamp" && continue
+  start=$(date +%s)
+  # chroot isolation and the host network: RUN steps need PyPI, and no CNI is set up for buildah.
+  buildah bud --quiet --layers --isolation chroot --network host "${build_mounts[@]}" \
+    --build-arg "BASE_IMAGE=$base" -f "images/$app.Dockerfile" --ignorefile "images/$app.Dockerfile.dockerignore" \
+    -t "localhost/rocshare/$name:dev" . >/dev/null
+  save "localhost/rocshare/$name:dev" "$name" "$app_stamp"
+  echo "images: $name in $(( $(date +%s) - start )) s"
+done
+echo "images: all in $cache"

@@ -1,0 +1,370 @@
+"""`rocshare-dev bench all --out docs` (`make bench`): every benchmark of the report, one after another,
+then docs/benchmarks.json (every figure, units in the key names, and the machine), a readable
+docs/benchmarks.md (figure, value, target, met or missed by how much, command) and
+docs/benchmarks-scaling.png (extender latency and operator memory at 100, 1,000, 5,000 nodes).
+
+Sections: placement (bestfit and our best policy on the default openb trace, 3 seeds instead of
+the paper's 10 to save time), extender, cost (operator and agent), e2e (when the module
+rocshare_dev.bench.e2e exists). Sections run one at a time: the machine is small. `--skip` leaves
+sections out; their figures are kept from the previous report in --out if there is one (for e2e:
+collected from the file `rocshare-dev bench e2e` writes), and the report marks them as carried over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+SECTIONS = ("placement", "extender", "cost", "e2e")
+PLACEMENT_SEEDS = "42-44"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="docs", help="folder for benchmarks.json/.md/-scaling.png (default: %(default)s)")
+    parser.add_argument("--skip", default="", help=f"sections to leave out, comma-separated: {', '.join(SECTIONS)}")
+    parser.add_argument("--seeds", default=PLACEMENT_SEEDS, help="placement seeds (default: %(default)s)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: redraw benchmarks.md and the chart from benchmarks.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = {part.strip() for part in args.skip.split(",") if part.strip()}
+    unknown = skip - set(SECTIONS)
+    if unknown:
+        print(f"rocshare-dev bench all: unknown sections {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}")
+        return 2
+    if args.render_only:
+        report = json.loads((out / "benchmarks.json").read_text())
+        (out / "benchmarks.md").write_text(render_markdown(report))
+        draw_chart(report, out / "benchmarks-scaling.png")
+        return 0
+    previous = _previous(out / "benchmarks.json")
+    sections: dict[str, dict] = {}
+    for name in SECTIONS:
+        if name == "e2e" and name in skip and _e2e_saved() is not None:
+            sections[name] = {"figures": _e2e_figures(_e2e_saved()), "carried_over": True}
+            print("== e2e: skipped; figures collected from the last `rocshare-dev bench e2e` run")
+            continue
+        if name in skip:
+            if name in previous:
+                sections[name] = {**previous[name], "carried_over": True}
+            print(f"== {name}: skipped" + (" (figures kept from the previous report)" if name in previous else ""))
+            continue
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        sections[name] = RUNNERS[name](args)
+        sections[name]["wall_s"] = round(time.monotonic() - started, 1)
+    report = build_report(sections)
+    (out / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "benchmarks.md").write_text(render_markdown(report))
+    draw_chart(report, out / "benchmarks-scaling.png")
+    print(f"wrote {out / 'benchmarks.json'}, {out / 'benchmarks.md'}, {out / 'benchmarks-scaling.png'}")
+    return 0
+
+
+def _previous(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()).get("sections", {})
+    except (OSError, ValueError):
+        return {}
+
+
+# ---- sections --------------------------------------------------------------------------------
+
+
+def _placement(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench import simulation
+    from rocshare_dev.bench.placement import DEFAULT_NODES, DEFAULT_PODS, parse_seeds
+    from rocshare_dev.bench.trace import load_nodes, load_pods
+
+    nodes = [simulation.build_inventory(n) for n in load_nodes(DEFAULT_NODES)]
+    pods = load_pods(DEFAULT_PODS)
+    seeds = parse_seeds(args.seeds)
+    figures: dict = {}
+    for label, policy in (("bestfit", "bestfit"), ("best", simulation.BEST)):
+        result = simulation.run_policy(nodes, pods, policy, seeds)
+        figures[f"placement_alloc_pct_at_130_{label}"] = result["allocation_ratio"]["130"]["mean"]
+        figures[f"placement_alloc_pct_at_100_{label}"] = result["allocation_ratio"]["100"]["mean"]
+        figures[f"placement_frag_pct_at_80_{label}"] = result["fragmentation_ratio_80"]
+        figures[f"placement_decision_p99_ms_{label}"] = result["latency_ms"]["p99"]
+        print(f"   {label} ({policy}): alloc@130 {figures[f'placement_alloc_pct_at_130_{label}']} %", flush=True)
+    return {"figures": figures, "seeds": args.seeds, "best_policy": simulation.BEST}
+
+
+def _extender(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench import extender
+
+    return extender_section(extender.measure(extender.NODE_COUNTS, extender.OCCUPANCIES, progress=True))
+
+
+def extender_section(report: dict) -> dict:
+    """Figures from `rocshare-dev bench extender --json`."""
+    from rocshare_dev.bench import extender
+
+    figures: dict = {}
+    for setting in report["settings"]:
+        nodes, pct = setting["nodes"], round(100 * setting["target_occupancy"])
+        for kind in ("warm", "cold"):
+            prefix = "extender" if kind == "warm" else "extender_cold"
+            for stat in ("p50", "p99", "cpu_p99"):
+                figures[f"{prefix}_{stat}_ms_{nodes}_nodes_{pct}pct"] = setting[kind][f"{stat}_ms"]
+        figures[f"extender_occupancy_pct_{nodes}_nodes_{pct}pct"] = round(100 * setting["occupancy"], 1)
+    for nodes in extender.NODE_COUNTS:  # the headline: the worse of the two occupancies
+        for stat in ("p50", "p99", "cpu_p99"):
+            figures[f"extender_{stat}_ms_{nodes}_nodes"] = max(
+                figures[f"extender_{stat}_ms_{nodes}_nodes_{round(100 * o)}pct"] for o in extender.OCCUPANCIES)
+    return {"figures": figures, "detail": report}
+
+
+def _cost(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench import cost
+
+    return cost_section(cost.measure(cost.FLEET_SIZES, progress=True))
+
+
+def cost_section(report: dict) -> dict:
+    """Figures from `rocshare-dev bench cost --json`."""
+    figures: dict = {}
+    for size in report.get("operator", {}).get("sizes", []):
+        figures[f"operator_rss_mib_{size['nodes']}_nodes"] = size["rss_max_mib"]
+        figures[f"operator_ready_s_{size['nodes']}_nodes"] = size["ready_s"]
+    without = report.get("operator", {}).get("without_extender")
+    if without:
+        figures[f"operator_rss_mib_{without['nodes']}_nodes_without_extender"] = without["rss_max_mib"]
+    agent = report.get("agent")
+    if agent is None:
+        return {"figures": figures, "detail": report}
+    figures.update(agent_idle_rss_mib=agent["idle"]["rss_mib"], agent_idle_cpu_pct=agent["idle"]["cpu_pct"],
+                   agent_burst_peak_rss_mib=agent["burst"]["peak_rss_mib"],
+                   agent_burst_cpu_pct=agent["burst"]["cpu_pct"],
+                   agent_burst_cpu_ms_per_pod=agent["burst"]["cpu_ms_per_pod"],
+                   agent_burst_wall_s=agent["burst"]["wall_s"])
+    return {"figures": figures, "detail": report}
+
+
+def _e2e(args: argparse.Namespace) -> dict:
+    if importlib.util.find_spec("rocshare_dev.bench.e2e") is None:
+        print("   skipped: rocshare_dev.bench.e2e does not exist yet (issue 10 item 2)")
+        return {"figures": {}, "absent": True}
+    from rocshare_dev.bench.e2e import run_e2e
+
+    return {"figures": _e2e_figures(run_e2e())}
+
+
+def _e2e_saved() -> dict | None:
+    """The figures `rocshare-dev bench e2e` last wrote (its --json-out default), if any."""
+    if importlib.util.find_spec("rocshare_dev.bench.e2e") is None:
+        return None
+    from rocshare_dev.bench.e2e import DEFAULT_JSON_OUT
+
+    try:
+        return json.loads(Path(DEFAULT_JSON_OUT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _e2e_figures(result: dict) -> dict:
+    figures = {key: value for key, value in result.items() if isinstance(value, int | float)}
+    if figures.get("e2e_baseline_pods_per_s") and "e2e_pods_per_s" in figures:
+        figures["e2e_throughput_ratio"] = round(figures["e2e_pods_per_s"] / figures["e2e_baseline_pods_per_s"], 3)
+    return figures
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], dict]] = {
+    "placement": _placement, "extender": _extender, "cost": _cost, "e2e": _e2e}
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    bound: float
+    at_most: bool  # True: value <= bound; False: value >= bound
+
+
+TARGETS: dict[str, Target] = {
+    "extender_p99_ms_1000_nodes": Target(5.0, True),
+    "extender_p99_ms_5000_nodes": Target(25.0, True),
+    "operator_rss_mib_5000_nodes": Target(300.0, True),
+    "e2e_pods_per_s": Target(100.0, False),
+    "e2e_throughput_ratio": Target(0.5, False),
+}
+
+COMMANDS = {
+    "placement": f"rocshare-dev bench placement --policy bestfit|best --seeds {PLACEMENT_SEEDS} --json",
+    "extender": "rocshare-dev bench extender --nodes 100,1000,5000 --occupancy 0.5,0.9",
+    "cost": "rocshare-dev bench cost --nodes 100,1000,5000",
+    "e2e": "rocshare-dev bench e2e --nodes 500 --pods 2000",
+}
+
+
+def machine() -> dict:
+    memory_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal:"))
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return {"cores": os.cpu_count(), "memory_gib": round(memory_kib / 1024**2, 1), "cpu": model,
+            "python": platform.python_version(), "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
+
+
+def build_report(sections: dict[str, dict]) -> dict:
+    figures: dict = {}
+    for section in sections.values():
+        figures.update(section.get("figures", {}))
+    return {"generated": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": machine(),
+            "figures": figures, "sections": sections}
+
+
+def verdict(key: str, value: float) -> tuple[str, str]:
+    """(target text, met/missed text) for a figure."""
+    target = TARGETS.get(key)
+    if target is None:
+        return "—", "—"
+    sign = "≤" if target.at_most else "≥"
+    met = value <= target.bound if target.at_most else value >= target.bound
+    if met:
+        return f"{sign} {target.bound:g}", "met"
+    gap = abs(value - target.bound)
+    ratio = value / target.bound if target.at_most else target.bound / value if value else float("inf")
+    return f"{sign} {target.bound:g}", f"**missed** by {gap:,.1f} ({ratio:.1f}×)"
+
+
+def render_markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        "# rocshare-dev benchmarks",
+        "",
+        f"Generated {report['generated']} by `make bench` (`rocshare-dev bench all --out docs`) on "
+        f"{m['cores']} cores ({m['cpu']}), {m['memory_gib']} GiB, Python {m['python']}; "
+        f"1-minute load average at the end {m['load_average_1m_at_end']} (the machine is shared: "
+        "wall-clock latencies include time other processes held the cores; the `cpu_p99` figures do not).",
+        "",
+        "Units are in the key names (`_ms`, `_mib`, `_pct`, `_s`, `_per_s`). Every figure is in "
+        "[benchmarks.json](benchmarks.json); the chart is [benchmarks-scaling.png](benchmarks-scaling.png).",
+        "",
+    ]
+    lines += ["## Targets (issue 10)", "", "| figure | value | target | met? |", "|---|---|---|---|"]
+    for key in TARGETS:
+        value = report["figures"].get(key)
+        target, met = verdict(key, value) if value is not None else (verdict(key, 0)[0], "not measured")
+        lines.append(f"| `{key}` | {'—' if value is None else f'{value:g}'} | {target} | {met} |")
+    lines += ["", "Wall-clock latency on this shared machine includes waiting for a core; "
+              "`extender_cpu_p99_ms_*` is the extender's own CPU time per pod (same rounds).", ""]
+    for name in SECTIONS:
+        section = report["sections"].get(name, {"figures": {}, "skipped": True})
+        lines += _section_lines(name, section)
+    lines += NOTES
+    return "\n".join(lines) + "\n"
+
+
+def _command(name: str, section: dict) -> str:
+    """The command that produced the figures (the e2e run records its own scale)."""
+    figures = section.get("figures", {})
+    if name == "e2e" and "e2e_nodes" in figures:
+        return f"rocshare-dev bench e2e --nodes {figures['e2e_nodes']:g} --pods {figures['e2e_pods']:g}"
+    return COMMANDS[name]
+
+
+def _section_lines(name: str, section: dict) -> list[str]:
+    title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
+             "cost": "Operator and agent cost", "e2e": "End to end on the real control plane"}[name]
+    lines = [f"## {title}", ""]
+    if section.get("absent"):
+        return lines + ["Not measured: `rocshare_dev.bench.e2e` does not exist yet.", ""]
+    if section.get("skipped"):
+        return lines + [f"Not measured in this report: skipped, and no earlier figures to carry over "
+                        f"(run `{COMMANDS[name]}`).", ""]
+    if section.get("carried_over"):
+        lines += ["*Carried over: this section was skipped in the last `bench all` run; the figures are from "
+                  "an earlier run of its own command.*", ""]
+    lines += ["| figure | value | target | met? | command |", "|---|---|---|---|---|"]
+    for key, value in section.get("figures", {}).items():
+        target, met = verdict(key, value)
+        lines.append(f"| `{key}` | {value:g} | {target} | {met} | `{_command(name, section)}` |")
+    if section.get("note"):
+        lines += ["", section["note"]]
+    if section.get("wall_s"):
+        lines += ["", f"Section wall time: {section['wall_s']:.0f} s."]
+    return lines + [""]
+
+
+NOTES = [
+    "## How these were measured",
+    "",
+    "* **Extender** (`src/rocshare/bench/extender.py`): a SchedulerState built in memory through the "
+    "informer handlers, N nodes × 8 GPUs from the MI210 and MI300X captures (MI300X folded from its CPX "
+    "capture to 8 GPUs of 304 CUs; VRAM is **synthetic**, 64 and 192 GiB: the captures have none), filled "
+    "with allocator-made records. One round = filter over the **full** node list (worst case: "
+    "kube-scheduler sends only nodes that passed its own filters and, with the default "
+    "percentageOfNodesToScore, may score fewer) + prioritize over the feasible nodes + the bind decision "
+    "(parse, node_rejection, allocate, record and HAMi annotation encoding; no HTTP). `extender_p99_ms_N_nodes` "
+    "is the worse of 50 % and 90 % occupancy, warm: pods drawn from a 7-shape mix after one untimed pod of "
+    "each shape, a pod committed and an older one released after each round. `extender_cold_*` empties the "
+    "plan memo before each round (the first pod of a never-seen shape).",
+    "* **Operator** (`src/rocshare/bench/cost.py`): real etcd + kube-apiserver + controller-manager; "
+    "N Nodes, N AmdGpuNodes with status, 4 bound pods per node with allocation records (no webhook, no "
+    "kube-scheduler), then `rocshare operator --standalone --no-webhook`; RSS (VmRSS, max over 20 s after "
+    "/readyz) from /proc. The process holds one watch per kind for Nodes, Pods and AmdGpuNodes (small "
+    "facts, no bodies) shared by the extender and the reconcilers, the extender's caches, and Kopf's "
+    "watches on pools, shares, DaemonSets and quotas.",
+    "* **Agent**: one simulated node (kubelet peer + `rocshare agent`, health every 2 s) on the MI210 "
+    "capture with synthetic 64 GiB VRAM and splitCount 25; idle over 30 s; burst: 200 pods bound one at a "
+    "time (the extender's in-flight gate) until all Running and marked allocated. CPU from /proc/<pid>/stat.",
+    "* **Placement**: 3 seeds (42–44) instead of the 10 of docs/placement.md, for time.",
+    "",
+]
+
+
+# ---- chart -----------------------------------------------------------------------------------
+
+
+def draw_chart(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    figures = report["figures"]
+    sizes = (100, 1000, 5000)
+    fig, (latency, memory) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for occupancy, color in ((50, "tab:blue"), (90, "tab:orange")):
+        for stat, line in (("p99", "o-"), ("p50", "o--")):
+            points = [(n, figures.get(f"extender_{stat}_ms_{n}_nodes_{occupancy}pct")) for n in sizes]
+            points = [(n, v) for n, v in points if v is not None]
+            if points:
+                latency.plot(*zip(*points), line, color=color, label=f"{stat}, {occupancy} % occupancy")
+    cpu = [(n, max((figures.get(f"extender_cpu_p99_ms_{n}_nodes_{o}pct") or 0) for o in (50, 90))) for n in sizes]
+    cpu = [(n, v) for n, v in cpu if v]
+    if cpu:  # the wall-clock tail on a shared machine includes waiting for a core; CPU time does not
+        latency.plot(*zip(*cpu), "k:", marker="^", label="CPU-time p99 (worse occupancy)")
+    latency.plot([1000, 5000], [5, 25], "r*", markersize=12, label="p99 targets")
+    latency.set(xscale="log", yscale="log", xlabel="nodes (8 GPUs each)", ylabel="ms per pod (wall clock)",
+                title="Extender: filter + prioritize + bind decision")
+    latency.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    rss = [(n, figures.get(f"operator_rss_mib_{n}_nodes")) for n in sizes]
+    rss = [(n, v) for n, v in rss if v is not None]
+    if rss:
+        memory.plot(*zip(*rss), "o-", color="tab:green", label="operator RSS (4 pods per node)")
+    memory.axhline(300, color="r", linestyle="--", label="target at 5,000 nodes")
+    memory.set(xscale="log", xlabel="nodes (8 GPUs each)", ylabel="MiB", title="Operator resident memory")
+    for axis in (latency, memory):
+        axis.set_xticks(sizes, [f"{n:,}" for n in sizes])
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.suptitle(f"rocshare cost by cluster size — {report['machine']['cores']} cores, "
+                 f"{report['machine']['memory_gib']} GiB", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

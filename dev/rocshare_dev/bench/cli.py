@@ -1,0 +1,36 @@
+"""Benchmarks. `rocshare-dev bench placement ...` replays the FGD paper's protocol on the
+Alibaba openb trace through rocshare's allocator (see docs/placement.md). Each benchmark is
+a module with add_arguments(parser) and run(args) -> int, listed in BENCHMARKS."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# name -> (module, one-line help). Add a benchmark by adding a module and a line here.
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "placement": ("rocshare_dev.bench.placement",
+                  "replay a trace with the FGD paper's protocol; allocation ratios per policy"),
+    "allocate": ("rocshare_dev.bench.allocate", "device plugin Allocate latency for a burst of pods on one node (p99 target 20 ms)"),
+    "extender": ("rocshare_dev.bench.extender",
+                 "extender filter + prioritize + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
+    "e2e": ("rocshare_dev.bench.e2e",
+            "pods/s from create to Running on the real control plane, rocshare vs kube-scheduler alone"),
+    "cost": ("rocshare_dev.bench.cost",
+             "operator RSS with 100-5,000 nodes and 4 pods each; agent CPU and RSS idle and in a 200-pod burst"),
+    "all": ("rocshare_dev.bench.all",
+            "every benchmark of the report -> docs/benchmarks.json, .md and -scaling.png (make bench)"),
+    "discovery": ("rocshare_dev.bench.discovery", "time GPU discovery of a sysfs tree (target < 100 ms on the MI300X CPX capture)"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    benches = parser.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    for name, (module_name, summary) in BENCHMARKS.items():
+        sub = benches.add_parser(name, help=summary, description=summary)
+        sub.set_defaults(_bench_module=module_name)
+        importlib.import_module(module_name).add_arguments(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(args._bench_module).run(args) or 0)

@@ -1,0 +1,263 @@
+"""`rocshare-dev bench extender`: the extender's decision latency for one pod at cluster scale.
+
+A `SchedulerState` is built in memory through the same handlers the informers call
+(on_pool, on_node, on_gpu_node) for N nodes of 8 real GPUs each (see fleet.py: MI210 and
+MI300X captures, synthetic VRAM), then filled to a target occupancy with records the core
+allocator made, committed with `state.commit` as bind does. Each timed round is one pod:
+
+1. filter over the **full** node list (worst case: kube-scheduler sends only the nodes that
+   passed its own filters, and with the default percentageOfNodesToScore may stop early),
+   the reply rendered as JSON-ready dicts;
+2. prioritize over the nodes filter kept;
+3. the bind decision on the best node: exactly what `Binder` does except its HTTP calls
+   (parse the pod, node_rejection, allocate, encode the record and the HAMi annotation).
+
+The pod is then committed and an earlier bench pod released, outside the timing, so
+occupancy stays put while nodes change under the caches as they would in a live cluster.
+Pods are drawn from fleet.POD_MIX, so shapes repeat as in a real workload: "warm" rounds
+follow one untimed pod of each shape (a live extender's steady state); "cold" rounds empty
+the extender's plan memo first, as for the first pod of a never-seen shape.
+Only the decision functions are timed: no HTTP and no JSON parsing of the request body.
+The garbage collector is set as in the live extender (`heap.settle_heap` once the caches
+are built), so its pauses are the ones production sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NODE_COUNTS = (100, 1000, 5000)
+OCCUPANCIES = (0.5, 0.9)
+TARGET_P99_MS = {1000: 5.0, 5000: 25.0}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", default=",".join(map(str, NODE_COUNTS)),
+                        help="node counts, comma-separated (default: %(default)s)")
+    parser.add_argument("--occupancy", default=",".join(map(str, OCCUPANCIES)),
+                        help="fill levels, comma-separated fractions (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="timed pods per setting (default: 2000 at 100 nodes, 1000 at 1,000, 400 at 5,000)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
+
+
+def run(args: argparse.Namespace) -> int:
+    report = measure([int(n) for n in args.nodes.split(",")], [float(o) for o in args.occupancy.split(",")],
+                     rounds=args.rounds, seed=args.seed, progress=not args.json)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
+def measure(node_counts: Sequence[int], occupancies: Sequence[float], *, rounds: int = 0, seed: int = 7,
+            progress: bool = False) -> dict:
+    results = []
+    for nodes in node_counts:
+        for occupancy in occupancies:
+            result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed))
+            results.append(result)
+            if progress:
+                print(_row(result), flush=True)
+    return {"node_gpus": 8, "full_node_list": True, "settings": results}
+
+
+def _default_rounds(nodes: int) -> int:
+    return 2000 if nodes <= 100 else 1000 if nodes <= 1000 else 400
+
+
+# ---- one setting -----------------------------------------------------------------------------
+
+
+@dataclass
+class Timings:
+    cpu_s: list[float]
+    total_s: list[float]
+    filter_s: list[float]
+    prioritize_s: list[float]
+    bind_s: list[float]
+    feasible: list[int]
+
+
+async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int) -> dict:
+    from rocshare_operator.extender.heap import settle_heap
+    from rocshare_operator.extender.state import SchedulerState
+
+    rng = random.Random(seed)
+    build_started = time.perf_counter()
+    state = SchedulerState()
+    names = build_nodes(state, nodes)
+    live = fill(state, names, occupancy, rng)
+    build_s = time.perf_counter() - build_started
+    reached = occupancy_of(state)
+    settle_heap()  # as the live extender does once its caches are synced
+    try:
+        warm_up(state, names)
+        warm = await _rounds(state, names, live, rounds, rng, cold=False)
+        cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True)
+    finally:
+        gc.unfreeze()  # this setting's caches become garbage; the next one settles its own
+    return {
+        "nodes": nodes, "target_occupancy": occupancy, "occupancy": round(reached, 3),
+        "pods_in_ledger": len(state.ledger), "rounds": rounds, "build_s": round(build_s, 1),
+        "warm": _summary(warm), "cold": _summary(cold),
+    }
+
+
+def build_nodes(state, count: int) -> list[str]:
+    from rocshare_dev.bench.fleet import gpu_node_object, node_kind, node_name, node_object, pool_object
+
+    state.on_pool("ADDED", pool_object())
+    names = [node_name(i) for i in range(count)]
+    for i, name in enumerate(names):
+        state.on_node("ADDED", node_object(name, node_kind(i)))
+        state.on_gpu_node("ADDED", gpu_node_object(name, node_kind(i)))
+    return names
+
+
+def fill(state, names: Sequence[str], occupancy: float, rng: random.Random) -> deque:
+    """Fill each node towards its own target (uniform around `occupancy`, so nodes differ)."""
+    from rocshare_dev.bench.fleet import NAMESPACE, draw_pods, held_share
+    from rocshare.core.allocate import Plan, plan_pod, record_from_plan
+    from rocshare.core.ids import pod_key
+    from rocshare_operator.extender.decisions import policy_for
+
+    pods = draw_pods(rng, "fill")
+    live: deque = deque()
+    low = max(0.0, 2 * occupancy - 1)
+    for name in names:
+        node = state.inventories[name]
+        target, misses = rng.uniform(low, 1.0), 0
+        while misses < 6:
+            pod, usage = next(pods), state.ledger.usage(node)
+            plan = plan_pod(node, usage, pod.request, policy_for(state, name, pod.request))
+            if not isinstance(plan, Plan) or held_share(plan.loads_after, node.gpus) > target + 0.02:
+                misses += 1
+                continue
+            key = pod_key(NAMESPACE, pod.name)
+            state.commit(key, NAMESPACE, record_from_plan(node, usage, pod.request, plan))
+            live.append(key)
+    rng.shuffle(live)
+    return live
+
+
+def occupancy_of(state) -> float:
+    from rocshare_dev.bench.fleet import held_share
+
+    shares = [held_share(state.ledger.usage(node).loads, node.gpus) for node in state.inventories.values()]
+    return sum(shares) / len(shares)
+
+
+async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random.Random, *, cold: bool) -> Timings:
+    from rocshare_dev.bench.fleet import NAMESPACE, draw_pods, pod_object
+    from rocshare.core.ids import pod_key
+
+    timings = Timings([], [], [], [], [], [])
+    pods = draw_pods(rng, "cold" if cold else "warm")
+    for _ in range(rounds):
+        pod = next(pods)
+        body = pod_object(pod.name, pod.resources)
+        body["metadata"].update(resourceVersion="1", uid=f"uid-{pod.name}")  # as bind reads it
+        if cold:
+            state_caches_cleared(state)
+        record = decide(state, body, names, timings)
+        if record is not None:  # steady occupancy: this pod stays, an older one ends
+            key = pod_key(NAMESPACE, pod.name)
+            state.commit(key, NAMESPACE, record)
+            live.append(key)
+            old = live.popleft()
+            await state.on_pod("DELETED", {"metadata": {"namespace": NAMESPACE, "name": old.partition("/")[2]}})
+    return timings
+
+
+def warm_up(state, names: list[str]) -> None:
+    """One untimed filter + prioritize per pod shape of the mix: the steady state of a live extender
+    (whose modules, the binder's too, were all imported at start: no timed round pays an import)."""
+    from rocshare_dev.bench.fleet import POD_MIX, pod_object
+    from rocshare.core.request import parse_pod
+    from rocshare_operator.extender import binder  # noqa: F401
+    from rocshare_operator.extender.decisions import filter_nodes, prioritize
+
+    for serial, (_, resources) in enumerate(POD_MIX):
+        request = parse_pod(pod_object(f"warm-up-{serial}", resources))
+        prioritize(state, request, filter_nodes(state, request, names).feasible)
+
+
+def state_caches_cleared(state) -> None:
+    memo = getattr(state, "plans", None)
+    if memo is not None:
+        memo.clear()
+
+
+def decide(state, body: dict, names: list[str], timings: Timings):
+    """One pod through filter, prioritize and the bind decision, each timed."""
+    from rocshare.core.request import parse_pod
+    from rocshare_operator.extender.decisions import filter_nodes, prioritize
+
+    cpu_started = time.thread_time()
+    started = time.perf_counter()
+    result = filter_nodes(state, parse_pod(body), names)
+    result.to_json()
+    filtered = time.perf_counter()
+    scores = prioritize(state, parse_pod(body), result.feasible)
+    prioritized = time.perf_counter()
+    record = _bind_decision(state, body, scores) if scores else None
+    done = time.perf_counter()
+    timings.cpu_s.append(time.thread_time() - cpu_started)
+    timings.total_s.append(done - started)
+    timings.filter_s.append(filtered - started)
+    timings.prioritize_s.append(prioritized - filtered)
+    timings.bind_s.append(done - prioritized)
+    timings.feasible.append(len(result.feasible))
+    return record
+
+
+def _bind_decision(state, body: dict, scores: list[dict]):
+    from rocshare_operator.extender import binder
+
+    best = max(scores, key=lambda entry: entry["Score"])["Host"]
+    # The Binder's own decision code, so the figure is bind's; it needs no client for this part.
+    bind = binder.Binder(kube=None, state=state)
+    record = bind._decide(body, best)
+    binder._binding(body, best, binder._record_annotations(body, record, bind._device_types(best)))
+    return record
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(values: Sequence[float], q: float) -> float:
+    return round(1000 * _quantile(values, q), 3)
+
+
+def _summary(t: Timings) -> dict:
+    return {
+        "p50_ms": _ms(t.total_s, 0.5), "p99_ms": _ms(t.total_s, 0.99), "max_ms": _ms(t.total_s, 1.0),
+        "cpu_p50_ms": _ms(t.cpu_s, 0.5), "cpu_p99_ms": _ms(t.cpu_s, 0.99),
+        "filter_p50_ms": _ms(t.filter_s, 0.5), "filter_p99_ms": _ms(t.filter_s, 0.99),
+        "prioritize_p50_ms": _ms(t.prioritize_s, 0.5), "prioritize_p99_ms": _ms(t.prioritize_s, 0.99),
+        "bind_p50_ms": _ms(t.bind_s, 0.5), "bind_p99_ms": _ms(t.bind_s, 0.99),
+        "feasible_nodes_median": int(_quantile(t.feasible, 0.5)), "rounds": len(t.total_s),
+    }
+
+
+def _row(result: dict) -> str:
+    warm, cold = result["warm"], result["cold"]
+    return (f"{result['nodes']:5d} nodes  occupancy {result['occupancy']:.2f}  "
+            f"p50 {warm['p50_ms']:7.2f} ms  p99 {warm['p99_ms']:7.2f} ms  "
+            f"(filter {warm['filter_p99_ms']:.2f}, prioritize {warm['prioritize_p99_ms']:.2f}, "
+            f"bind {warm['bind_p99_ms']:.2f}; CPU p99 {warm['cpu_p99_ms']:.2f})  cold p99 {cold['p99_ms']:7.2f} ms  "
+            f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s")

@@ -1,0 +1,297 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler (v1.35, built by controlplane/build.sh).
+
+Used by the e2e tests (one per test session, in a temp folder, free ports), by
+`make cluster-up` / `make demo` (in ./run/cluster, fixed ports) and by the benchmarks.
+Flags follow controller-runtime's envtest: loopback only, generated certificates,
+RBAC, admission webhooks on. The controller-manager runs so that namespaces finish
+deleting, default ServiceAccounts appear, owner references are garbage-collected and
+quotas are counted; its node-lifecycle controller is off, since simulated nodes are
+restarted on purpose and must not be tainted and evicted for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rocshare_dev.devcluster import certs
+
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_BIN_DIR = Path(os.environ.get("ROCSHARE_BIN_DIR", PROJECT_ROOT / ".cache" / "bin"))
+SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-config.yaml"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    extender: int = 31990
+
+    @classmethod
+    def free(cls, extender: int | None = None) -> Ports:
+        return cls(free_port(), free_port(), free_port(), free_port(), free_port(), extender or free_port())
+
+    @classmethod
+    def fixed(cls) -> Ports:
+        """The ports `make cluster-up` and `make demo` use, so a kubeconfig stays valid across runs."""
+        return cls(etcd_client=32379, etcd_peer=32380, apiserver=36443, controller_manager=36457,
+                   scheduler=36459, extender=31990)
+
+
+@dataclass
+class ControlPlane:
+    root: Path
+    ports: Ports
+    bin_dir: Path = DEFAULT_BIN_DIR
+    with_scheduler: bool = True
+    pids: dict[str, int] = field(default_factory=dict)
+    # Run every component through this command (the real-node rig: `nsenter --net=...`, so the
+    # control plane lives in the rig's network namespace), and give the API server these flags too.
+    command_prefix: tuple[str, ...] = ()
+    extra_apiserver_args: tuple[str, ...] = ()
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        """Start every component and wait until the API server is ready; idempotent per folder."""
+        self._check_binaries()
+        for folder in (self.root, self.pki, self.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._write_pki()
+        self._spawn("etcd", self._etcd_args())
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait_ready(timeout_s)
+        self._spawn("kube-controller-manager", self._controller_manager_args())
+        if self.with_scheduler:
+            self.start_scheduler()
+        self._save_state()
+
+    def start_scheduler(self, *, config_path: Path | None = None) -> None:
+        path = config_path or self._write_scheduler_config()
+        self._spawn("kube-scheduler", [f"--config={path}", "--bind-address=127.0.0.1",
+                                       f"--secure-port={self.ports.scheduler}", "-v=1"])
+        self._save_state()
+
+    def stop(self) -> None:
+        """Stop every component started from this folder (also ones from an earlier process)."""
+        for name, pid in reversed(list(self._known_pids().items())):
+            stop_process(pid, name)
+        self.pids.clear()
+        state = self.root / "state.json"
+        if state.exists():
+            state.unlink()
+
+    def restart_apiserver(self, *, timeout_s: float = 60.0) -> None:
+        """Kill kube-apiserver and start it again with the same flags (for fault tests)."""
+        stop_process(self.pids.pop("kube-apiserver"), "kube-apiserver", sig=signal.SIGKILL)
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait_ready(timeout_s)
+        self._save_state()
+
+    # ---- helpers for callers ------------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None,
+                timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+        command = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(command, capture_output=True, text=True, input=input_text, timeout=timeout_s)
+        if check and result.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
+
+    def user_kubeconfig(self, user: str, group: str | None = None) -> Path:
+        """A kubeconfig for another client-certificate user (RBAC applies; grant it roles yourself)."""
+        path = self.root / f"kubeconfig-{user}"
+        if not path.exists():
+            ca = certs.KeyPair(self.pki / "ca.crt", self.pki / "ca.key")
+            certs.issue(ca, self.pki, user, common_name=user, organization=group)
+            self._write_kubeconfig(path, user)
+        return path
+
+    def server_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _check_binaries(self) -> None:
+        missing = [name for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+                   if not (self.bin_dir / name).exists()]
+        if missing:
+            raise ControlPlaneError(f"missing {', '.join(missing)} in {self.bin_dir}: run `make controlplane` first")
+
+    def _write_pki(self) -> None:
+        if (self.pki / "admin.crt").exists():
+            return
+        ca = certs.make_ca(self.pki, "ca")
+        certs.issue(ca, self.pki, "apiserver", common_name="kube-apiserver", server=True,
+                    dns_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+                    ip_addresses=("127.0.0.1", "10.0.0.1"))
+        certs.issue(ca, self.pki, "admin", common_name="rocshare-admin", organization="system:masters")
+        certs.make_signing_key(self.pki, "service-account")
+        self._write_kubeconfig(self.kubeconfig, "admin")
+
+    def _write_kubeconfig(self, path: Path, client: str) -> None:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "rocshare-local",
+            "clusters": [{"name": "rocshare-local", "cluster": {
+                "server": self.server_url(), "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": client, "user": {
+                "client-certificate": str(self.pki / f"{client}.crt"), "client-key": str(self.pki / f"{client}.key")}}],
+            "contexts": [{"name": "rocshare-local", "context": {"cluster": "rocshare-local", "user": client}}],
+        }
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        path.chmod(0o600)
+
+    def _etcd_args(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.ports.etcd_peer}"
+        client = f"http://127.0.0.1:{self.ports.etcd_client}"
+        return [f"--data-dir={self.root / 'etcd'}", f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}", "--unsafe-no-fsync=true", "--quota-backend-bytes=4294967296",
+                "--log-level=warn"]
+
+    def _apiserver_args(self) -> list[str]:
+        pki = self.pki
+        return [
+            f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.ports.apiserver}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-key-file={pki / 'service-account.pub'}",
+            f"--service-account-signing-key-file={pki / 'service-account.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=RBAC", "--allow-privileged=true",
+            # Loopback tests create pods in bursts; the default in-flight limits would throttle them.
+            "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000",
+            "--enable-priority-and-fairness=false", "--event-ttl=30m", "-v=1",
+            # New nodes get the not-ready taint from this plugin and lose it through the node-lifecycle
+            # controller, which is off here (see the module docstring); simulated nodes report Ready.
+            "--disable-admission-plugins=TaintNodesByCondition",
+            *self.extra_apiserver_args,
+        ]
+
+    def _controller_manager_args(self) -> list[str]:
+        kubeconfig = str(self.kubeconfig)
+        return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports.controller_manager}", "--leader-elect=false",
+                f"--service-account-private-key-file={self.pki / 'service-account.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}", "--use-service-account-credentials=false",
+                "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-service-lb-controller,-node-route-controller",
+                "--kube-api-qps=200", "--kube-api-burst=400", "-v=1"]
+
+    def _write_scheduler_config(self) -> Path:
+        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig), "qps": 500, "burst": 1000}
+        config["leaderElection"] = {"leaderElect": False}
+        for extender in config.get("extenders", []):
+            extender["urlPrefix"] = f"http://127.0.0.1:{self.ports.extender}/extender"
+        path = self.root / "kube-scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        process = subprocess.Popen([*self.command_prefix, str(self.bin_dir / name), *args], stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self.pids[name] = process.pid
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        deadline = time.monotonic() + timeout_s
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            for name, pid in self.pids.items():
+                if not _alive(pid):
+                    raise ControlPlaneError(f"{name} exited; see {self.logs / (name + '.log')}")
+            try:
+                with urllib.request.urlopen(f"{self.server_url()}/readyz", context=context, timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError as error:
+                last_error = str(error)
+            time.sleep(0.3)
+        raise ControlPlaneError(f"kube-apiserver not ready after {timeout_s:.0f} s ({last_error}); "
+                                f"see {self.logs / 'kube-apiserver.log'}")
+
+    def _save_state(self) -> None:
+        (self.root / "state.json").write_text(json.dumps({"pids": self.pids, "ports": asdict(self.ports)}))
+
+    def _known_pids(self) -> dict[str, int]:
+        state = self.root / "state.json"
+        saved = json.loads(state.read_text())["pids"] if state.exists() else {}
+        return {**saved, **self.pids}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours counts as dead
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+        return finished == 0
+    except ChildProcessError:
+        return True
+
+
+def stop_process(pid: int, name: str = "", *, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> None:
+    """Signal a process (its whole session) and wait until it is gone; SIGKILL after the timeout."""
+    for current in (sig, signal.SIGKILL):
+        try:
+            os.killpg(pid, current)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, current)
+            except ProcessLookupError:
+                return
+        deadline = time.monotonic() + (timeout_s if current != signal.SIGKILL else 5.0)
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.05)
+    raise ControlPlaneError(f"{name or pid} did not exit")
+
+
+def load(root: Path, bin_dir: Path = DEFAULT_BIN_DIR) -> ControlPlane:
+    """The control plane recorded in `root` by an earlier `start` (for `make cluster-down`)."""
+    state = json.loads((root / "state.json").read_text())
+    return ControlPlane(root=root, ports=Ports(**state["ports"]), bin_dir=bin_dir, pids=state["pids"])

@@ -1,0 +1,202 @@
+"""`make demo`: the whole system on this machine, without GPUs or Docker.
+
+Brings up the local control plane (kube-apiserver, etcd, controller-manager, kube-scheduler
+with rocshare's extender), the operator (reconcilers, extender, admission webhook), and a
+simulated fleet — each node a kubelet peer (the kubelet's own device manager) and a
+rocshare agent reading a real sysfs capture from ../shared/fixtures/sysfs — then applies
+samples/ and shows where every sample pod landed: GPU, MiB and CU mask, as the kubelet
+handed them to the container.
+
+Everything runs detached, recorded in run/demo/state.json; `make demo-down` stops it all.
+Running `make demo` again while the demo is up only prints the status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
+from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, stop_process
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
+
+RUN = PROJECT_ROOT / "run" / "demo"
+NAMESPACE = "gpu-demo"
+DEMO_POOL = {
+    "apiVersion": "rocshare.io/v1alpha1", "kind": "AmdGpuPool", "metadata": {"name": "mi210-demo"},
+    "spec": {"nodeSelector": {"rocshare.io/node-class": "mi210"},
+             "scheduling": {"nodePolicy": "binpack", "gpuPolicy": "topology-aware"}},
+}
+# (node name, capture, node class). The MI210 capture has no VRAM size: the demo copies it and
+# adds a synthetic 64 GiB per GPU (the MI210's size). The classes match the samples' pools.
+FLEET = (
+    ("demo-mi210-a", "mi210-8gpu-xgmi", "mi210"),
+    ("demo-mi210-b", "mi210-8gpu-xgmi", "mi210"),
+    ("demo-mi300x-cpx", "mi300x-8gpu-cpx", "mi300x-cpx"),
+    ("demo-radeon-apu", "strixpoint-apu", "radeon"),
+)
+
+
+def _step(text: str) -> float:
+    print(f"==> {text}", flush=True)
+    return time.monotonic()
+
+
+def _done(started: float) -> None:
+    print(f"    done in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def _sysfs_for(capture: str) -> Path:
+    if capture == "mi210-8gpu-xgmi":
+        return mi210_with_synthetic_vram(FIXTURES, RUN / "sysfs")
+    return FIXTURES / capture
+
+
+def up() -> int:
+    if (RUN / "state.json").exists():
+        print("The demo is already up (make demo-down stops it). Its state:\n")
+        _show(ControlPlane(root=RUN / "cluster", ports=Ports.fixed()))
+        return 0
+    if not FIXTURES.is_dir():
+        print(f"error: {FIXTURES} is missing: the demo reads the sysfs captures in ../shared", file=sys.stderr)
+        return 1
+    shutil.rmtree(RUN, ignore_errors=True)
+    RUN.mkdir(parents=True)
+    cluster = ControlPlane(root=RUN / "cluster", ports=Ports.fixed())
+    pids: dict[str, int] = {}
+    try:
+        _start(cluster, pids)
+    except (ControlPlaneError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        _save(cluster, pids)
+        down()
+        return 1
+    _save(cluster, pids)
+    _show(cluster)
+    print(f"\nkubectl: export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH")
+    print("stop everything: make demo-down")
+    return 0
+
+
+def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
+    started = _step("starting the control plane (etcd, kube-apiserver, controller-manager, kube-scheduler v1.35)")
+    cluster.start()
+    cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    _done(started)
+    pids.update(cluster.pids)
+
+    started = _step("starting the rocshare operator (reconcilers, scheduler extender, admission webhook)")
+    operator = OperatorProcess(cluster, metrics_port=31993, webhook_port=39443)
+    operator.start()
+    operator.install_webhooks()
+    pids["operator"] = operator.pid
+    _done(started)
+
+    started = _step("applying samples/ (pools, a share, the seed's pods) and a pool for the demo's MI210 nodes")
+    cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(DEMO_POOL))
+    _done(started)
+
+    for name, capture, node_class in FLEET:
+        started = _step(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")
+        node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=_sysfs_for(capture),
+                             work_dir=RUN / "nodes", labels={"rocshare.io/node-class": node_class})
+        node.start()
+        pids[f"{name}/kubelet-peer"] = node.kubelet_pid
+        pids[f"{name}/agent"] = node.agent_pid
+        _done(started)
+
+    started = _step(f"waiting for the sample pods in {NAMESPACE} to run and the pools to count their GPUs")
+    _wait_running(cluster, timeout_s=180)
+    _wait_pools_counted(cluster, timeout_s=60)
+    _done(started)
+
+
+def _wait_running(cluster: ControlPlane, *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        phases = [pod.get("status", {}).get("phase") for pod in pods]
+        if pods and all(phase == "Running" for phase in phases):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"sample pods not Running after {timeout_s:.0f} s: "
+                       f"{cluster.kubectl('get', 'pods', '-n', NAMESPACE).stdout}")
+
+
+def _wait_pools_counted(cluster: ControlPlane, *, timeout_s: float) -> None:
+    """Pool status trails the agents' first publication by a reconcile pass."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pools = json.loads(cluster.kubectl("get", "amdgpupools", "-o", "json").stdout)["items"]
+        if all(pool.get("status", {}).get("gpusTotal", 0) > 0 or not pool.get("status", {}).get("nodes")
+               for pool in pools):
+            return
+        time.sleep(1)
+
+
+def _show(cluster: ControlPlane) -> None:
+    print(cluster.kubectl("get", "amdgpupools,amdgpunodes,amdgpushares", "-A").stdout)
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    print(f"{'POD':<18} {'NODE':<16} {'GPU':<24} {'MiB':>6} {'CUs':>4}  HSA_CU_MASK")
+    for pod in pods:
+        for line in _slices(pod):
+            print(line)
+
+
+def _slices(pod: dict) -> list[str]:
+    meta = pod["metadata"]
+    text = meta.get("annotations", {}).get(ALLOCATION_ANNOTATION)
+    if text is None:
+        return [f"{meta['name']:<18} {'(pending)':<16}"]
+    record = decode_record(text)
+    runtime = json.loads(meta["annotations"].get("kubelet-peer.rocshare.io/containers", "{}"))
+    lines = []
+    for container in record.containers:
+        mask = runtime.get(container.name, {}).get("envs", {}).get("HSA_CU_MASK", "(all CUs)")
+        for device in container.devices:
+            lines.append(f"{meta['name']:<18} {record.node:<16} {device.gpu_id:<24} {device.memory_mib:>6} "
+                         f"{device.cu_count:>4}  {mask}")
+    return lines
+
+
+def _save(cluster: ControlPlane, pids: dict[str, int]) -> None:
+    (RUN / "state.json").write_text(json.dumps({"pids": pids, "cluster": str(cluster.root)}))
+
+
+def down() -> int:
+    state_path = RUN / "state.json"
+    if not state_path.exists():
+        print("no demo is running")
+        return 0
+    pids = json.loads(state_path.read_text())["pids"]
+    # Nodes and the operator first, the control plane last (reverse start order).
+    for name, pid in reversed(list(pids.items())):
+        if pid:
+            stop_process(pid, name)
+    state_path.unlink()
+    (RUN / "cluster" / "state.json").unlink(missing_ok=True)
+    print("demo stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rocshare-dev demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "down"])
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("note: simulated nodes need root (mount namespaces for the kubelet peers)", file=sys.stderr)
+    return up() if args.action == "up" else down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Many node agents in one process, for benchmarks at hundreds of simulated nodes.
+
+Each node runs the agent's own parts, wired as `app.py` wires them: the inventory loop
+(discovery, health, AmdGpuNode and Node-label publishing), the node's pod cache (its own
+list+watch, field selector on its node), and the device plugin unit on its own unix socket in
+``<plugin-root>/<node>/``, registered with the kubelet peer's device manager listening there
+(`kubelet-peer --node-count`). Nothing is shared between nodes but the event loop and the
+API connections: one `Kube` per `nodes_per_client` nodes, since each node keeps a watch open
+and a client holds at most 100 connections.
+
+What differs from a node's own agent, and why: the periods of background work are longer
+(health every `health_interval_s`, AmdGpuNode heartbeat every `heartbeat_s`, socket checks
+every `plugin_poll_s`), because on one machine N agents' background work adds up while on a
+real cluster it is spread over N machines; no monitor and no dmem cap (no GPUs here). Every
+Allocate is still answered by `DevicePluginService` from the node's own pod cache.
+
+Run: ``python -m rocshare_dev.devcluster.multiagent --kubeconfig K --plugin-root DIR --sysfs-root S
+--dev-root D NODE...`` (or ``--node-count N --node-name-prefix P`` for P0000..P<N-1>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocshare.api.models import GpuInfo
+from rocshare.kube.client import Kube
+from rocshare_agent.app import run_until_signalled
+from rocshare_agent.deviceplugin.pods import KubePods
+from rocshare_agent.deviceplugin.server import PluginUnit
+from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.inventory_loop import run_inventory_loop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    node_names: tuple[str, ...]
+    plugin_root: Path
+    sysfs_root: Path
+    dev_root: Path
+    kubeconfig: str | None = None
+    hook_path: str = "/usr/local/vgpu"
+    health_interval_s: float = 60.0
+    heartbeat_s: float = 300.0
+    settings_interval_s: float = 60.0
+    plugin_poll_s: float = 5.0
+    nodes_per_client: int = 40
+
+    def plugin_dir(self, node_name: str) -> Path:
+        return self.plugin_root / node_name
+
+
+async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
+    """One node's agent parts until cancelled (app._run_parts, with the fleet's periods)."""
+    pods = KubePods(kube, node_name)
+    service = DevicePluginService(node_name=node_name, pods=pods, hook_host_dir=config.hook_path,
+                                  dev_root=str(config.dev_root), cgroup_root=None)
+    unit = PluginUnit(service, plugin_dir=config.plugin_dir(node_name), poll_s=config.plugin_poll_s)
+    first_inventory = asyncio.Event()
+
+    def on_inventory(gpus: list[GpuInfo]) -> None:
+        service.set_inventory(gpus)
+        first_inventory.set()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_inventory_loop(
+            kube, node_name=node_name, sysfs_root=config.sysfs_root, dev_root=config.dev_root,
+            interval_s=config.health_interval_s, heartbeat_s=config.heartbeat_s,
+            settings_interval_s=config.settings_interval_s, on_inventory=on_inventory))
+        tasks.create_task(pods.run())
+        await first_inventory.wait()
+        tasks.create_task(unit.run())
+
+
+def _groups(names: Sequence[str], size: int) -> list[Sequence[str]]:
+    return [names[start:start + size] for start in range(0, len(names), max(1, size))]
+
+
+async def run_fleet(config: FleetConfig) -> None:
+    """Every node's agent until cancelled; one node's part failing ends them all."""
+    clients = [await Kube.connect(config.kubeconfig) for _ in _groups(config.node_names, config.nodes_per_client)]
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            for kube, group in zip(clients, _groups(config.node_names, config.nodes_per_client), strict=True):
+                for name in group:
+                    tasks.create_task(run_node(kube, name, config), name=f"agent {name}")
+            log.info("playing %d node agents with %d API clients", len(config.node_names), len(clients))
+    finally:
+        for kube in clients:
+            await kube.close()
+
+
+def node_names(*, names: Sequence[str], count: int, prefix: str) -> tuple[str, ...]:
+    """Explicit names, or <prefix>0000 .. <prefix><count-1> as `kubelet-peer --node-count` names them."""
+    return tuple(names) if names else tuple(f"{prefix}{index:04d}" for index in range(count))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rocshare_dev.devcluster.multiagent", description=__doc__.split("\n")[0])
+    parser.add_argument("names", nargs="*", help="node names (or use --node-count)")
+    parser.add_argument("--node-count", type=int, default=0)
+    parser.add_argument("--node-name-prefix", default="sim-")
+    parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--plugin-root", type=Path, required=True, help="node N's kubelet.sock is in <root>/<N>/")
+    parser.add_argument("--sysfs-root", type=Path, required=True)
+    parser.add_argument("--dev-root", type=Path, required=True)
+    parser.add_argument("--health-interval-s", type=float, default=60.0)
+    parser.add_argument("--heartbeat-s", type=float, default=300.0)
+    parser.add_argument("--log-level", default="WARNING")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    names = node_names(names=args.names, count=args.node_count, prefix=args.node_name_prefix)
+    if not names:
+        raise SystemExit("no nodes: give names or --node-count")
+    config = FleetConfig(node_names=names, plugin_root=args.plugin_root, sysfs_root=args.sysfs_root,
+                         dev_root=args.dev_root, kubeconfig=args.kubeconfig,
+                         health_interval_s=args.health_interval_s, heartbeat_s=args.heartbeat_s)
+
+    return run_until_signalled(lambda: run_fleet(config), stopping="node agents stopping")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

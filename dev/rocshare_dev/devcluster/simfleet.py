@@ -1,0 +1,141 @@
+"""Hundreds of simulated GPU nodes on one machine, for benchmarks.
+
+`SimulatedFleet` runs one ``kubelet-peer --node-count N`` process (N nodes, each with the
+kubelet's own device manager on its own folder, see controlplane/cmd/kubelet-peer/multi.go)
+and, unless it is a baseline fleet, one ``python -m rocshare_dev.devcluster.multiagent`` process playing
+the N rocshare agents with the agent's own code. A baseline fleet runs the peer's plain
+amd.com/gpu plugin instead of rocshare's agents: what a cluster without rocshare would run.
+`SimulatedNode` (one peer and one agent per node, in mount namespaces) stays the faithful
+unit for tests; at 500 nodes its 1,000 processes would not fit a 2-core machine.
+
+Nodes are named <prefix>0000 ... and labelled with `labels`. All nodes read one sysfs capture
+and one /dev tree of plain files (the capture's device nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
+from rocshare.kube.client import Kube, object_path
+
+
+
+class FleetError(RuntimeError):
+    pass
+
+
+def make_dev_tree(sysfs_root: Path, dev_root: Path) -> Path:
+    """/dev as plain files for the capture's device nodes (the agent's health check opens them)."""
+    from rocshare_agent.discovery import discover
+
+    (dev_root / "dri").mkdir(parents=True, exist_ok=True)
+    (dev_root / "kfd").touch()
+    for gpu in discover(sysfs_root).gpus:
+        if gpu.render_minor is not None:
+            (dev_root / "dri" / f"renderD{gpu.render_minor}").touch()
+        if gpu.card is not None:
+            (dev_root / "dri" / f"card{gpu.card}").touch()
+    return dev_root
+
+
+@dataclass
+class SimulatedFleet:
+    kubeconfig: Path
+    work_dir: Path
+    node_count: int
+    sysfs_root: Path | None = None
+    """The capture every rocshare agent reads (unused by a baseline fleet)."""
+    baseline_gpus: int = 0
+    """> 0: a baseline fleet (the peer's plain plugin with this many GPUs per node, no agents)."""
+    prefix: str = "sim-"
+    labels: dict[str, str] = field(default_factory=dict)
+    bin_dir: Path = DEFAULT_BIN_DIR
+    heartbeat_s: float = 60.0
+    _processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _plugin_root: Path | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{self.prefix}{index:04d}" for index in range(self.node_count)]
+
+    @property
+    def plugin_root(self) -> Path:
+        """Node N's sockets are in <plugin_root>/<N>/. A short folder of its own under the temp
+        root: a unix socket path has at most 107 bytes, and work folders can be deep."""
+        if self._plugin_root is None:
+            self._plugin_root = Path(tempfile.mkdtemp(prefix="rocshare-dp-"))
+        return self._plugin_root
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {what: process.pid for what, process in self._processes.items()}
+
+    async def start(self, kube: Kube, *, timeout_s: float = 180.0) -> None:
+        """Start the peer, wait for every Node, start the agents, wait for every node's GPUs."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        self._spawn("kubelet-peer", self._peer_command())
+        await self._wait_nodes(kube, deadline, lambda node: bool(node.get("status", {}).get("conditions")), "Ready")
+        if not self.baseline_gpus:
+            self._spawn("agents", self._agents_command())
+        await self._wait_nodes(kube, deadline, _has_gpus, "allocatable amd.com/gpu")
+
+    def stop(self) -> None:
+        for what in ("agents", "kubelet-peer"):
+            process = self._processes.pop(what, None)
+            if process is not None:
+                stop_process(process.pid, what)
+                process.wait(timeout=5)
+        if self._plugin_root is not None:
+            shutil.rmtree(self._plugin_root, ignore_errors=True)
+            self._plugin_root = None
+
+    def _peer_command(self) -> list[str]:
+        labels = ",".join(f"{key}={value}" for key, value in self.labels.items())
+        return [str(self.bin_dir / "kubelet-peer"), f"--kubeconfig={self.kubeconfig}",
+                f"--node-count={self.node_count}", f"--node-name-prefix={self.prefix}",
+                f"--plugin-root={self.plugin_root}", f"--labels={labels}",
+                f"--heartbeat-interval={self.heartbeat_s:.0f}s", f"--baseline-plugin-gpus={self.baseline_gpus}"]
+
+    def _agents_command(self) -> list[str]:
+        if self.sysfs_root is None:
+            raise FleetError("a rocshare fleet needs sysfs_root")
+        dev_root = make_dev_tree(self.sysfs_root, self.work_dir / "dev")
+        return [sys.executable, "-m", "rocshare_dev.devcluster.multiagent", f"--kubeconfig={self.kubeconfig}",
+                f"--node-count={self.node_count}", f"--node-name-prefix={self.prefix}",
+                f"--plugin-root={self.plugin_root}", f"--sysfs-root={self.sysfs_root}", f"--dev-root={dev_root}",
+                f"--heartbeat-s={max(self.heartbeat_s, 300):.0f}", "--log-level=INFO"]
+
+    def _spawn(self, what: str, command: list[str]) -> None:
+        with open(self.work_dir / f"{what}.log", "ab") as log:  # the child keeps its own descriptor
+            self._processes[what] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _check_alive(self) -> None:
+        for what, process in self._processes.items():
+            if process.poll() is not None:
+                raise FleetError(f"{what} exited ({process.returncode}); see {self.work_dir / (what + '.log')}")
+
+    async def _wait_nodes(self, kube: Kube, deadline: float, ready, what: str) -> None:
+        wanted = set(self.names)
+        done: set[str] = set()
+        while time.monotonic() < deadline:
+            self._check_alive()
+            nodes = (await kube.list(object_path("v1", "nodes"))).get("items", [])
+            done = {node["metadata"]["name"] for node in nodes if node["metadata"]["name"] in wanted and ready(node)}
+            if done == wanted:
+                return
+            await asyncio.sleep(1.0)
+        raise FleetError(f"{len(wanted - done)} of {len(wanted)} nodes not {what} in time; see {self.work_dir}")
+
+
+def _has_gpus(node: dict) -> bool:
+    return int(node.get("status", {}).get("allocatable", {}).get("amd.com/gpu", "0")) > 0

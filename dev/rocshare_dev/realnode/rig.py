@@ -1,0 +1,209 @@
+"""`RealNode`: the whole rig up and down, in order.
+
+up: network namespace -> API bridge -> control plane (with the flags pods on this node need)
+-> a plain default kube-scheduler -> bridge, conflist, DNAT -> containerd (+ the local images)
+-> kubelet -> node Ready -> the kubelet's sysctls restored.
+down: pods' containers killed -> kubelet, containerd, control plane, bridge stopped -> mounts
+under the run folder unmounted -> kubepods cgroups removed -> iptables chains and the
+namespace deleted -> sysctls restored. `down` works from another process too: everything it
+needs is in `<run>/state.json`, written as `up` goes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rocshare_dev.devcluster.controlplane import (DEFAULT_BIN_DIR, PROJECT_ROOT, SERVICE_CIDR, ControlPlane, Ports,
+                                                  _alive, stop_process)
+from rocshare_dev.realnode import apibridge, network, sysctls
+from rocshare_dev.realnode.containerd import Containerd
+from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR, Kubelet, remove_kubepods_cgroups, unmount_under
+from rocshare_dev.realnode.netns import NetNamespace, RigError
+
+IMAGES_DIR = PROJECT_ROOT / ".cache" / "images"
+IMAGE_ARCHIVES = ("pause", "operator", "node-agent", "kube-scheduler", "workload")
+# Pods here reach the API server through the DNAT (no kube-proxy); webhooks are called on their
+# endpoints, and the API server reaches the kubelet (logs, exec) on the node's InternalIP.
+APISERVER_FLAGS = ("--enable-aggregator-routing=true", "--kubelet-preferred-address-types=InternalIP")
+
+
+@dataclass
+class State:
+    netns: str
+    node_name: str
+    ports: dict
+    pids: dict[str, int] = field(default_factory=dict)
+    sysctls: dict[str, str] = field(default_factory=dict)
+    # /var/lib/kubelet or its device-plugins folder, if the kubelet made it: removed on down.
+    created_dir: str | None = None
+
+
+class RealNode:
+    def __init__(self, root: Path, *, netns: str = "rocshare-realnode", node_name: str = "realnode",
+                 bin_dir: Path = DEFAULT_BIN_DIR) -> None:
+        self.root = root
+        self.bin_dir = bin_dir
+        self.ns = NetNamespace(netns)
+        self.node_name = node_name
+        self.state: State | None = None
+        self.control_plane: ControlPlane | None = None
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "cluster" / "kubeconfig"
+
+    @property
+    def containerd(self) -> Containerd:
+        return Containerd(self.root / "containerd")
+
+    @property
+    def kubelet(self) -> Kubelet:
+        return Kubelet(self.root / "kubelet", self.node_name)
+
+    # ---- up ----------------------------------------------------------------------------------
+
+    def up(self, *, timeout_s: float = 180.0) -> None:
+        if self.state_file.exists() or self.ns.exists():
+            raise RigError(f"a real node is already recorded in {self.root} or netns {self.ns.name} exists: "
+                           "run `make real-node-down` first")
+        missing = [name for name in IMAGE_ARCHIVES if not (IMAGES_DIR / f"{name}.tar").exists()]
+        if missing or not (self.bin_dir / "kubelet").exists():
+            raise RigError(f"missing images {missing} or the kubelet: run `make controlplane images` first")
+        self.logs.mkdir(parents=True, exist_ok=True)
+        ports = Ports.free()
+        self.state = State(netns=self.ns.name, node_name=self.node_name, ports=asdict(ports),
+                           sysctls=sysctls.record(), created_dir=_first_missing(DEVICE_PLUGIN_DIR))
+        self.ns.create()
+        self._save()
+        try:
+            self._up(ports, timeout_s)
+        except BaseException:
+            self.down()
+            raise
+
+    def _up(self, ports: Ports, timeout_s: float) -> None:
+        started = time.monotonic()
+        self.state.pids.update(apibridge.start(self.ns, socket_path=self.root / "api.sock", port=ports.apiserver,
+                                               logs=self.logs))
+        self._save()
+        control_plane = ControlPlane(root=self.root / "cluster", ports=ports, bin_dir=self.bin_dir,
+                                     with_scheduler=False, command_prefix=self.ns.prefix,
+                                     extra_apiserver_args=APISERVER_FLAGS)
+        self.control_plane = control_plane
+        try:
+            control_plane.start()
+        finally:
+            self.state.pids.update({f"cp-{name}": pid for name, pid in control_plane.pids.items()})
+            self._save()
+        control_plane.start_scheduler(config_path=self._write_default_scheduler_config(control_plane))
+        self.state.pids["cp-kube-scheduler"] = control_plane.pids["kube-scheduler"]
+        cni_conf_dir = self.root / "cni"
+        network.set_up(self.ns, cni_conf_dir=cni_conf_dir, service_cidr=SERVICE_CIDR, apiserver_port=ports.apiserver)
+        containerd = self.containerd
+        containerd.write_config(cni_conf_dir=cni_conf_dir)
+        self.state.pids["containerd"] = containerd.start(self.ns, self.logs / "containerd.log")
+        self._save()
+        containerd.import_images([IMAGES_DIR / f"{name}.tar" for name in IMAGE_ARCHIVES])
+        kubelet = self.kubelet
+        kubelet.write_files(control_plane, containerd_socket=containerd.socket)
+        self.state.pids["kubelet"] = kubelet.start(self.ns, bin_dir=self.bin_dir, log=self.logs / "kubelet.log")
+        self._save()
+        self._wait_node_ready(timeout_s - (time.monotonic() - started))
+        changed = sysctls.restore(self.state.sysctls)
+        print(f"real node {self.node_name} Ready in {time.monotonic() - started:.0f} s"
+              f" (restored sysctls the kubelet changed: {', '.join(changed) or 'none'})")
+
+    def _write_default_scheduler_config(self, control_plane: ControlPlane) -> Path:
+        """A stock kube-scheduler (default profile) for ordinary pods, as a real cluster has;
+        rocshare's own scheduler runs in the operator pod."""
+        config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                  "clientConnection": {"kubeconfig": str(control_plane.kubeconfig)},
+                  "leaderElection": {"leaderElect": False}}
+        path = control_plane.root / "default-scheduler.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _wait_node_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + max(timeout_s, 30)
+        while time.monotonic() < deadline:
+            if not _alive(self.state.pids["kubelet"]):
+                raise RigError(f"the kubelet exited; see {self.logs / 'kubelet.log'}")
+            reply = self.control_plane.kubectl("get", "node", self.node_name, "-o",
+                                               "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False)
+            if reply.stdout.strip() == "True":
+                return
+            time.sleep(1)
+        raise RigError(f"node {self.node_name} not Ready after {timeout_s:.0f} s; see {self.logs / 'kubelet.log'}")
+
+    # ---- down --------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        state = self.state or self._load()
+        if state is None:
+            shutil.rmtree(self.root / "containerd", ignore_errors=True)
+            return
+        pids = dict(state.pids)
+        if "kubelet" in pids:
+            stop_process(pids.pop("kubelet"), "kubelet")
+        self.containerd.remove_all_tasks()
+        if "containerd" in pids:
+            stop_process(pids.pop("containerd"), "containerd")
+        for name in reversed(list(pids)):
+            try:
+                stop_process(pids[name], name)
+            except RuntimeError as error:
+                print(f"warning: {error}")
+        unmount_under(self.root)
+        remove_kubepods_cgroups()
+        network.tear_down(self.ns, service_cidr=SERVICE_CIDR, apiserver_port=state.ports["apiserver"])
+        self.ns.delete()
+        if state.created_dir:
+            shutil.rmtree(state.created_dir, ignore_errors=True)
+        sysctls.restore(state.sysctls)
+        # containerd's root holds unpacked images (read-only trees); the next `up` starts afresh.
+        shutil.rmtree(self.root / "containerd", ignore_errors=True)
+        self.state_file.unlink(missing_ok=True)
+        (self.root / "cluster" / "state.json").unlink(missing_ok=True)
+        self.state = None
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def _save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps(asdict(self.state), indent=2))
+
+    def _load(self) -> State | None:
+        if not self.state_file.exists():
+            return None
+        return State(**json.loads(self.state_file.read_text()))
+
+    def attach(self) -> ControlPlane:
+        """The control plane of a rig brought up by another process (for kubectl)."""
+        state = self._load()
+        if state is None:
+            raise RigError(f"no real node recorded in {self.root}")
+        self.state = state
+        self.control_plane = ControlPlane(root=self.root / "cluster", ports=Ports(**state.ports), bin_dir=self.bin_dir)
+        return self.control_plane
+
+
+def _first_missing(path: Path) -> str | None:
+    """The outermost folder of `path` that does not exist yet (None when it all exists)."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return str(missing) if missing else None

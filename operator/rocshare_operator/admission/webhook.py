@@ -1,0 +1,86 @@
+"""The pod admission webhook, served by Kopf's admission server (TLS) in the operator.
+
+Kopf serves the handlers; the webhook configurations are not managed by Kopf but
+shipped in manifests/ (and created by the e2e tests), because they need what Kopf's
+generated ones lack: a namespaceSelector that keeps kube-system and rocshare-system
+out (so a dead operator can never block the control plane) with failurePolicy Fail
+everywhere else (so a GPU pod is never admitted unchecked).
+
+Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocshare.io.
+The mutating handler also refuses bad GPU pods (checking the pod as mutated), so creating a
+GPU pod costs one webhook call; the validating handler is called only for writes that carry
+or change an allocation annotation and come from someone other than rocshare's own service
+accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import kopf
+
+from rocshare_operator.admission.pods import (
+    Refused,
+    apply_mutation,
+    plan_mutation,
+    validate_create,
+    validate_update,
+)
+
+MUTATE_ID = "pods.mutate.rocshare.io"
+VALIDATE_ID = "pods.validate.rocshare.io"
+
+
+@dataclass
+class WebhookSettings:
+    host: str = "0.0.0.0"
+    port: int = 9443
+    certfile: str | None = None
+    pkeyfile: str | None = None
+    scheduler_name: str = "rocshare-scheduler"
+    trusted_users: frozenset[str] = field(default_factory=lambda: frozenset({
+        "system:serviceaccount:rocshare-system:rocshare-operator",
+        "system:serviceaccount:rocshare-system:rocshare-node-agent",
+    }))
+
+
+def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
+             runtime_class_for: Callable[[dict], str | None]) -> None:
+    """Add the two pod handlers to `registry`."""
+
+    # Handlers are coroutines although they never wait: Kopf runs plain functions in a thread
+    # pool, and the hop costs more than the check.
+    def trusted(userinfo: dict) -> bool:
+        return userinfo.get("username", "") in settings.trusted_users
+
+    @kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)
+    async def mutate(body: kopf.Body, patch: kopf.Patch, userinfo: dict, **_: object) -> None:
+        """Default the GPU pod, then check it as it will be stored: one call per pod created."""
+        pod = dict(body)
+        plan = plan_mutation(pod, scheduler_name=settings.scheduler_name, runtime_class_name=runtime_class_for(pod))
+        mutated = pod if plan.empty else apply_mutation(pod, plan)
+        _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo)))
+        for key in ("schedulerName", "runtimeClassName", "containers", "initContainers"):
+            if key in mutated["spec"] and mutated["spec"][key] != pod.get("spec", {}).get(key):
+                patch.spec[key] = mutated["spec"][key]
+
+    @kopf.on.validate("v1", "pods", id=VALIDATE_ID, operations=["CREATE", "UPDATE"], registry=registry)
+    async def validate(body: kopf.Body, old: kopf.Body | None, operation: str | None, userinfo: dict,
+                 **_: object) -> None:
+        if operation == "UPDATE" and old is not None:
+            _refuse_unless(lambda: validate_update(dict(old), dict(body), trusted=trusted(userinfo)))
+        else:
+            _refuse_unless(lambda: validate_create(dict(body), trusted=trusted(userinfo)))
+
+
+def _refuse_unless(check: Callable[[], None]) -> None:
+    try:
+        check()
+    except Refused as refused:
+        raise kopf.AdmissionError(str(refused), code=422) from None
+
+
+def server(settings: WebhookSettings) -> kopf.WebhookServer:
+    return kopf.WebhookServer(addr=settings.host, port=settings.port, certfile=settings.certfile,
+                              pkeyfile=settings.pkeyfile)

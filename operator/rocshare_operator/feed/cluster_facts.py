@@ -1,0 +1,221 @@
+"""The few facts the operator process reads of Nodes and Pods, decoded once per event. Pure.
+
+The cluster feed (cluster_feed.py) keeps one of these per object instead of its body,
+and hands the same value to every reader: the extender's `SchedulerState` and the pool
+and share reconcilers. So they hold only what some reader uses:
+* a Node: its `NodeView` (name, labels, the pool marks) and allocatable amd.com/gpu;
+* a Pod: where it runs, its phase and scheduler, whether it waits as unschedulable or
+  is being deleted, and its allocation record (text; decoded by readers on demand);
+* an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
+  models (a tenth of their size), or why its status was refused; pool and share status
+  read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
+  before validation).
+Two facts compare equal exactly when no reader can tell the objects apart, which is
+what lets the feed drop heartbeats and status ticks before any reader sees them.
+
+Strings that repeat across objects (label keys and values, namespaces, node names,
+the pool settings JSON every node of a pool carries) are interned, so thousands of
+nodes share one copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from rocshare.api.allocation import (
+    ALLOCATED_ANNOTATION,
+    ALLOCATION_ANNOTATION,
+    AllocationRecord,
+    decode_record,
+)
+from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
+from rocshare.api.node_settings import (
+    HAMI_OPERATING_MODE_ANNOTATION,
+    POOL_LABEL,
+    POOL_SETTINGS_ANNOTATION,
+)
+from rocshare.core.ids import PodKey, pod_key
+from rocshare_operator.status.pool_logic import NodeMarks, NodeView
+
+GPU_RESOURCE = "amd.com/gpu"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+_LABEL_PAIRS_MAX = 100_000  # bound on the pair interner: past it, it starts afresh
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    view: NodeView
+    gpus_allocatable: str | None  # the quantity as written; None when the node lists none
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    namespace: str
+    name: str
+    node: str  # spec.nodeName, "" while unbound
+    scheduler_name: str
+    phase: str
+    deleting: bool
+    unschedulable: str | None  # PodScheduled's message while its reason is Unschedulable, else None
+    allocated: bool  # the node agent marked the allocation served
+    allocation: str | None  # the allocation record as written on the pod
+
+    @property
+    def key(self) -> PodKey:
+        return pod_key(self.namespace, self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in FINISHED_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """`GpuInfo`'s fields as plain values (peers as a tuple): what `NodeInventory.from_gpu_infos`
+    and the binder read, without a pydantic model per GPU."""
+
+    id: str
+    index: int
+    render_minor: int | None
+    card: int | None
+    product: str
+    device_id: str
+    gfx_target_version: int
+    vram_mib: int | None
+    cu_count: int
+    cu_per_wgp: int
+    pci_bdf: str
+    numa: int | None
+    hive_id: str | None
+    xgmi_peers: tuple[str, ...]
+    partition: Partition | None
+    split_count: int
+    healthy: bool
+    health_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSummary:
+    """What pool and share status need of one GPU."""
+
+    id: str
+    cu_count: int
+    vram_mib: int | None
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNodeFacts:
+    name: str
+    gpus: tuple[GpuFacts, ...] | None  # None: no status published yet, or a refused one
+    problem: str | None = None  # why the status was refused
+    unvalidated: tuple[GpuSummary, ...] = ()  # a refused status's GPUs, as written
+
+    def summaries(self) -> tuple[GpuSummary, ...]:
+        if self.gpus is None:
+            return self.unvalidated
+        return tuple(GpuSummary(gpu.id, gpu.cu_count, gpu.vram_mib, gpu.healthy) for gpu in self.gpus)
+
+
+def gpu_facts(info: GpuInfo) -> GpuFacts:
+    values = {name: _interned(value) if isinstance(value, str) else value
+              for name, value in ((name, getattr(info, name)) for name in GpuInfo.model_fields)}
+    values["id"] = info.id  # unique per GPU: nothing to share
+    values["xgmi_peers"] = tuple(sys.intern(peer) for peer in info.xgmi_peers)
+    return GpuFacts(**values)
+
+
+def gpu_node_facts(obj: Mapping) -> GpuNodeFacts:
+    """Validates the AmdGpuNode's status (AmdGpuNodeStatus); a status that fails is kept as its problem."""
+    name = sys.intern((obj.get("metadata") or {}).get("name", ""))
+    if "status" not in obj:
+        return GpuNodeFacts(name, None)
+    try:
+        status = AmdGpuNodeStatus.model_validate(obj["status"])
+    except ValidationError as error:
+        return GpuNodeFacts(name, None, problem=f"invalid status: {error.errors()[0]}",
+                            unvalidated=gpu_summaries((obj.get("status") or {}).get("gpus") or []))
+    return GpuNodeFacts(name, tuple(gpu_facts(info) for info in status.gpus))
+
+
+def gpu_summaries(gpus: Iterable[Mapping]) -> tuple[GpuSummary, ...]:
+    """From AmdGpuNode status.gpus entries as written; missing or garbled numbers read as 0 / unknown."""
+    if not isinstance(gpus, list):
+        return ()
+    return tuple(GpuSummary(id=sys.intern(str(gpu.get("id", ""))), cu_count=_number(gpu.get("cuCount")) or 0,
+                            vram_mib=_number(gpu.get("vramMiB")), healthy=gpu.get("healthy") is True)
+                 for gpu in gpus if isinstance(gpu, Mapping))
+
+
+def _number(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def node_facts(node: Mapping) -> NodeFacts:
+    meta = node.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    marks = NodeMarks(pool=_interned(labels.get(POOL_LABEL)),
+                      settings_json=_interned(annotations.get(POOL_SETTINGS_ANNOTATION)),
+                      operating_mode=_interned(annotations.get(HAMI_OPERATING_MODE_ANNOTATION)))
+    view = NodeView(name=sys.intern(meta.get("name", "")),
+                    labels=tuple(_label_pair(key, labels[key]) for key in sorted(labels)), marks=marks)
+    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    return NodeFacts(view=view, gpus_allocatable=_interned(None if allocatable is None else str(allocatable)))
+
+
+def pod_facts(pod: Mapping) -> PodFacts:
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    return PodFacts(
+        namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""),
+        node=sys.intern(spec.get("nodeName") or ""), scheduler_name=sys.intern(spec.get("schedulerName") or ""),
+        phase=sys.intern(status.get("phase") or "Pending"), deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=_unschedulable(status), allocated=ALLOCATED_ANNOTATION in annotations,
+        allocation=annotations.get(ALLOCATION_ANNOTATION),
+    )
+
+
+def _unschedulable(status: Mapping) -> str | None:
+    """The message, not a flag: kube-scheduler rewrites it on each failed try, and that update
+    must reach the extender (it notes the pod as waiting again, see retry.py)."""
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message") or "")
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def decoded_record(text: str) -> AllocationRecord:
+    """`decode_record`, memoised over the last few records: one event reaches several readers,
+    and each decodes the same text (a record never changes once written). Raises AllocationError."""
+    return decode_record(text)
+
+
+def _interned(text: str | None) -> str | None:
+    return None if text is None else sys.intern(text)
+
+
+_label_pairs: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _label_pair(key: str, value: str) -> tuple[str, str]:
+    """One shared (key, value) tuple per distinct label: most labels repeat on every node."""
+    pair = (sys.intern(key), sys.intern(str(value)))
+    found = _label_pairs.get(pair)
+    if found is None:
+        if len(_label_pairs) >= _LABEL_PAIRS_MAX:
+            _label_pairs.clear()
+        found = _label_pairs[pair] = pair
+    return found

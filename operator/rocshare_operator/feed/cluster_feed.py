@@ -1,0 +1,119 @@
+"""One watch per kind for the whole operator process: Nodes, Pods and AmdGpuNodes reach it
+here, once.
+
+The extender's `SchedulerState` and the pool and share reconcilers all read these kinds.
+Rather than each watching them (and decoding every event twice), the process runs one
+informer per kind and fans each change out to its subscribers, in the order they
+subscribed. The informers keep `NodeFacts`, `PodFacts` and `GpuNodeFacts`
+(cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
+heartbeats, status ticks nobody reads), so a subscriber only hears of a change it could
+notice. (Kopf keeps the kinds only the reconcilers read: pools, shares, their DaemonSets
+and quotas.)
+
+Subscribers join before the feed runs (`subscribe` refuses afterwards: a late reader
+would miss the first list). Readers must not answer from the feed before `synced`: the
+reconcilers wait for it, the extender reports not ready until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rocshare.api.models import API_VERSION
+from rocshare.kube.client import Kube, object_path
+from rocshare.kube.informer import Informer
+from rocshare_operator.feed.cluster_facts import (
+    GpuNodeFacts,
+    NodeFacts,
+    PodFacts,
+    gpu_node_facts,
+    node_facts,
+    pod_facts,
+)
+
+log = logging.getLogger(__name__)
+
+NodeHandler = Callable[[str, NodeFacts, NodeFacts | None], Awaitable[None] | None]
+PodHandler = Callable[[str, PodFacts, PodFacts | None], Awaitable[None] | None]
+GpuNodeHandler = Callable[[str, GpuNodeFacts, GpuNodeFacts | None], Awaitable[None] | None]
+"""Called with ("ADDED" | "MODIFIED" | "DELETED", the facts now (last facts when deleted), the facts before)."""
+
+
+class ClusterFeed:
+    def __init__(self, kube: Kube) -> None:
+        self._node_handlers: list[NodeHandler] = []
+        self._pod_handlers: list[PodHandler] = []
+        self._gpu_node_handlers: list[GpuNodeHandler] = []
+        self._started = False
+        self.nodes: Informer[NodeFacts] = Informer(kube, "/api/v1/nodes", self._on_node, name="nodes",
+                                                   decode=node_facts, changed_only=True)
+        self.pods: Informer[PodFacts] = Informer(kube, "/api/v1/pods", self._on_pod, name="pods",
+                                                 decode=pod_facts, changed_only=True)
+        self.gpu_nodes: Informer[GpuNodeFacts] = Informer(
+            kube, object_path(API_VERSION, "amdgpunodes"), self._on_gpu_node, name="amdgpunodes",
+            decode=gpu_node_facts, changed_only=True)
+
+    def subscribe(self, *, on_node: NodeHandler | None = None, on_pod: PodHandler | None = None,
+                  on_gpu_node: GpuNodeHandler | None = None) -> None:
+        if self._started:
+            raise RuntimeError("subscribe to the cluster feed before it runs: a late reader misses the first list")
+        for handlers, handler in ((self._node_handlers, on_node), (self._pod_handlers, on_pod),
+                                  (self._gpu_node_handlers, on_gpu_node)):
+            if handler is not None:
+                handlers.append(handler)
+
+    def _informers(self) -> tuple[Informer, ...]:
+        return (self.nodes, self.gpu_nodes, self.pods)
+
+    @property
+    def synced(self) -> bool:
+        return all(informer.synced.is_set() for informer in self._informers())
+
+    async def wait_synced(self) -> None:
+        for informer in self._informers():
+            await informer.synced.wait()
+
+    def node(self, name: str) -> NodeFacts | None:
+        return self.nodes.store.get(f"/{name}")
+
+    def node_facts(self) -> list[NodeFacts]:
+        return list(self.nodes.store.values())
+
+    def gpu_node(self, name: str) -> GpuNodeFacts | None:
+        return self.gpu_nodes.store.get(f"/{name}")
+
+    async def run(self) -> None:
+        """Run until cancelled. Nodes and AmdGpuNodes are listed before pods, so that readers
+        know every node's GPUs when the pods' records arrive."""
+        self._started = True
+        await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self._pods_after_nodes())
+
+    async def _pods_after_nodes(self) -> None:
+        await self.nodes.synced.wait()
+        await self.gpu_nodes.synced.wait()
+        await self.pods.run()
+
+    # The informers still store the previous facts while their handler runs.
+
+    async def _on_node(self, kind: str, facts: NodeFacts) -> None:
+        await _fan_out(self._node_handlers, kind, facts, self.node(facts.name))
+
+    async def _on_gpu_node(self, kind: str, facts: GpuNodeFacts) -> None:
+        await _fan_out(self._gpu_node_handlers, kind, facts, self.gpu_node(facts.name))
+
+    async def _on_pod(self, kind: str, facts: PodFacts) -> None:
+        await _fan_out(self._pod_handlers, kind, facts, self.pods.store.get(facts.key))
+
+
+async def _fan_out(handlers: list[Callable[..., Any]], kind: str, facts: Any, before: Any) -> None:
+    """Every handler sees the change, even when an earlier one failed on it."""
+    for handler in handlers:
+        try:
+            result = handler(kind, facts, before)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # one reader's bug must not starve the others
+            log.exception("cluster feed: %s failed on %s %s", getattr(handler, "__qualname__", handler), kind, facts)

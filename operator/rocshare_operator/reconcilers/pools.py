@@ -1,0 +1,183 @@
+"""AmdGpuPool handlers: mark the pool's nodes, run its node agent, report its status.
+
+One reconcile loop (a Kopf daemon) per pool does all the writing; events elsewhere
+only wake it (see context.py). A pass is idempotent: it computes the desired node
+marks, DaemonSet and status from Kopf's pool index and the cluster feed (nodes,
+AmdGpuNodes, pods' slices), and writes only what differs. Loops start reconciling once
+the feed has listed every object, as Kopf holds handlers until its indexes are filled. The finalizer's handler releases the pool's nodes before the pool goes; the
+DaemonSet goes with the pool through its owner reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from rocshare.api.models import API_VERSION, GROUP, VERSION
+from rocshare.kube.client import ApiError, NotFound, object_path
+from rocshare_operator.reconcilers.agent_daemonset import daemonset_name, render_daemonset
+from rocshare_operator.context import LoopState, OperatorContext, pool_key, share_key
+from rocshare_operator.reconcilers.indexes import all_values
+from rocshare_operator.status.pool_logic import (
+    PoolView,
+    conflict_message,
+    desired_node_patch,
+    membership,
+    nodes_to_reconcile,
+    orphaned_nodes,
+    pool_view,
+)
+from rocshare_operator.status.pool_status import PoolFacts, pool_status
+from rocshare_operator.retrying import with_retries
+
+FIELD_MANAGER = "rocshare-operator"
+RESYNC_S = 60.0  # a pass even when nothing woke the loop: repairs drift nobody told us about
+ERROR_PAUSE_S = 5.0  # after a pass failed for good; the next pass retries
+DEBOUNCE_S = 0.2  # let a burst of events land before reconciling once
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@kopf.on.event(GROUP, VERSION, "amdgpupools")
+def pool_event(name: str, spec: kopf.Spec, memo: kopf.Memo, shares_by_pool: kopf.Index, **_: Any) -> None:
+    """Any pool change may move nodes between pools and make shares find their pool."""
+    ctx: OperatorContext = memo.rocshare
+    ctx.wakeups.wake_kind("pool")
+    for namespace, share in shares_by_pool.get(name, ()):
+        ctx.wakeups.wake(share_key(namespace, share))
+
+
+@kopf.daemon(GROUP, VERSION, "amdgpupools", cancellation_backoff=2.0, cancellation_timeout=5.0,
+             backoff=ERROR_PAUSE_S)
+async def pool_loop(name: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                    logger: logging.Logger, **indexes: Any) -> None:
+    ctx: OperatorContext = memo.rocshare
+    state = ctx.wakeups.register(pool_key(name))
+    try:
+        await wait_for_feed(ctx, stopped)
+        while not stopped:
+            reasons = state.take_reasons()
+            try:
+                await reconcile_pool(ctx, state, body, reasons, logger=logger, **indexes)
+                pause_s = RESYNC_S
+            except ApiError as error:
+                logger.error(f"reconciling pool {name} failed: {error}; next pass in {ERROR_PAUSE_S}s")
+                pause_s = ERROR_PAUSE_S
+            await sleep_until_woken(state, stopped, pause_s)
+    finally:
+        ctx.wakeups.unregister(pool_key(name), state)
+
+
+async def wait_for_feed(ctx: OperatorContext, stopped: kopf.DaemonStopped) -> None:
+    """Until the cluster feed has listed every node and pod (or the loop is stopped)."""
+    synced = asyncio.ensure_future(ctx.feed.wait_synced())
+    stopping = asyncio.ensure_future(stopped.wait())
+    await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (synced, stopping):
+        task.cancel()
+
+
+async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeout_s: float) -> None:
+    """Sleep until woken, stopped (so Kopf never has to cancel the loop) or `timeout_s` passes."""
+    woken = asyncio.ensure_future(state.event.wait())
+    stopping = asyncio.ensure_future(stopped.wait())
+    done, pending = await asyncio.wait({woken, stopping}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    if woken in done and not stopped:
+        await asyncio.sleep(DEBOUNCE_S)
+
+
+async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
+                         logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
+    view = state.view = pool_view(body)
+    if view.deleting:
+        return  # the finalizer's handler releases the nodes
+    pools = [pool for pool in all_values(pool_views) if pool.name != view.name] + [view]
+    nodes = ctx.node_views()
+    await mark_nodes(ctx, view, pools, nodes, logger=logger)
+    if view.eligible:
+        await apply_daemonset(ctx, state, body, force="daemonset" in reasons, logger=logger)
+    member_of = membership(view, pools, nodes)
+    facts = PoolFacts(
+        generation=body.get("metadata", {}).get("generation"), members=member_of.members,
+        conflicting=member_of.conflicting_nodes,
+        inventories={node: inventory for node in member_of.members if (inventory := ctx.inventory(node))},
+        pods_by_node={node: ctx.slices.on_node(node) for node in member_of.members},
+        problem=view.problem,
+    )
+    previous = dict(body.get("status") or {})
+    announce_conflicts(body, view, member_of.conflicts, previous.get("conflictingNodes") or [])
+    status = pool_status(facts, previous_conditions=previous.get("conditions"), now=now_rfc3339())
+    if status != previous:
+        path = object_path(API_VERSION, "amdgpupools", view.name, subresource="status")
+        await with_retries(f"status of pool {view.name}", lambda: ctx.kube.merge_patch(path, {"status": status}),
+                           logger=logger)
+
+
+async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,
+                     logger: logging.Logger) -> None:
+    """Label and annotate (or release) every node this pool selects or still marks, and unmark
+    nodes marked for pools that no longer exist (no loop of theirs is left to do it)."""
+    concerned = {node.name: node for node in nodes_to_reconcile(view, nodes) + orphaned_nodes(nodes, pools)}
+    for node in concerned.values():
+        patch = desired_node_patch(node, pools)
+        if patch is not None:
+            await patch_node(ctx, node.name, patch, logger=logger)
+
+
+async def patch_node(ctx: OperatorContext, node: str, patch: dict, *, logger: logging.Logger) -> None:
+    path = object_path("v1", "nodes", node)
+    try:
+        await with_retries(f"marks of node {node}", lambda: ctx.kube.merge_patch(path, patch), logger=logger)
+        logger.info(f"node {node}: pool label set to {patch['metadata']['labels']}")
+    except NotFound:
+        pass  # the node is gone; nothing to mark
+
+
+async def apply_daemonset(ctx: OperatorContext, state: LoopState, body: kopf.Body, *, force: bool,
+                          logger: logging.Logger) -> None:
+    """Server-side apply the agent DaemonSet when its rendering changed (or someone changed it)."""
+    daemonset = render_daemonset(body, ctx.agent)
+    fingerprint = json.dumps(daemonset, sort_keys=True)
+    if not force and state.applied.get("daemonset") == fingerprint:
+        return
+    name = daemonset_name(body["metadata"]["name"])
+    path = object_path("apps/v1", "daemonsets", name, namespace=ctx.agent.namespace)
+    applied = await with_retries(f"DaemonSet {name}",
+                                 lambda: ctx.kube.apply(path, daemonset, field_manager=FIELD_MANAGER), logger=logger)
+    state.applied["daemonset"] = fingerprint
+    state.applied["daemonset_generation"] = applied.get("metadata", {}).get("generation")
+
+
+def announce_conflicts(body: kopf.Body, view: PoolView, conflicts: tuple[tuple[str, str], ...],
+                       already_reported: list[str]) -> None:
+    """A Warning event on this pool for each node newly held by an older pool, naming both pools."""
+    for node, holder in conflicts:
+        if node not in already_reported:
+            kopf.warn(body, reason="NodeConflict", message=conflict_message(node, holder=holder, loser=view.name))
+
+
+@kopf.on.delete(GROUP, VERSION, "amdgpupools")
+async def release_pool(name: str, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
+                       pool_views: kopf.Index, shares_by_pool: kopf.Index, **_: Any) -> None:
+    """Finalizer: unmark the pool's nodes (or hand them to the next pool that selects them)."""
+    ctx: OperatorContext = memo.rocshare
+    if not ctx.feed.synced:
+        raise kopf.TemporaryError(f"releasing the nodes of pool {name}: nodes not listed yet", delay=1.0)
+    view = pool_view(body)  # deleting: it owns nothing any more
+    pools = [pool for pool in all_values(pool_views) if pool.name != name] + [view]
+    try:
+        await mark_nodes(ctx, view, pools, ctx.node_views(), logger=logger)
+    except ApiError as error:
+        raise kopf.TemporaryError(f"releasing the nodes of pool {name}: {error}", delay=2.0) from error
+    ctx.wakeups.wake_kind("pool")
+    for namespace, share in shares_by_pool.get(name, ()):
+        ctx.wakeups.wake(share_key(namespace, share))

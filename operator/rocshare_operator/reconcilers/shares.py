@@ -1,0 +1,112 @@
+"""AmdGpuShare handlers: the share's ResourceQuota and its status.
+
+One reconcile loop per share (a Kopf daemon, woken by pods of its namespace through the
+cluster feed, by its pool appearing or going, and by edits to its quota). Each pass
+server-side applies the quota when its intent changed, then writes status when it differs.
+The quota is owned by the share, so it goes when the share goes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kopf
+
+from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits
+from rocshare.kube.client import ApiError, object_path
+from rocshare_operator.context import LoopState, OperatorContext, share_key
+from rocshare_operator.reconcilers.indexes import one_value
+from rocshare_operator.reconcilers.pools import (
+    ERROR_PAUSE_S,
+    FIELD_MANAGER,
+    RESYNC_S,
+    now_rfc3339,
+    sleep_until_woken,
+    wait_for_feed,
+)
+from rocshare_operator.retrying import with_retries
+from rocshare_operator.status.share_logic import QUOTA_LABELS, quota_body, share_status
+
+
+@kopf.on.event(GROUP, VERSION, "amdgpushares")
+def share_event(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """The share changed (spec, or status written elsewhere): its loop reads the live body again."""
+    memo.rocshare.wakeups.wake(share_key(namespace, name))
+
+
+@kopf.daemon(GROUP, VERSION, "amdgpushares", cancellation_backoff=2.0, cancellation_timeout=5.0,
+             backoff=ERROR_PAUSE_S)
+async def share_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                     logger: logging.Logger, **indexes: Any) -> None:
+    ctx: OperatorContext = memo.rocshare
+    key = share_key(namespace, name)
+    state = ctx.wakeups.register(key)
+    try:
+        await wait_for_feed(ctx, stopped)
+        while not stopped:
+            reasons = state.take_reasons()
+            try:
+                await reconcile_share(ctx, state, body, reasons, logger=logger, **indexes)
+                pause_s = RESYNC_S
+            except ApiError as error:
+                logger.error(f"reconciling share {namespace}/{name} failed: {error}; next pass in {ERROR_PAUSE_S}s")
+                pause_s = ERROR_PAUSE_S
+            await sleep_until_woken(state, stopped, pause_s)
+    finally:
+        ctx.wakeups.unregister(key, state)
+
+
+async def reconcile_share(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
+                          logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    spec = dict(body.get("spec") or {})
+    limits = ShareLimits.model_validate(dict(spec.get("limits") or {}))
+    await apply_quota(ctx, state, body, limits, force="quota" in reasons, logger=logger)
+    pool = one_value(pool_views, spec.get("pool"))
+    pods = ctx.slices.in_namespace(meta["namespace"])
+    previous = dict(body.get("status") or {})
+    status = share_status(
+        share=meta["name"], pool=spec.get("pool", ""), pool_exists=pool is not None and not pool.deleting,
+        generation=meta.get("generation"), pods=pods,
+        inventories={node: inventory for node in {pod.node for pod in pods} if (inventory := ctx.inventory(node))},
+        previous_conditions=previous.get("conditions"), now=now_rfc3339(),
+    )
+    if status != previous:
+        path = object_path(API_VERSION, "amdgpushares", meta["name"], namespace=meta["namespace"],
+                           subresource="status")
+        await with_retries(f"status of share {meta['name']}", lambda: ctx.kube.merge_patch(path, {"status": status}),
+                           logger=logger)
+
+
+async def apply_quota(ctx: OperatorContext, state: LoopState, body: kopf.Body, limits: ShareLimits, *, force: bool,
+                      logger: logging.Logger) -> None:
+    meta = body["metadata"]
+    quota = quota_body(share=meta["name"], namespace=meta["namespace"], uid=meta["uid"], limits=limits)
+    fingerprint = json.dumps(quota, sort_keys=True)
+    if not force and state.applied.get("quota") == fingerprint:
+        return
+    path = object_path("v1", "resourcequotas", quota["metadata"]["name"], namespace=meta["namespace"])
+    await with_retries(f"ResourceQuota {quota['metadata']['name']}",
+                       lambda: ctx.kube.apply(path, quota, field_manager=FIELD_MANAGER), logger=logger)
+    state.applied["quota"] = fingerprint
+    state.applied["quota_hard"] = quota["spec"]["hard"]
+
+
+@kopf.on.event("v1", "resourcequotas", labels=QUOTA_LABELS)
+def quota_event(event: kopf.RawEvent, namespace: str, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
+                **_: Any) -> None:
+    """Someone deleted or edited a share's quota: have the share apply it again."""
+    ctx: OperatorContext = memo.rocshare
+    owners = [ref["name"] for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "AmdGpuShare"]
+    if not owners:
+        return
+    key = share_key(namespace, owners[0])
+    state = ctx.wakeups.get(key)
+    if state is None:
+        return
+    if event["type"] == "DELETED" or dict(spec.get("hard") or {}) != state.applied.get("quota_hard"):
+        ctx.wakeups.wake(key, "quota")

@@ -1,0 +1,108 @@
+"""An AmdGpuShare's ResourceQuota and status. Pure.
+
+The quota is named ``rocshare-<share>`` in the share's namespace and lists only the
+limits the share sets: ``limits.amd.com/gpumem`` (MiB), ``limits.amd.com/gpucores``
+(percent of one GPU) and ``requests.amd.com/gpu``. The share owns it, so deleting
+the share removes it.
+
+Usage counts every slice the namespace holds, whatever the pool: the ResourceQuota
+it is reported against is namespace-wide, and the extender checks it that way.
+The pods list is bounded (a status must stay small; etcd caps objects near
+1.5 MiB); ``podsTotal`` counts them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+
+from rocshare.api.models import API_VERSION, AmdGpuShareStatus, ShareLimits, ShareUsage, SliceHolder
+from rocshare_operator.status.conditions import ConditionState, merge_conditions
+from rocshare_operator.status.pool_status import Inventory
+from rocshare_operator.status.usage import PodSlices, pod_cores_pct
+
+QUOTA_PREFIX = "rocshare-"
+PODS_LISTED_MAX = 100
+NAME_MAX_CHARS = 253
+# Share names may be longer than a label value allows; the owner reference names the share.
+QUOTA_LABELS = {"app.kubernetes.io/managed-by": "rocshare-operator", "app.kubernetes.io/component": "share-quota"}
+
+GPUMEM_LIMIT = "limits.amd.com/gpumem"
+GPUCORES_LIMIT = "limits.amd.com/gpucores"
+GPU_REQUEST = "requests.amd.com/gpu"
+
+
+def quota_name(share: str) -> str:
+    """``rocshare-<share>``; a name too long for the prefix is cut and given a hash, to stay unique."""
+    name = QUOTA_PREFIX + share
+    if len(name) <= NAME_MAX_CHARS:
+        return name
+    digest = hashlib.sha256(share.encode()).hexdigest()[:10]
+    return f"{name[:NAME_MAX_CHARS - 11]}-{digest}"
+
+
+def quota_hard(limits: ShareLimits) -> dict[str, str]:
+    hard = {}
+    if limits.memory_mib is not None:
+        hard[GPUMEM_LIMIT] = str(limits.memory_mib)
+    if limits.cores_pct is not None:
+        hard[GPUCORES_LIMIT] = str(limits.cores_pct)
+    if limits.gpus is not None:
+        hard[GPU_REQUEST] = str(limits.gpus)
+    return hard
+
+
+def quota_body(*, share: str, namespace: str, uid: str, limits: ShareLimits) -> dict:
+    """The whole intent for the quota, for server-side apply."""
+    owner = {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "name": share, "uid": uid,
+             "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": quota_name(share), "namespace": namespace, "labels": dict(QUOTA_LABELS),
+                     "ownerReferences": [owner]},
+        "spec": {"hard": quota_hard(limits)},
+    }
+
+
+def share_usage(pods: Iterable[PodSlices], inventories: Mapping[str, Inventory]) -> ShareUsage:
+    memory = cores = gpus = 0
+    for pod in pods:
+        if pod.error:
+            continue
+        inventory = inventories.get(pod.node)
+        memory += pod.memory_mib
+        cores += pod_cores_pct(pod, inventory.cu_counts() if inventory else {})
+        gpus += pod.gpus
+    return ShareUsage(memory_mib=memory, cores_pct=cores, gpus=gpus)
+
+
+def slice_holders(pods: Iterable[PodSlices]) -> list[SliceHolder]:
+    """The first PODS_LISTED_MAX pods by name, with what each holds."""
+    ordered = sorted(pods, key=lambda pod: pod.name)[:PODS_LISTED_MAX]
+    return [SliceHolder(pod=pod.name, node=pod.node, gpu_ids=[device.gpu_id for device in pod.devices],
+                        memory_mib=pod.memory_mib, cu_count=pod.cu_count) for pod in ordered]
+
+
+def share_status(*, share: str, pool: str, pool_exists: bool, generation: int | None, pods: Sequence[PodSlices],
+                 inventories: Mapping[str, Inventory], previous_conditions: Iterable[Mapping] | None,
+                 now: str) -> dict:
+    """The status object to write (camelCase JSON, as AmdGpuShareStatus)."""
+    status = AmdGpuShareStatus(
+        used=share_usage(pods, inventories), pods=slice_holders(pods), pods_total=len(pods),
+        quota_name=quota_name(share), observed_generation=generation,
+    ).to_json_dict()
+    status["conditions"] = merge_conditions(previous_conditions, [_ready(share, pool, pool_exists, pods)],
+                                            generation=generation, now=now)
+    return status
+
+
+def _ready(share: str, pool: str, pool_exists: bool, pods: Sequence[PodSlices]) -> ConditionState:
+    if not pool_exists:
+        return ConditionState("Ready", "False", "PoolNotFound",
+                              f"AmdGpuPool {pool} does not exist; the quota holds, but no pool serves this share")
+    undecodable = sum(1 for pod in pods if pod.error)
+    if undecodable:
+        return ConditionState("Ready", "True", "QuotaApplied",
+                              f"ResourceQuota {quota_name(share)} applied; {undecodable} pod(s) have an undecodable"
+                              " allocation record and are not counted")
+    return ConditionState("Ready", "True", "QuotaApplied", f"ResourceQuota {quota_name(share)} applied")

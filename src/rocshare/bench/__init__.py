@@ -1,1 +1,0 @@
-"""Benchmarks run by `rocshare bench <name>`: placement on a production trace, and more later."""

@@ -4,16 +4,19 @@ caches) and the pod admission webhook, both reading one `SchedulerState`.
 `run_operator(..., extra_tasks=[extender_task(settings, state)])` runs the extender beside
 Kopf; `register_webhook(settings, state)` adds the admission handlers to Kopf's registry
 and `configure_admission(kopf_settings, webhook_settings)` points Kopf's webhook server
-at our TLS certificate.
+at our TLS certificate. With `--webhook-tls-secret` the operator owns that certificate
+(admission/tls_secret.py): made or renewed before anything serves, kept fresh beside Kopf.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from collections.abc import Awaitable
 
 import kopf
 
-from rocshare_operator.admission import webhook
+from rocshare_operator.admission import tls_secret, webhook
 from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
@@ -41,15 +44,32 @@ def configure_admission(kopf_settings: kopf.OperatorSettings, settings: webhook.
 def prepare(args, kopf_settings: kopf.OperatorSettings) -> list:
     """Register the webhook and return the extra tasks for run_operator, from parsed flags."""
     state = SchedulerState()
+    tasks = []
     if not args.no_webhook:
         settings = webhook.WebhookSettings(host=args.webhook_host, port=args.webhook_port, certfile=args.webhook_cert,
                                            pkeyfile=args.webhook_key, scheduler_name=args.scheduler_name)
         settings.trusted_users = settings.trusted_users | frozenset(args.trusted_user)
+        if args.webhook_tls_secret:
+            tasks.append(own_certificate(args, settings))
         register_webhook(settings, state)
         configure_admission(kopf_settings, settings)
     if args.no_extender:
-        return []
+        return tasks
     extender = ExtenderSettings(host=args.extender_host, port=args.extender_port, metrics_port=args.metrics_port,
                                 tls_cert=args.extender_tls_cert, tls_key=args.extender_tls_key,
                                 bind_wait_s=args.bind_wait_s)
-    return [extender_task(extender, state)]
+    return [*tasks, extender_task(extender, state)]
+
+
+def own_certificate(args, settings: webhook.WebhookSettings):
+    """Make or renew the Secret's pair now (before Kopf serves), point the webhook server at it
+    through an SSL context we keep, and return the task that keeps it fresh."""
+    tls = tls_secret.TlsSecretSettings(namespace=args.namespace, secret=args.webhook_tls_secret)
+    asyncio.run(tls_secret.bootstrap(args.kubeconfig, tls))
+    context = ssl.create_default_context(purpose=ssl.Purpose.CLIENT_AUTH)
+    settings.certfile, settings.pkeyfile, settings.ssl_context = str(tls.cert_path), str(tls.key_path), context
+
+    def keep_fresh(operator: OperatorContext) -> Awaitable[None]:
+        return tls_secret.keep_fresh(operator.kube, tls, context)
+
+    return keep_fresh

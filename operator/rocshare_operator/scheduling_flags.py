@@ -18,6 +18,11 @@ def add_arguments(parser) -> None:
     group.add_argument("--webhook-port", type=int, default=9443, help="webhook port (default: %(default)s)")
     group.add_argument("--webhook-cert", default=None, help="TLS certificate of the webhook (PEM)")
     group.add_argument("--webhook-key", default=None, help="TLS key of the webhook (PEM)")
+    group.add_argument("--webhook-tls-secret", default=None, metavar="NAME",
+                       help="own the webhook's certificate: keep a self-signed CA and serving certificate in this "
+                            "Secret of --namespace (made when missing, renewed before expiry), write the CA into "
+                            "caBundle of the rocshare-pods webhook configurations, and serve with it "
+                            "(instead of --webhook-cert/--webhook-key)")
     group.add_argument("--no-webhook", action="store_true", help="do not serve the admission webhook")
     group.add_argument("--scheduler-name", default="rocshare-scheduler",
                        help="schedulerName the webhook sets on GPU pods (default: %(default)s)")

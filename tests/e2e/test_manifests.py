@@ -134,6 +134,7 @@ OPERATOR_NEEDS = [
     ("create", "resourcequotas"), ("patch", "resourcequotas"), ("watch", "resourcequotas"),
     ("create", "daemonsets.apps", NAMESPACE), ("patch", "daemonsets.apps", NAMESPACE), ("create", "events"),
     ("patch", "clusterkopfpeerings.kopf.dev", None, "rocshare"), ("watch", "clusterkopfpeerings.kopf.dev"),
+    ("get", "clusterkopfpeerings.kopf.dev", None, "rocshare"), ("create", "clusterkopfpeerings.kopf.dev"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
     # kube-scheduler, through system:kube-scheduler, system:volume-scheduler and our Role:
     ("create", "bindings"), ("create", "leases.coordination.k8s.io", NAMESPACE),

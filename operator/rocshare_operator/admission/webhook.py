@@ -15,6 +15,7 @@ accounts (matchConditions); it refuses them unless the user is one of `trusted_u
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ class WebhookSettings:
     port: int = 9443
     certfile: str | None = None
     pkeyfile: str | None = None
+    # Kopf loads certfile/pkeyfile into this context; keeping it lets a renewal reload the pair.
+    ssl_context: ssl.SSLContext | None = None
     scheduler_name: str = "rocshare-scheduler"
     trusted_users: frozenset[str] = field(default_factory=lambda: frozenset({
         "system:serviceaccount:rocshare-system:rocshare-operator",
@@ -83,4 +86,4 @@ def _refuse_unless(check: Callable[[], None]) -> None:
 
 def server(settings: WebhookSettings) -> kopf.WebhookServer:
     return kopf.WebhookServer(addr=settings.host, port=settings.port, certfile=settings.certfile,
-                              pkeyfile=settings.pkeyfile)
+                              pkeyfile=settings.pkeyfile, context=settings.ssl_context)

@@ -16,8 +16,8 @@ the callable itself runs before the feed starts, so it may subscribe). When any 
 ends, the rest are stopped; an error is raised.
 
 Kopf runs standalone in tests (``--standalone``); in a cluster it peers through the
-``ClusterKopfPeering`` named ``rocshare`` (which the manifests must install), so
-that only one replica handles events at a time. Kopf's own bookkeeping goes into
+``ClusterKopfPeering`` named ``rocshare`` (created at start when missing, peering.py), so
+that only one replica handles events at a time, under an identity of our own (peering.py). Kopf's own bookkeeping goes into
 ``rocshare.io/*`` annotations and the finalizer ``rocshare.io/operator``; status
 belongs to rocshare alone.
 """
@@ -34,11 +34,11 @@ import kopf
 from rocshare.kube.client import Kube
 from rocshare_operator.reconcilers import indexes, login, nodes_status, pools, shares  # noqa: F401  (registers handlers)
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
+from rocshare_operator.reconcilers.peering import PEERING_NAME, ensure_peering_object, this_process_identity
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext
 
 ExtraTask = Callable[[OperatorContext], Awaitable[Any]]
-PEERING_NAME = "rocshare"
 FINALIZER = "rocshare.io/operator"
 ANNOTATIONS_PREFIX = "rocshare.io"
 
@@ -66,6 +66,8 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
                        extra_tasks: Iterable[ExtraTask] = (), settings: kopf.OperatorSettings | None = None) -> None:
     """Run until a signal stops Kopf or any task ends; `namespace` is where agent DaemonSets go."""
     kube = await Kube.connect(kubeconfig)
+    if not standalone:
+        await ensure_peering_object(kube)
     context = OperatorContext(kube=kube, agent=AgentDeployment(namespace=namespace), feed=ClusterFeed(kube),
                               kubeconfig=kubeconfig)
     nodes_status.subscribe(context)
@@ -77,7 +79,8 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
         extras.append(asyncio.create_task(context.feed.run(), name="cluster-feed"))
         operator = asyncio.create_task(kopf.operator(
             settings=settings or operator_settings(standalone=standalone), standalone=standalone,
-            clusterwide=True, stop_flag=stop_flag, memo=kopf.Memo(rocshare=context)), name="kopf")
+            clusterwide=True, stop_flag=stop_flag, memo=kopf.Memo(rocshare=context),
+            identity=this_process_identity()), name="kopf")
         done, _ = await asyncio.wait([operator, *extras], return_when=asyncio.FIRST_COMPLETED)
         await _stop(operator, extras, stop_flag)
         for task in done:

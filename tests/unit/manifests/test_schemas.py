@@ -46,7 +46,7 @@ def test_foreign_object_fits_its_contract(item: tuple[str, dict]) -> None:
 def test_every_shipped_kind_is_covered() -> None:
     kinds = {obj["kind"] for _, obj in OBJECTS}
     assert {"Deployment", "ValidatingAdmissionPolicy", "AmdGpuPool", "AmdGpuShare", "Pod", "Certificate",
-            "ServiceMonitor", "Application", "ClusterKopfPeering"} <= kinds
+            "ServiceMonitor", "Application"} <= kinds
 
 
 # The checks themselves must be able to fail, or the tests above prove nothing.

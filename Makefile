@@ -7,7 +7,8 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv controlplane crds lint unit e2e test chaos bench cluster-up cluster-down demo demo-down clean
+.PHONY: help venv controlplane crds lint unit e2e test chaos bench cluster-up cluster-down demo demo-down clean \
+	real-node-deps images real-node-up real-node-down
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -16,6 +17,8 @@ help:
 	@echo "make bench        benchmarks -> docs/benchmarks.json, docs/benchmarks.md"
 	@echo "make chaos        the long chaos run"
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
+	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
+	@echo "make real-node-up a real kubelet + containerd node beside the control plane, in its own netns; real-node-down"
 
 # Python environment, pinned: pyproject.toml pins direct dependencies, constraints.txt the rest.
 $(STAMP): pyproject.toml dev/pyproject.toml constraints.txt
@@ -43,8 +46,24 @@ unit: $(STAMP)
 e2e: $(STAMP) controlplane
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane lint
+test: $(STAMP) controlplane lint images
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
+
+# The real node (tests/realnode, make real-node-up): Debian packages when missing (containerd,
+# runc, CNI plugins, buildah, mmdebstrap, ...; quick when all are there), then the images.
+real-node-deps:
+	@dev/realnode/install-deps.sh
+
+# Images built here, no registry: a bookworm base (mmdebstrap), pause, kube-scheduler from
+# .cache/bin, operator and agent from images/*.Dockerfile. Cached by content stamps in .cache/images.
+images: real-node-deps controlplane
+	@dev/realnode/build-images.sh
+
+real-node-up: $(STAMP) images
+	$(BIN)/rocshare-dev real-node up
+
+real-node-down: $(STAMP)
+	$(BIN)/rocshare-dev real-node down
 
 chaos: $(STAMP) controlplane
 	ROCSHARE_CHAOS=long $(BIN)/pytest tests -q -m chaos $(PYTEST_ARGS)
@@ -64,5 +83,5 @@ demo: $(STAMP) controlplane
 demo-down: $(STAMP)
 	$(BIN)/rocshare-dev demo down
 
-clean: demo-down cluster-down
+clean: demo-down cluster-down real-node-down
 	rm -rf run

@@ -4,16 +4,21 @@
 #   docker build -f images/operator.Dockerfile -t rocshare/operator:0.1.0 .
 # images/operator.Dockerfile.dockerignore keeps the build context to the sources.
 
+# The base is a build argument: the public Python image by default; the tests pass one made
+# here (`make images`: Debian bookworm with its python3, 3.11), since no registry is reachable.
+# Both have `python3`, so the steps below name it so.
+ARG BASE_IMAGE=python:3.11-slim
+
 # ---- build: the package and its pinned dependencies in a venv -----------------------------
-FROM python:3.11-slim AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/rocshare
+RUN python3 -m venv /opt/rocshare
 WORKDIR /src
 # Dependencies first (direct pins from pyproject.toml, the rest from constraints.txt), so that
 # a source change reuses this layer. grpcio, pydantic-core and aiohttp ship manylinux
 # wheels, so the slim base needs no compiler.
 COPY pyproject.toml constraints.txt ./
-RUN python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+RUN python3 -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
  && /opt/rocshare/bin/pip install -c constraints.txt -r requirements.txt
 COPY src ./src
 COPY operator ./operator
@@ -22,7 +27,7 @@ RUN /opt/rocshare/bin/pip install --no-deps . \
  && /opt/rocshare/bin/python -m compileall -q /opt/rocshare/lib
 
 # ---- run: the venv on a clean slim base, unprivileged -------------------------------------
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="rocshare-operator" \
       org.opencontainers.image.description="rocshare operator: shares AMD GPUs between Kubernetes pods" \
       org.opencontainers.image.licenses="Apache-2.0"

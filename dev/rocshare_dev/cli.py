@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="run a benchmark: placement on a trace, extender latency, e2e, ...")
     bench_cli.add_arguments(bench)
     _passthrough(commands.add_parser("cluster", help="the local control plane: up | down", add_help=False))
+    _passthrough(commands.add_parser("real-node", help="a real kubelet + containerd node in its own netns: up | down",
+                                     add_help=False))
     _passthrough(commands.add_parser("demo", help="make demo: control plane, operator, simulated fleet, samples: up | down",
                                      add_help=False))
     return parser
@@ -34,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "cluster":
         from rocshare_dev.devcluster.__main__ import main as cluster_main
         return cluster_main(args.rest)
+    if args.command == "real-node":
+        from rocshare_dev.realnode.__main__ import main as real_node_main
+        return real_node_main(args.rest)
     from rocshare_dev.devcluster.demo import main as demo_main
     return demo_main(args.rest)
 

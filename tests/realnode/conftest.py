@@ -1,0 +1,131 @@
+"""One real kubelet node with rocshare deployed on it as the README says, for the whole
+session (dev/rocshare_dev/realnode): control plane, containerd and kubelet v1.35 in a network
+namespace of their own; images built here (`make images`); then
+
+    kubectl apply --server-side -k <overlay over manifests/overlays/dev, local image names>
+
+once, on the empty cluster -- its output is kept for the tests -- the GPU node labelled for a
+pool whose agent reads a real sysfs capture and fake device nodes, and the agent DaemonSet pod
+Running. Everything is torn down at the end (processes, mounts, cgroups, iptables, netns,
+sysctls). Missing images or binaries fail the session: an e2e test that skips proves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SERVICE_CIDR, ControlPlane
+from rocshare_dev.realnode import deploy
+from rocshare_dev.realnode.deploy import HostPaths
+from rocshare_dev.realnode.rig import RealNode
+
+RUN_ROOT = PROJECT_ROOT / "run" / "realnode-test"
+NAMESPACE = "rocshare-system"
+WORKLOADS = "realnode-e2e"
+HOOK_STAND_IN = b"rocshare test stand-in for libamvgpu.so\n"
+TIMINGS: dict[str, float] = {}  # seconds from the session's start of each step, for the summary
+
+
+@dataclass
+class Deployed:
+    node: RealNode
+    cluster: ControlPlane
+    host: HostPaths
+    first_apply: str  # kubectl's output of the one `apply --server-side -k`
+    hook_path_before_stand_in: str  # what the node's hook folder held once the agent ran
+    timings: dict[str, float]
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None):
+        return self.cluster.kubectl(*args, check=check, input_text=input_text)
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+
+def wait_for(what: str, probe, *, timeout_s: float, interval_s: float = 1.0, explain=None):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            detail = explain() if explain else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{detail}")
+        time.sleep(interval_s)
+
+
+def describe(cluster: ControlPlane, *targets: str) -> str:
+    out = []
+    for target in targets:
+        kind, _, rest = target.partition(" ")
+        out.append(cluster.kubectl("describe", kind, *rest.split(), check=False).stdout[-4000:])
+    out.append(cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-4000:])
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="session")
+def real_node() -> Iterator[RealNode]:
+    node = RealNode(RUN_ROOT, netns="rocshare-rn-test", node_name="realnode")
+    node.down()  # a previous session killed mid-way
+    started = time.monotonic()
+    node.up()
+    TIMINGS["node Ready"] = time.monotonic() - started
+    try:
+        yield node
+    finally:
+        node.down()
+
+
+@pytest.fixture(scope="session")
+def deployed(real_node: RealNode) -> Deployed:
+    cluster = real_node.control_plane
+    timings = TIMINGS
+    started = time.monotonic() - TIMINGS["node Ready"]
+    overlay = deploy.write_overlay(real_node.root / "overlay", service_cidr=SERVICE_CIDR)
+    applied = cluster.kubectl("apply", "--server-side", "-k", str(overlay), check=False)
+    assert applied.returncode == 0, f"first `kubectl apply --server-side -k` failed:\n{applied.stderr}"
+    ready = cluster.kubectl("rollout", "status", "-n", NAMESPACE, "deployment/rocshare-operator", "--timeout=300s",
+                            check=False)
+    assert ready.returncode == 0, describe(cluster, f"pods -n {NAMESPACE}") + cluster.kubectl(
+        "logs", "-n", NAMESPACE, "deployment/rocshare-operator", "-c", "operator", "--tail=60", check=False).stdout
+    timings["operator Deployment available"] = time.monotonic() - started
+
+    host = deploy.prepare_host(real_node.root / "host")
+    cluster.kubectl("label", "node", real_node.node_name, f"{deploy.NODE_CLASS_LABEL}={deploy.NODE_CLASS}",
+                    "--overwrite")
+    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(deploy.pool_manifest(host)))
+
+    def agent_running() -> bool:
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-node-agent",
+                                          "-o", "json").stdout)["items"]
+        return any(pod["status"].get("phase") == "Running" and all(
+            status.get("ready") for status in pod["status"].get("containerStatuses", [])) for pod in pods)
+
+    wait_for("the node-agent DaemonSet pod Running", agent_running, timeout_s=240,
+             explain=lambda: describe(cluster, f"pods -n {NAMESPACE}"))
+    timings["agent Running"] = time.monotonic() - started
+    # Defect 5 (hook library not shipped): what the node has at the hook path once the agent
+    # runs. Then a stand-in, so that the slice's mount can be checked.
+    hook = host.hook_library
+    before = ("missing" if not hook.exists() and not hook.is_symlink() else
+              "a directory" if hook.is_dir() else f"a file of {hook.stat().st_size} bytes")
+    if not hook.exists():
+        hook.parent.mkdir(parents=True, exist_ok=True)
+        hook.write_bytes(HOOK_STAND_IN)
+    cluster.kubectl("create", "namespace", WORKLOADS, check=False)
+    cluster.kubectl("wait", "-n", WORKLOADS, "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
+                    "--timeout=60s")
+    return Deployed(node=real_node, cluster=cluster, host=host, first_apply=applied.stdout,
+                    hook_path_before_stand_in=before, timings=timings)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Say how long the real node took (the README quotes these)."""
+    if TIMINGS:
+        terminalreporter.write_line("real node: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMINGS.items()))

@@ -1,0 +1,149 @@
+"""rocshare deployed on a real kubelet node as the README says, checked from the outside in:
+the one apply, the operator Deployment (operator + kube-scheduler from images built here) under
+its service account, the webhook through its Service with the certificate the operator made,
+the agent DaemonSet registered on the real kubelet.sock, and a slice pod whose environment is
+read from inside its real container. Issue 17's defects 2-4 each fail one of these; defect 5
+(the hook library is not shipped) is shown, not fixed: see test_hook_library_is_shipped."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import yaml
+
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
+from rocshare.core.cumask import render_hsa_cu_mask
+from rocshare_dev.realnode import deploy
+from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
+from tests.realnode.conftest import HOOK_STAND_IN, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+HOOK = "/usr/local/vgpu/libamvgpu.so"
+
+
+def test_one_apply_installs_everything_on_an_empty_cluster(deployed: Deployed) -> None:
+    """Defect 2: the ClusterKopfPeering CRD and an object of it in one apply failed the first run."""
+    lines = [line for line in deployed.first_apply.splitlines() if line.strip()]
+    assert lines and all("serverside-applied" in line for line in lines), deployed.first_apply
+    assert any(line.startswith("customresourcedefinition") and "clusterkopfpeerings.kopf.dev" in line for line in lines)
+    # The operator made the peering object and keeps its heartbeat there under its pod's name.
+    peering = wait_for("the operator's peering heartbeat", lambda: deployed.json(
+        "get", "clusterkopfpeering", "rocshare").get("status"), timeout_s=60)
+    pod = operator_pod(deployed)
+    assert pod["metadata"]["name"] in peering, peering
+
+
+def operator_pod(deployed: Deployed) -> dict:
+    pods = deployed.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-operator")["items"]
+    assert len(pods) == 1, [pod["metadata"]["name"] for pod in pods]
+    return pods[0]
+
+
+def test_operator_pod_runs_both_containers_unprivileged_without_restarts(deployed: Deployed) -> None:
+    """Defect 3: Kopf's getpass.getuser() crashed the operator (uid 65532 has no passwd entry)."""
+    pod = operator_pod(deployed)
+    statuses = {status["name"]: status for status in pod["status"]["containerStatuses"]}
+    assert set(statuses) == {"operator", "kube-scheduler"}
+    for name, status in statuses.items():
+        assert status["ready"] and status["restartCount"] == 0, (name, status)
+    assert statuses["operator"]["image"].endswith("localhost/rocshare/operator:dev")
+    assert statuses["kube-scheduler"]["image"].endswith("localhost/rocshare/kube-scheduler:v1.35.4")
+    uid = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator", "--", "id", "-u")
+    assert uid.stdout.strip() == "65532"
+    logs = deployed.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator").stdout
+    assert "Traceback" not in logs and "Forbidden" not in logs, logs[-3000:]
+
+
+def test_operator_made_the_webhook_certificate_and_the_ca_bundle(deployed: Deployed) -> None:
+    """Defect 4: nothing made the Secret the dev overlay relies on; the operator crash-looped."""
+    secret = deployed.json("get", "secret", "-n", NAMESPACE, "rocshare-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls" and {"tls.crt", "tls.key", "ca.crt"} <= set(secret["data"])
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        config = wait_for(f"caBundle on {kind}", lambda kind=kind: deployed.json("get", kind, "rocshare-pods")[
+            "webhooks"][0]["clientConfig"].get("caBundle"), timeout_s=60)
+        assert config == secret["data"]["ca.crt"], kind
+    assert b"BEGIN CERTIFICATE" in base64.b64decode(secret["data"]["ca.crt"])
+
+
+def test_webhook_refuses_a_bad_gpu_pod_through_its_service(deployed: Deployed) -> None:
+    """The API server calls the webhook on the Service's endpoint (TLS verified against the
+    caBundle the operator wrote); the refusal is the webhook's own message."""
+    bad = deploy.slice_pod("privileged-slice", WORKLOADS, memory_mib=1024, cores_pct=10)
+    bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    refused = deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump(bad), check=False)
+    assert refused.returncode != 0
+    assert 'admission webhook "pods.mutate.rocshare.io" denied the request' in refused.stderr, refused.stderr
+    assert "privileged container sees every GPU" in refused.stderr, refused.stderr
+
+
+def test_agent_registered_on_the_real_kubelet_and_the_node_advertises_gpus(deployed: Deployed) -> None:
+    node = wait_for("amd.com/gpu on the node", lambda: deployed.json("get", "node", deployed.node.node_name)
+                    if deployed.json("get", "node", deployed.node.node_name)["status"]["allocatable"].get("amd.com/gpu")
+                    else None, timeout_s=120, explain=lambda: describe(deployed.cluster, f"node {deployed.node.node_name}"))
+    assert int(node["status"]["allocatable"]["amd.com/gpu"]) > 0
+    assert (DEVICE_PLUGIN_DIR / "kubelet.sock").is_socket()
+    assert [path for path in DEVICE_PLUGIN_DIR.iterdir() if path.name != "kubelet.sock" and path.is_socket()]
+    gpu_node = deployed.json("get", "amdgpunode", deployed.node.node_name)
+    assert len(gpu_node["status"]["gpus"]) == 8, gpu_node["status"]
+
+
+@pytest.fixture(scope="module")
+def slice_pod(deployed: Deployed) -> dict:
+    pod = deploy.slice_pod("slice-4g-25pct", WORKLOADS, memory_mib=4096, cores_pct=25)
+    started = time.monotonic()
+    deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump(pod))
+    running = wait_for("the slice pod Running", lambda: (lambda p: p if p["status"].get("phase") == "Running" else None)(
+        deployed.json("get", "pod", "-n", WORKLOADS, "slice-4g-25pct")), timeout_s=180,
+        explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} slice-4g-25pct"))
+    TIMINGS["slice pod Running (from create)"] = time.monotonic() - started
+    return running
+
+
+def container_env(deployed: Deployed, pod: dict) -> dict[str, str]:
+    out = deployed.kubectl("exec", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--", "env").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_slice_pod_environment_inside_the_container_matches_its_record(deployed: Deployed, slice_pod: dict) -> None:
+    assert slice_pod["spec"]["schedulerName"] == "rocshare-scheduler"  # the webhook routed it to rocshare's scheduler
+    assert slice_pod["spec"]["nodeName"] == deployed.node.node_name
+    record = decode_record(slice_pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+    (container,) = record.containers
+    (device,) = container.devices
+    assert device.memory_mib == 4096 and not device.whole
+    env = container_env(deployed, slice_pod)
+    assert env["HSA_CU_MASK"] == render_hsa_cu_mask(container.devices)
+    assert env["HIP_VISIBLE_DEVICES"] == "0"
+    assert env["HIP_DEVICE_MEMORY_LIMIT_0"] == "4096m"
+    assert env["LD_AUDIT"] == HOOK
+    listing = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "ls", "-l", "/dev/kfd", "/dev/dri")
+    assert "/dev/kfd" in listing.stdout and "renderD" in listing.stdout
+
+
+def test_slice_container_has_the_hook_mount(deployed: Deployed, slice_pod: dict) -> None:
+    content = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "cat", HOOK).stdout
+    assert content.encode() == HOOK_STAND_IN
+    mounts = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "cat", "/proc/self/mounts").stdout
+    assert any(line.split()[1] == HOOK and "ro" in line.split()[3].split(",") for line in mounts.splitlines()), mounts
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17 defect 5: the hook library is not shipped (the Helm-and-hook issue "
+                                       "fixes it); the node's hook path holds no library, so a slice container gets "
+                                       "an empty directory there and every process prints an ld.so audit error")
+def test_hook_library_is_shipped(deployed: Deployed) -> None:
+    assert deployed.hook_path_before_stand_in.startswith("a file"), (
+        f"after the agent started, {deployed.host.hook_library} was {deployed.hook_path_before_stand_in}")
+
+
+def test_deleting_the_pod_frees_its_slice(deployed: Deployed, slice_pod: dict) -> None:
+    def pool_status() -> dict:
+        return deployed.json("get", "amdgpupool", deploy.POOL).get("status", {})
+
+    wait_for("the pool to count the slice", lambda: pool_status().get("vramAllocatedMiB", 0) >= 4096, timeout_s=60,
+             explain=lambda: json.dumps(pool_status()))
+    deployed.kubectl("delete", "pod", "-n", WORKLOADS, "slice-4g-25pct", "--wait=true", "--timeout=120s")
+    wait_for("the pool to free the slice", lambda: pool_status().get("vramAllocatedMiB", 0) == 0, timeout_s=60,
+             explain=lambda: json.dumps(pool_status()))

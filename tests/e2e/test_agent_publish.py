@@ -126,6 +126,19 @@ async def test_agents_publish_status_annotation_and_labels(kube: Kube, agents) -
     assert inventories[NODE_A][0][0].split_count == 4 and len(inventories[NODE_B][0]) == 1
 
 
+async def test_kubectl_get_amdgpunodes_shows_counts_vram_and_mode(cluster, kube: Kube, agents) -> None:
+    """The printer columns count (a JSONPath cannot: the API server keeps the first match of a list)."""
+    status_b = await eventually(lambda: _with_gpus(kube, NODE_B, 1), timeout_s=10, what="Strix status")
+    await eventually(lambda: _with_gpus(kube, NODE_A, 8), timeout_s=10, what="MI210 status")
+    output = cluster.kubectl("get", "amdgpunodes", NODE_A, NODE_B).stdout
+    header, *rows = output.splitlines()
+    assert header.split()[:6] == ["NAME", "GPUS", "HEALTHY", "VRAM-MIB", "MODE", "PRODUCT"]
+    by_name = {row.split()[0]: row.split() for row in rows}
+    assert by_name[NODE_A][1:5] == ["8", "8", "0", "cu"]  # the MI210 capture has no VRAM size
+    strix_vram_mib = status_b["gpus"][0]["vramMiB"]
+    assert strix_vram_mib > 15000 and by_name[NODE_B][1:5] == ["1", "1", str(strix_vram_mib), "cu"]
+
+
 async def test_health_change_within_5_seconds_and_recovery(kube: Kube, agents) -> None:
     clients, inventories, dev_roots = agents
     await eventually(lambda: _with_gpus(kube, NODE_A, 8), timeout_s=10, what="MI210 status")

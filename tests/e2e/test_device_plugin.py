@@ -232,6 +232,7 @@ def test_whole_gpus_get_no_hook_and_no_limits_and_scaling_sets_oversubscribe(clu
     play_scheduler(cluster, "scaled", record(mi210.name, {"c": [slice_(g6, 30000)]}, oversubscribed=True))
     envs = container_specs(settled_pod(cluster, "scaled"))["c"]["envs"]
     assert envs["HIP_OVERSUBSCRIBE"] == "true" and envs["HIP_DEVICE_MEMORY_LIMIT_0"] == "30000m"
+    assert envs["HSA_XNACK"] == "1"  # MI210 is CDNA: managed memory needs XNACK
     assert "HSA_CU_MASK" not in envs  # no ranges committed: every CU
 
 

@@ -10,6 +10,10 @@ A pure function of the allocation record's container entry and the node's invent
 * A whole GPU gets no memory limit; a container holding only whole GPUs gets no hook, no limit
   and no ``HIP_OVERSUBSCRIBE``. Any slice brings the hook: ``LD_AUDIT`` plus the library
   mounted read-only.
+* On an oversubscribed pool (deviceMemoryScaling > 1), a slice whose GPUs can all oversubscribe
+  (XNACK-capable: CDNA and the other gfx9 parts) gets ``HIP_OVERSUBSCRIBE=true`` and
+  ``HSA_XNACK=1``, since hipMalloc then allocates from managed memory, which needs XNACK. An RDNA
+  GPU is never scaled (rocshare.api.gfx), so its slices get neither.
 * ``ROCR_VISIBLE_DEVICES`` names each GPU by its ROCr UUID ``GPU-<16 hex>``. A device without
   one (an APU with unique_id 0, a compute partition) is named by its index among the
   container's GPUs in KFD order, because ROCr inside the container enumerates only the render
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocshare.api.allocation import ContainerAllocation, DeviceSlice
+from rocshare.api.gfx import xnack_capable
 from rocshare.api.models import GpuInfo
 from rocshare.core.cumask import render_hsa_cu_mask
 
@@ -75,8 +80,9 @@ def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, Gp
         envs.update(_memory_limits(container.devices))
         envs["LD_AUDIT"] = HOOK_CONTAINER_PATH
         mounts.append(Mount(str(PurePosixPath(hook_host_dir) / HOOK_LIBRARY), HOOK_CONTAINER_PATH))
-        if oversubscribed:
+        if oversubscribed and all(xnack_capable(gpu.gfx_target_version) for gpu in gpus):
             envs["HIP_OVERSUBSCRIBE"] = "true"
+            envs["HSA_XNACK"] = "1"
     return ContainerSpec(envs=envs, devices=_device_nodes(gpus, dev_root), mounts=mounts)
 
 

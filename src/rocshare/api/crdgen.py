@@ -68,8 +68,9 @@ CRDS: tuple[CrdSpec, ...] = (
         description="The AMD GPUs of one node, written by that node's rocshare agent (status only).",
         spec_model=models.AmdGpuNodeSpec, status_model=models.AmdGpuNodeStatus,
         printer_columns=(
-            _column("GPUs", "integer", ".status.gpus[*].index", "GPU indices", priority=1),
-            _column("Product", "string", ".status.gpus[0].product", "Product of the first GPU"),
+            _column("GPUs", "integer", ".status.gpusTotal", "GPUs or partitions"),
+            _column("Healthy", "integer", ".status.gpusHealthy", "Healthy GPUs"),
+            _column("VRAM-MiB", "integer", ".status.vramTotalMiB", "Real VRAM, MiB"),
             _column("Mode", "string", ".status.operatingMode", "cu or partition"),
             _column("Heartbeat", "date", ".status.lastHeartbeatTime", "Last publication by the agent"),
             _ready_column(),

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
+from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, OperatingMode
 
 DEVICE_VENDOR = "AMD"
@@ -34,7 +35,8 @@ class HamiFormatError(ValueError):
 
 def node_register_entry(gpu: GpuInfo, *, operating_mode: OperatingMode, memory_scaling: float = 1.0,
                         compute_queues: int = 0) -> dict:
-    """One device object; `devmem` is the registered VRAM (real VRAM x the pool's scaling)."""
+    """One device object; `devmem` is the registered VRAM (real VRAM x the pool's scaling, where the
+    GPU can oversubscribe: see rocshare.api.gfx)."""
     custom = _omit_empty({
         "pciBDF": gpu.pci_bdf,
         "cuPerWGP": gpu.cu_per_wgp,
@@ -45,7 +47,7 @@ def node_register_entry(gpu: GpuInfo, *, operating_mode: OperatingMode, memory_s
         "id": gpu.id,
         "index": gpu.index,
         "count": gpu.split_count,
-        "devmem": int((gpu.vram_mib or 0) * memory_scaling),
+        "devmem": int((gpu.vram_mib or 0) * effective_memory_scaling(gpu.gfx_target_version, memory_scaling)),
         "devcore": gpu.cu_count,
         "type": gpu.product or f"gfx{gpu.gfx_target_version}",
         "numa": gpu.numa or 0,

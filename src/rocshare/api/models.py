@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 GROUP = "rocshare.io"
 VERSION = "v1alpha1"
@@ -78,7 +78,8 @@ class Sharing(_Model):
     )
     device_memory_scaling: float = Field(
         default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0,
-        description="Register this many times the real VRAM (1.0-4.0). Above 1.0 pods get HIP_OVERSUBSCRIBE=true.",
+        description="Register this many times the real VRAM (1.0-4.0) on GPUs that can oversubscribe (CDNA and other gfx9). "
+                    "Above 1.0 their slices get HIP_OVERSUBSCRIBE=true and HSA_XNACK=1. RDNA GPUs (no XNACK) register their real VRAM.",
     )
     operating_mode: OperatingMode = Field(
         default=OperatingMode.CU, alias="operatingMode",
@@ -204,12 +205,26 @@ class AmdGpuNodeStatus(_Model):
     device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
     agent_version: str = Field(default="", alias="agentVersion", description="Version of the publishing agent.")
     last_heartbeat_time: str | None = Field(default=None, alias="lastHeartbeatTime", description="When the agent last published.")
+    gpus_total: int = Field(default=0, alias="gpusTotal", ge=0,
+                            description="GPUs (or partitions) listed; derived from gpus, for `kubectl get`.")
+    gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs; derived from gpus.")
+    vram_total_mib: int = Field(default=0, alias="vramTotalMiB", ge=0,
+                                description="Real VRAM of the listed GPUs, MiB (unknown sizes count 0); derived from gpus.")
     conditions: list[Condition] = Field(default_factory=list, description="Ready.")
 
 
 class AmdGpuNodeSpec(_Model):
     """Empty: an AmdGpuNode is written by its node's agent, in status only."""
 
+
+    @model_validator(mode="after")
+    def _derive_totals(self) -> AmdGpuNodeStatus:
+        # The totals are printer columns (a JSONPath cannot count); derived here, they can never
+        # disagree with the list, whatever a writer or a stored object says.
+        object.__setattr__(self, "gpus_total", len(self.gpus))
+        object.__setattr__(self, "gpus_healthy", sum(1 for gpu in self.gpus if gpu.healthy))
+        object.__setattr__(self, "vram_total_mib", sum(gpu.vram_mib or 0 for gpu in self.gpus))
+        return self
 
 # ---- AmdGpuShare --------------------------------------------------------------------------
 

@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 from weakref import WeakValueDictionary
 
+from rocshare.api.gfx import effective_memory_scaling, is_rdna
 from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
 from rocshare.core.ids import GpuId, NodeName
-
-RDNA_MIN_GFX = 100000
-"""gfx_target_version from which CUs are grouped in WGPs of two (RDNA)."""
 
 
 class ShapeKey:
@@ -81,7 +79,7 @@ class GpuSpec:
     max_slices: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        align = self.cu_per_wgp if self.gfx_target_version >= RDNA_MIN_GFX else 1
+        align = self.cu_per_wgp if is_rdna(self.gfx_target_version) else 1
         object.__setattr__(self, "product_lower", self.product.lower())
         object.__setattr__(self, "cu_align", align)
         object.__setattr__(self, "cu_usable", self.cu_count - self.cu_count % align)
@@ -132,7 +130,8 @@ class NodeInventory:
             name=NodeName(name),
             gpus=specs,
             omitted_cores=sharing.omitted_cores,
-            oversubscribed=sharing.device_memory_scaling > 1.0,
+            oversubscribed=any(effective_memory_scaling(info.gfx_target_version, sharing.device_memory_scaling) > 1.0
+                               for info in infos),
             cpu_milli=cpu_milli,
             memory_mib=memory_mib,
         )
@@ -146,7 +145,9 @@ class NodeInventory:
 
 def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, partition_mode: bool) -> GpuSpec:
     # Registered memory: an unknown VRAM size registers 0 MiB, so only whole-GPU requests fit.
-    registered_mib = int((info.vram_mib or 0) * sharing.device_memory_scaling)
+    # Scaling applies only where the GPU can oversubscribe (never RDNA: see rocshare.api.gfx).
+    registered_mib = int((info.vram_mib or 0)
+                         * effective_memory_scaling(info.gfx_target_version, sharing.device_memory_scaling))
     return GpuSpec(
         gpu_id=GpuId(info.id),
         index=pos,

@@ -46,8 +46,8 @@ CASES = [
         True,
         {"ROCR_VISIBLE_DEVICES": "GPU-0000000000000001,GPU-0000000000000000", "HIP_VISIBLE_DEVICES": "0,1",
          "HSA_CU_MASK": "1:10-19,30-39", "HIP_DEVICE_MEMORY_LIMIT_0": "1024m", "HIP_DEVICE_MEMORY_LIMIT_1": "2048m",
-         "LD_AUDIT": HOOK_CONTAINER_PATH, "HIP_OVERSUBSCRIBE": "true"},
-        id="two slices, record order, scaled VRAM",
+         "LD_AUDIT": HOOK_CONTAINER_PATH, "HIP_OVERSUBSCRIBE": "true", "HSA_XNACK": "1"},
+        id="two slices, record order, scaled VRAM (CDNA: XNACK on)",
     ),
     pytest.param(
         [slice_("GPU-0000000000000000", 65520, whole=True), slice_("GPU-0000000000000001", 65520, whole=True)],

@@ -225,11 +225,18 @@ def gpu_scorer_for(policy: Policy) -> GpuScorer:
 
 
 def normalize_scores(scores: Mapping[str, float]) -> dict[str, int]:
-    """Min-max to the extender's 0-10 (integers). All equal -> all 0 (no preference)."""
+    """Min-max to the extender's 0-10 (integers). All equal -> all 0 (no preference).
+
+    Only the best raw score gets 10; every other node at most 9. Rounding alone would put nodes
+    a hair below the best into the top bucket too, and kube-scheduler would pick among them at
+    random; this way its pick is the policy's best (or one of exactly equal ones) whenever the
+    extender's weight outweighs its own scores (manifests/base/scheduler)."""
     if not scores:
         return {}
     low, high = min(scores.values()), max(scores.values())
     if high == low:
         return {name: 0 for name in scores}
     span = high - low
-    return {name: round((value - low) * MAX_EXTENDER_SCORE / span) for name, value in scores.items()}  # an int
+    below = MAX_EXTENDER_SCORE - 1
+    return {name: MAX_EXTENDER_SCORE if value == high else min(below, round((value - low) * MAX_EXTENDER_SCORE / span))
+            for name, value in scores.items()}  # an int

@@ -43,13 +43,14 @@ class AgentConfig:
     monitor_addr: str = "0.0.0.0"
 
 
-def _start_monitor(config: AgentConfig):
+def _start_monitor(config: AgentConfig, pods: KubePods):
     if config.monitor_port <= 0:
         return None
     from rocshare_agent.monitor import start_monitor
 
     server, _thread = start_monitor(sysfs_root=config.sysfs_root, proc_root=config.proc_root,
-                                    port=config.monitor_port, addr=config.monitor_addr)
+                                    port=config.monitor_port, addr=config.monitor_addr,
+                                    node_name=config.node_name, pods=lambda: _snapshot(pods))
     log.info("monitor serving /metrics on %s:%d", config.monitor_addr, config.monitor_port)
     return server
 
@@ -57,17 +58,28 @@ def _start_monitor(config: AgentConfig):
 async def run_agent(config: AgentConfig) -> None:
     """Run until cancelled."""
     kube = await Kube.connect(config.kubeconfig)
-    monitor = _start_monitor(config)
+    pods = KubePods(kube, config.node_name)
+    monitor = _start_monitor(config, pods)
     try:
-        await _run_parts(kube, config)
+        await _run_parts(kube, config, pods)
     finally:
         if monitor is not None:
             monitor.shutdown()
         await kube.close()
 
 
-async def _run_parts(kube: Kube, config: AgentConfig) -> None:
-    pods = KubePods(kube, config.node_name)
+def _snapshot(pods: KubePods) -> list:
+    """The pod cache as the monitor's scrape thread sees it: a copy, retried if the event loop's
+    thread changed the cache while it was being copied."""
+    for _ in range(3):
+        try:
+            return list(pods.cached())
+        except RuntimeError:
+            continue
+    return []
+
+
+async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root)
     unit = PluginUnit(service, plugin_dir=config.device_plugin_dir)

@@ -115,6 +115,8 @@ class InventoryAgent:
             await self.refresh_settings()
         discovery = await self._discover()
         gpus = await self._with_exporter_health(discovery.gpus)
+        if discovery.product_sources != self.discovery.product_sources:
+            _log_names(discovery)
         self.discovery = discovery
         if gpus != self.gpus:
             transitions = health_transitions(self.gpus, gpus)
@@ -250,3 +252,13 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
             log.exception("inventory check failed")
         period_s = min(interval_s, float(agent.settings.health.interval_seconds))
         await asyncio.sleep(max(0.0, period_s - (time.monotonic() - started)))
+
+
+def _log_names(discovery: DiscoveryResult) -> None:
+    """Where each product name came from (amdgpu.ids, DRM, rocshare's table): once per change."""
+    named: dict[tuple[str, str], int] = {}
+    for gpu in discovery.gpus:
+        key = (gpu.product, discovery.product_sources.get(gpu.id, ""))
+        named[key] = named.get(key, 0) + 1
+    for (product, source), count in sorted(named.items()):
+        log.info("%d device(s) named %r (name from %s)", count, product, source or "nowhere")

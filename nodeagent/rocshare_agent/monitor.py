@@ -1,33 +1,44 @@
-"""Prometheus metrics on :9394 with HAMi's names, read from sysfs and /proc on each scrape.
+"""Prometheus metrics on :9394 in the names, labels and units of HAMi's vGPU monitor
+(cmd/vGPUmonitor/metrics.go, HAMi v2.10, after its March 2026 label rename), read from sysfs
+and /proc on each scrape. docs/metrics.md is the contract; every hami_* series carries HAMi's
+constant label zone="vGPU".
 
-Per container (labels poduid, containerid, deviceuuid, deviceidx):
-  hami_vgpu_memory_used_bytes   sum of /sys/class/kfd/kfd/proc/<pid>/vram_<kfd gpu_id> of its processes
-  hami_vgpu_memory_limit_bytes  HIP_DEVICE_MEMORY_LIMIT_<i> from the process environment, where <i> is
-                                the GPU's position in ROCR_VISIBLE_DEVICES (what the agent gave it);
-                                a whole GPU (no limit variable) reports the GPU's VRAM
-Per GPU (labels deviceidx, deviceuuid, devicetype, pcibdf), from the amdgpu DRM folders:
-  hami_host_gpu_memory_used_bytes     mem_info_vram_used
-  hami_host_gpu_utilization_ratio     gpu_busy_percent / 100
-  hami_host_gpu_temperature_celsius   hwmon temp1_input (milli-degrees)
-  hami_host_gpu_power_usage_watts     hwmon power1_average, else power1_input (microwatts)
+Per container (labels namespace, pod, container, vdevice_index, device_uuid):
+  hami_vgpu_memory_used_bytes    sum of /sys/class/kfd/kfd/proc/<pid>/vram_<kfd gpu_id> of its processes
+  hami_vgpu_memory_limit_bytes   HIP_DEVICE_MEMORY_LIMIT_<i> from the process environment, where <i> is
+                                 the GPU's position in ROCR_VISIBLE_DEVICES (what the agent gave it);
+                                 a whole GPU (no limit variable) reports the GPU's VRAM
+  hami_container_device_utilization_ratio  percent of the GPU's CUs busy with the container's waves:
+                                 100 x sum of kfd proc/<pid>/stats_<gpu_id>/cu_occupancy / CUs
+Per GPU (labels node, device_index, device_uuid, device_type), from the amdgpu DRM folders:
+  hami_host_gpu_memory_used_bytes                    mem_info_vram_used
+  hami_host_gpu_utilization_ratio                    gpu_busy_percent (percent, 0-100)
+  hami_host_gpu_memory_controller_utilization_ratio  mem_busy_percent (HAMi gives it no node label)
+  rocshare_host_gpu_temperature_celsius              hwmon temp1_input (milli-degrees)
+  rocshare_host_gpu_power_usage_watts                hwmon power1_average, else power1_input (microwatts)
 
-Processes are mapped to pods through /proc/<pid>/cgroup under a configurable proc root
-(cgroupfs and systemd layouts; containerd, CRI-O and docker ids). A process that is not in
-a pod, or vanishes mid-scrape, is skipped; a missing sensor is just not reported.
+A process is mapped to its pod through /proc/<pid>/cgroup (cgroupfs and systemd layouts;
+containerd, CRI-O and docker ids), the pod to its namespace and name through the agent's
+cache of this node's pods, and the container id to its name through the pod's container
+statuses; where the runtime's id is not (yet) in the status, the allocation record names the
+container when exactly one of the pod's containers holds that GPU. A process outside a pod,
+of an unknown pod, or that vanishes mid-scrape is skipped; a missing sensor is not reported.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, decode_record
 from rocshare.api.models import GpuInfo
 from rocshare_agent.discovery import DiscoveryResult, discover, drm_devices
 from rocshare_agent.discovery.kfd import parse_int
@@ -35,16 +46,22 @@ from rocshare_agent.discovery.sysfs import list_names, numbered_children, read_t
 
 MONITOR_PORT = 9394
 MIB = 1024 * 1024
+ZONE = "vGPU"
 KFD_PROC = Path("class/kfd/kfd/proc")
 
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_ID = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
 _VRAM_FILE = re.compile(r"^vram_(\d+)$")
+_STATS_DIR = re.compile(r"^stats_(\d+)$")
 _LIMIT = re.compile(r"^\s*(\d+)\s*([kmgKMG]?)\s*$")
 _UNIT_BYTES = {"": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}
 
-CONTAINER_LABELS = ["poduid", "containerid", "deviceuuid", "deviceidx"]
-HOST_LABELS = ["deviceidx", "deviceuuid", "devicetype", "pcibdf"]
+CONTAINER_LABELS = ["namespace", "pod", "container", "vdevice_index", "device_uuid", "zone"]
+HOST_LABELS = ["node", "device_index", "device_uuid", "device_type", "zone"]
+HOST_MC_LABELS = ["device_index", "device_uuid", "device_type", "zone"]
+ROCSHARE_HOST_LABELS = ["node", "device_index", "device_uuid", "device_type", "pci_bdf"]
+
+PodsSource = Callable[[], Sequence[Mapping[str, Any]]]
 
 
 # ---- pure -----------------------------------------------------------------------------------
@@ -54,6 +71,13 @@ HOST_LABELS = ["deviceidx", "deviceuuid", "devicetype", "pcibdf"]
 class ContainerRef:
     pod_uid: str
     container_id: str
+
+
+@dataclass(frozen=True)
+class ContainerName:
+    namespace: str
+    pod: str
+    container: str
 
 
 def parse_cgroup(text: str) -> ContainerRef | None:
@@ -78,14 +102,46 @@ def parse_limit_bytes(text: str) -> int | None:
     return int(match[1]) * _UNIT_BYTES[match[2].lower()] if match else None
 
 
-def memory_limit_bytes(environ: dict[str, str], gpu: GpuInfo) -> int | None:
+def visible_position(environ: Mapping[str, str], gpu: GpuInfo) -> int | None:
+    """The GPU's place in the container's ROCR_VISIBLE_DEVICES (its index inside the container)."""
     visible = [entry.strip() for entry in environ.get("ROCR_VISIBLE_DEVICES", "").split(",") if entry.strip()]
     for position, entry in enumerate(visible):
         if entry in (gpu.id, str(gpu.index)):
-            limit = environ.get(f"HIP_DEVICE_MEMORY_LIMIT_{position}")
-            if limit is not None:
-                return parse_limit_bytes(limit)
+            return position
+    return None
+
+
+def memory_limit_bytes(environ: Mapping[str, str], gpu: GpuInfo) -> int | None:
+    position = visible_position(environ, gpu)
+    limit = environ.get(f"HIP_DEVICE_MEMORY_LIMIT_{position}") if position is not None else None
+    if limit is not None:
+        return parse_limit_bytes(limit)
     return gpu.vram_mib * MIB if gpu.vram_mib is not None else None
+
+
+def container_name(pod: Mapping[str, Any], container_id: str, gpu_id: str) -> tuple[str, int | None] | None:
+    """(container name, the GPU's place in its record) of a runtime container id in `pod`."""
+    status = pod.get("status") or {}
+    holders = _record_holders(pod, gpu_id)
+    for entry in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        if (entry.get("containerID") or "").rpartition("://")[2] == container_id:
+            return entry.get("name", ""), holders.get(entry.get("name", ""))
+    if len(holders) == 1:
+        return next(iter(holders.items()))
+    return None
+
+
+def _record_holders(pod: Mapping[str, Any], gpu_id: str) -> dict[str, int]:
+    """Container name -> the GPU's position among that container's devices, from the record."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION_ANNOTATION)
+    try:
+        record = decode_record(text) if text else None
+    except AllocationError:
+        return {}
+    if record is None:
+        return {}
+    return {container.name: position for container in record.containers
+            for position, device in enumerate(container.devices) if device.gpu_id == gpu_id}
 
 
 def millis(text: str | None, divisor: float) -> float | None:
@@ -100,15 +156,27 @@ def millis(text: str | None, divisor: float) -> float | None:
 class _ContainerUsage:
     used_bytes: int = 0
     limit_bytes: int | None = None
+    cu_busy: int | None = None
+    vdevice_index: int | None = None
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    ref: ContainerRef
+    environ: dict[str, str]
+    proc_dir: Path
 
 
 class GpuMetricsCollector(Collector):
     """Reads everything on each scrape; nothing is cached between scrapes."""
 
-    def __init__(self, *, sysfs_root: Path, proc_root: Path = Path("/proc"),
-                 discovery: Callable[[], DiscoveryResult] | None = None) -> None:
+    def __init__(self, *, sysfs_root: Path, proc_root: Path = Path("/proc"), node_name: str = "",
+                 pods: PodsSource = lambda: (), discovery: Callable[[], DiscoveryResult] | None = None) -> None:
         self.sysfs_root = Path(sysfs_root)
         self.proc_root = Path(proc_root)
+        self.node_name = node_name
+        self._pods = pods
         self._discovery = discovery or (lambda: discover(self.sysfs_root))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -117,37 +185,50 @@ class GpuMetricsCollector(Collector):
         yield from self._host_metrics(result)
 
     def _container_metrics(self, result: DiscoveryResult) -> Iterator[GaugeMetricFamily]:
-        used = GaugeMetricFamily("hami_vgpu_memory_used_bytes", "VRAM used by a container on a GPU", labels=CONTAINER_LABELS)
-        limit = GaugeMetricFamily("hami_vgpu_memory_limit_bytes", "VRAM a container may use on a GPU", labels=CONTAINER_LABELS)
+        help_texts = {"used": "vGPU device memory usage in bytes", "limit": "vGPU device memory limit in bytes",
+                      "busy": "Container device utilization (percent of the GPU's CUs running its waves)"}
+        used = GaugeMetricFamily("hami_vgpu_memory_used_bytes", help_texts["used"], labels=CONTAINER_LABELS)
+        limit = GaugeMetricFamily("hami_vgpu_memory_limit_bytes", help_texts["limit"], labels=CONTAINER_LABELS)
+        busy = GaugeMetricFamily("hami_container_device_utilization_ratio", help_texts["busy"], labels=CONTAINER_LABELS)
         gpus = {gpu.id: gpu for gpu in result.gpus}
-        for (ref, gpu_id), usage in self._usage(result).items():
+        for (name, gpu_id), usage in sorted(self._usage(result).items(), key=lambda item: repr(item[0])):
             gpu = gpus[gpu_id]
-            labels = [ref.pod_uid, ref.container_id, gpu.id, str(gpu.index)]
+            labels = [name.namespace, name.pod, name.container, str(usage.vdevice_index or 0), gpu.id, ZONE]
             used.add_metric(labels, usage.used_bytes)
             if usage.limit_bytes is not None:
                 limit.add_metric(labels, usage.limit_bytes)
-        yield used
-        yield limit
+            if usage.cu_busy is not None and gpu.cu_count:
+                busy.add_metric(labels, min(100.0, 100.0 * usage.cu_busy / gpu.cu_count))
+        yield from (used, limit, busy)
 
-    def _usage(self, result: DiscoveryResult) -> dict[tuple[ContainerRef, str], _ContainerUsage]:
+    def _usage(self, result: DiscoveryResult) -> dict[tuple[ContainerName, str], _ContainerUsage]:
         gpu_by_kfd_id = {result.kfd_gpu_ids[gpu.id]: gpu for gpu in result.gpus if gpu.id in result.kfd_gpu_ids}
-        usage: dict[tuple[ContainerRef, str], _ContainerUsage] = defaultdict(_ContainerUsage)
-        for pid, proc_dir in numbered_children(self.sysfs_root / KFD_PROC):
-            ref = self._container_of(pid)
-            if ref is None:
-                continue
-            environ = self._environ_of(pid)
-            for kfd_gpu_id, used_bytes in _vram_files(proc_dir):
+        pods = _pods_by_uid(self._pods())
+        usage: dict[tuple[ContainerName, str], _ContainerUsage] = defaultdict(_ContainerUsage)
+        for process in self._processes(pods):
+            pod = pods[process.ref.pod_uid]
+            busy = _cu_occupancy(process.proc_dir)
+            for kfd_gpu_id, used_bytes in _vram_files(process.proc_dir):
                 gpu = gpu_by_kfd_id.get(kfd_gpu_id)
-                if gpu is not None:
-                    entry = usage[(ref, gpu.id)]
-                    entry.used_bytes += used_bytes
-                    entry.limit_bytes = entry.limit_bytes or memory_limit_bytes(environ, gpu)
+                found = container_name(pod, process.ref.container_id, gpu.id) if gpu is not None else None
+                if gpu is None or found is None:
+                    continue
+                meta = pod.get("metadata") or {}
+                entry = usage[(ContainerName(meta.get("namespace", ""), meta.get("name", ""), found[0]), gpu.id)]
+                entry.used_bytes += used_bytes
+                entry.limit_bytes = entry.limit_bytes or memory_limit_bytes(process.environ, gpu)
+                position = visible_position(process.environ, gpu)
+                entry.vdevice_index = position if position is not None else found[1]
+                if kfd_gpu_id in busy:
+                    entry.cu_busy = (entry.cu_busy or 0) + busy[kfd_gpu_id]
         return usage
 
-    def _container_of(self, pid: int) -> ContainerRef | None:
-        text = read_text(self.proc_root / str(pid) / "cgroup")
-        return parse_cgroup(text) if text else None
+    def _processes(self, pods: Mapping[str, Mapping[str, Any]]) -> Iterator[_Process]:
+        for pid, proc_dir in numbered_children(self.sysfs_root / KFD_PROC):
+            text = read_text(self.proc_root / str(pid) / "cgroup")
+            ref = parse_cgroup(text) if text else None
+            if ref is not None and ref.pod_uid in pods:
+                yield _Process(pid, ref, self._environ_of(pid), proc_dir)
 
     def _environ_of(self, pid: int) -> dict[str, str]:
         try:
@@ -157,24 +238,36 @@ class GpuMetricsCollector(Collector):
 
     def _host_metrics(self, result: DiscoveryResult) -> Iterator[GaugeMetricFamily]:
         families = {
-            "memory": GaugeMetricFamily("hami_host_gpu_memory_used_bytes", "VRAM used on the GPU", labels=HOST_LABELS),
-            "busy": GaugeMetricFamily("hami_host_gpu_utilization_ratio", "GPU busy fraction (0-1)", labels=HOST_LABELS),
-            "temperature": GaugeMetricFamily("hami_host_gpu_temperature_celsius", "GPU edge temperature", labels=HOST_LABELS),
-            "power": GaugeMetricFamily("hami_host_gpu_power_usage_watts", "GPU power draw", labels=HOST_LABELS),
+            "memory": GaugeMetricFamily("hami_host_gpu_memory_used_bytes", "GPU device memory usage in bytes",
+                                        labels=HOST_LABELS),
+            "busy": GaugeMetricFamily("hami_host_gpu_utilization_ratio", "GPU core utilization ratio (0-100)",
+                                      labels=HOST_LABELS),
+            "memory_busy": GaugeMetricFamily("hami_host_gpu_memory_controller_utilization_ratio",
+                                             "GPU memory controller utilization ratio (0-100)", labels=HOST_MC_LABELS),
+            "temperature": GaugeMetricFamily("rocshare_host_gpu_temperature_celsius", "GPU edge temperature",
+                                             labels=ROCSHARE_HOST_LABELS),
+            "power": GaugeMetricFamily("rocshare_host_gpu_power_usage_watts", "GPU power draw", labels=ROCSHARE_HOST_LABELS),
         }
-        first_gpu_by_path = {}
+        first_gpu_by_path: dict[str, GpuInfo] = {}
         for gpu in result.gpus:
             path = result.drm_paths.get(gpu.id)
             if path is not None:
                 first_gpu_by_path.setdefault(path, gpu)
         for device in drm_devices(self.sysfs_root):
             gpu = first_gpu_by_path.get(device.path)
-            labels = [str(gpu.index) if gpu else "", gpu.id if gpu else "", gpu.product if gpu else device.product_name,
-                      str(device.pci or "")]
+            index, uuid = (str(gpu.index), gpu.id) if gpu else ("", "")
+            kind = (gpu.product if gpu else device.product_name) or "AMD"
+            hami = [self.node_name, index, uuid, kind, ZONE]
+            own = [self.node_name, index, uuid, kind, str(device.pci or "")]
+            label_sets = {"memory": hami, "busy": hami, "memory_busy": hami[1:], "temperature": own, "power": own}
             for key, value in read_sensors(Path(device.path)).items():
                 if value is not None:
-                    families[key].add_metric(labels, value)
+                    families[key].add_metric(label_sets[key], value)
         yield from families.values()
+
+
+def _pods_by_uid(pods: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    return {(pod.get("metadata") or {}).get("uid", ""): pod for pod in pods}
 
 
 def _vram_files(proc_dir: Path) -> Iterator[tuple[int, int]]:
@@ -185,15 +278,26 @@ def _vram_files(proc_dir: Path) -> Iterator[tuple[int, int]]:
             yield int(match[1]), used
 
 
+def _cu_occupancy(proc_dir: Path) -> dict[int, int]:
+    """KFD gpu_id -> CUs busy with the process's waves (kernel 5.10+ `stats_<gpu_id>/cu_occupancy`)."""
+    found = {}
+    for name in list_names(proc_dir):
+        match = _STATS_DIR.match(name)
+        value = parse_int(read_text(proc_dir / name / "cu_occupancy")) if match else None
+        if match and value is not None:
+            found[int(match[1])] = value
+    return found
+
+
 def read_sensors(device_dir: Path) -> dict[str, float | None]:
     hwmon = _first_hwmon(device_dir)
-    busy_percent = parse_int(read_text(device_dir / "gpu_busy_percent"))
     power = read_text(hwmon / "power1_average") if hwmon else None
     if power is None and hwmon:
         power = read_text(hwmon / "power1_input")  # APUs report the instant value only
     return {
         "memory": millis(read_text(device_dir / "mem_info_vram_used"), 1),
-        "busy": busy_percent / 100 if busy_percent is not None else None,
+        "busy": millis(read_text(device_dir / "gpu_busy_percent"), 1),
+        "memory_busy": millis(read_text(device_dir / "mem_busy_percent"), 1),
         "temperature": millis(read_text(hwmon / "temp1_input"), 1000) if hwmon else None,
         "power": millis(power, 1_000_000),
     }
@@ -205,8 +309,11 @@ def _first_hwmon(device_dir: Path) -> Path | None:
 
 
 def start_monitor(*, sysfs_root: Path, proc_root: Path = Path("/proc"), port: int = MONITOR_PORT,
-                  addr: str = "0.0.0.0", discovery: Callable[[], DiscoveryResult] | None = None):
-    """Serve /metrics in a background thread; returns (server, thread): `server.shutdown()` stops it."""
+                  addr: str = "0.0.0.0", node_name: str = "", pods: PodsSource = lambda: (),
+                  discovery: Callable[[], DiscoveryResult] | None = None):
+    """Serve /metrics in a background thread; returns (server, thread): `server.shutdown()` stops it.
+    `pods` is called from that thread: it must return a snapshot (a new list), never a live view."""
     registry = CollectorRegistry()
-    registry.register(GpuMetricsCollector(sysfs_root=sysfs_root, proc_root=proc_root, discovery=discovery))
+    registry.register(GpuMetricsCollector(sysfs_root=sysfs_root, proc_root=proc_root, node_name=node_name,
+                                          pods=pods, discovery=discovery))
     return start_http_server(port, addr=addr, registry=registry)

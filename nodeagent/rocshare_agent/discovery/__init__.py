@@ -16,6 +16,7 @@ from rocshare.api.models import DiscoveryProblem, GpuInfo, OperatingMode
 from rocshare_agent.discovery.assemble import Inventory, assemble, split_count_for
 from rocshare_agent.discovery.drm import DrmDevice, is_amdgpu, parse_drm_device
 from rocshare_agent.discovery.kfd import KfdCpu, KfdGpu, KfdParseError, parse_node
+from rocshare_agent.discovery.names import amdgpu_ids_paths, load_amdgpu_ids, product_name
 from rocshare_agent.discovery.scan import kfd_nodes_dir, scan_drm, scan_kfd, scan_xcp_cards
 
 __all__ = ["DiscoveryResult", "discover", "drm_devices", "split_count_for"]
@@ -31,10 +32,13 @@ class DiscoveryResult:
     """GpuInfo.id -> the DRM device folder holding its sensors (a partition's is its GPU's)."""
     compute_queues: dict[str, int] = field(default_factory=dict)
     """GpuInfo.id -> KFD num_cp_queues (HAMi's custominfo.computeQueues)."""
+    product_sources: dict[str, str] = field(default_factory=dict)
+    """GpuInfo.id -> where its product name came from (names.SOURCE_*)."""
 
     def to_json_dict(self) -> dict:
         # Explicit nulls (vramMiB, numa): "unknown" must be visible in the CLI output.
-        return {"gpus": [gpu.model_dump(by_alias=True, mode="json") for gpu in self.gpus],
+        return {"gpus": [{**gpu.model_dump(by_alias=True, mode="json"), "productSource": self.product_sources.get(gpu.id, "")}
+                         for gpu in self.gpus],
                 "problems": [problem.to_json_dict() for problem in self.problems]}
 
 
@@ -45,16 +49,17 @@ def discover(sysfs_root: Path, dev_root: Path | None = None, *, operating_mode: 
     sysfs_root = Path(sysfs_root)
     nodes, problems = _kfd_nodes(sysfs_root)
     drm = drm_devices(sysfs_root)
+    ids, _path = load_amdgpu_ids(amdgpu_ids_paths())
     inventory = assemble(nodes, drm, xcp_cards=scan_xcp_cards(sysfs_root), operating_mode=operating_mode,
-                         split_count=split_count)
+                         split_count=split_count, ids=ids)
     gpus = inventory.gpus
     if dev_root is not None:
         from rocshare_agent.health import apply_device_file_health
 
         gpus = apply_device_file_health(gpus, Path(dev_root))
-    return DiscoveryResult(gpus=gpus, problems=problems + inventory.problems + _drm_without_kfd(drm, inventory),
+    return DiscoveryResult(gpus=gpus, problems=problems + inventory.problems + _drm_without_kfd(drm, inventory, ids),
                            kfd_gpu_ids=inventory.kfd_gpu_ids, drm_paths=inventory.drm_paths,
-                           compute_queues=inventory.compute_queues)
+                           compute_queues=inventory.compute_queues, product_sources=inventory.product_sources)
 
 
 def drm_devices(sysfs_root: Path) -> list[DrmDevice]:
@@ -78,7 +83,14 @@ def _kfd_nodes(sysfs_root: Path) -> tuple[list[KfdGpu | KfdCpu], list[DiscoveryP
     return nodes, problems
 
 
-def _drm_without_kfd(drm: list[DrmDevice], inventory: Inventory) -> list[DiscoveryProblem]:
+def _drm_without_kfd(drm: list[DrmDevice], inventory: Inventory, ids) -> list[DiscoveryProblem]:
     used = set(inventory.drm_paths.values())
-    return [DiscoveryProblem(path=device.path, reason=f"amdgpu card{device.card} ({device.pci}) has no KFD node: not usable for compute")
-            for device in drm if device.path not in used]
+    problems = []
+    for device in drm:
+        if device.path in used:
+            continue
+        name = product_name(device_id=device.device_id or 0, revision=device.revision, drm_name=device.product_name,
+                            ids=ids).name
+        problems.append(DiscoveryProblem(path=device.path, reason=f"amdgpu card{device.card} ({device.pci}, {name}) "
+                                                                  "has no KFD node: not usable for compute"))
+    return problems

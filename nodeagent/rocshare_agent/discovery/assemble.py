@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from rocshare.api.models import DiscoveryProblem, GpuInfo, OperatingMode, Partition
 from rocshare_agent.discovery import pci
+from rocshare_agent.discovery.names import AmdgpuIds, product_name
 from rocshare_agent.discovery.drm import DrmDevice
 from rocshare_agent.discovery.kfd import LINK_TYPE_PCIE, LINK_TYPE_XGMI, KfdCpu, KfdGpu, PciAddress
 
@@ -39,6 +40,7 @@ class Inventory:
     kfd_gpu_ids: dict[str, int] = field(default_factory=dict)  # GpuInfo.id -> KFD gpu_id (vram_<gpu_id> files)
     drm_paths: dict[str, str] = field(default_factory=dict)  # GpuInfo.id -> DRM device folder
     compute_queues: dict[str, int] = field(default_factory=dict)  # GpuInfo.id -> KFD num_cp_queues
+    product_sources: dict[str, str] = field(default_factory=dict)  # GpuInfo.id -> where its product name came from
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class _Context:
     xcp_cards: dict[int, int]
     operating_mode: OperatingMode
     split_count: int
+    ids: AmdgpuIds
 
 
 def split_count_for(gfx_target_version: int, *, operating_mode: OperatingMode, pool_split_count: int) -> int:
@@ -62,7 +65,9 @@ def split_count_for(gfx_target_version: int, *, operating_mode: OperatingMode, p
 
 def assemble(kfd_nodes: Sequence[KfdGpu | KfdCpu], drm_devices: Sequence[DrmDevice], *,
              xcp_cards: dict[int, int] | None = None, operating_mode: OperatingMode = OperatingMode.CU,
-             split_count: int = 0) -> Inventory:
+             split_count: int = 0, ids: AmdgpuIds | None = None) -> Inventory:
+    """`ids`: libdrm's amdgpu.ids table (names.load_amdgpu_ids); without it names come from DRM
+    and rocshare's built-in table only."""
     gpus, problems = _unique_by_pci([node for node in kfd_nodes if isinstance(node, KfdGpu)])
     context = _Context(
         nodes={gpu.node_id: gpu for gpu in gpus},
@@ -71,21 +76,24 @@ def assemble(kfd_nodes: Sequence[KfdGpu | KfdCpu], drm_devices: Sequence[DrmDevi
         xcp_cards=xcp_cards or {},
         operating_mode=operating_mode,
         split_count=split_count,
+        ids=ids or {},
     )
     groups = _partition_groups(gpus)
     problems += _missing_partition_problems(groups, context)
-    infos, ids = [], set()
+    infos, ids, sources = [], set(), {}
     for index, gpu in enumerate(gpus):
-        info = _gpu_info(gpu, index, groups[gpu.pci.slot], context)
+        info, source = _gpu_info(gpu, index, groups[gpu.pci.slot], context)
         if info.id in ids:  # a duplicated unique_id: the PCI address still tells them apart
             info = info.model_copy(update={"id": _pci_id(gpu.pci)})
         ids.add(info.id)
         infos.append(info)
+        sources[info.id] = source
     return Inventory(
         gpus=infos,
         problems=problems,
         kfd_gpu_ids={info.id: gpu.kfd_gpu_id for info, gpu in zip(infos, gpus, strict=True)},
         compute_queues={info.id: gpu.compute_queues for info, gpu in zip(infos, gpus, strict=True)},
+        product_sources=sources,
         drm_paths={info.id: drm.path for info, gpu in zip(infos, gpus, strict=True)
                    if (drm := _drm_for(gpu, context)) is not None},
     )
@@ -113,16 +121,18 @@ def _partition_groups(gpus: list[KfdGpu]) -> dict[tuple[int, int, int], list[Kfd
     return groups
 
 
-def _gpu_info(gpu: KfdGpu, index: int, group: list[KfdGpu], context: _Context) -> GpuInfo:
+def _gpu_info(gpu: KfdGpu, index: int, group: list[KfdGpu], context: _Context) -> tuple[GpuInfo, str]:
     drm = _drm_for(gpu, context)
     gfx_target = pci.gfx_target_for(gpu.gfx_target_version, gpu.device_id)
     partition = _partition(gpu, group, drm, context)
+    name = product_name(device_id=gpu.device_id, revision=drm.revision if drm else None, cu_count=_whole_gpu_cus(group),
+                        drm_name=drm.product_name if drm else "", ids=context.ids, gfx=pci.gfx_name(gfx_target))
     return GpuInfo(
         id=_gpu_id(gpu, partition),
         index=index,
         render_minor=gpu.render_minor,
         card=_card(gpu, drm, context),
-        product=(drm.product_name if drm else "") or pci.product_name(gpu.device_id),
+        product=name.name,
         device_id=f"0x{gpu.device_id:04x}",
         gfx_target_version=gfx_target,
         vram_mib=_vram_mib(gpu, drm, partition),
@@ -136,7 +146,12 @@ def _gpu_info(gpu: KfdGpu, index: int, group: list[KfdGpu], context: _Context) -
         split_count=split_count_for(gfx_target, operating_mode=context.operating_mode,
                                     pool_split_count=context.split_count),
         healthy=True,
-    )
+    ), name.source
+
+
+def _whole_gpu_cus(group: list[KfdGpu]) -> int:
+    """CUs of the physical GPU: a partitioned GPU's partitions together."""
+    return sum(member.cu_count for member in group)
 
 
 def _drm_for(gpu: KfdGpu, context: _Context) -> DrmDevice | None:

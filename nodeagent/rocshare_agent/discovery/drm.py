@@ -22,6 +22,7 @@ DRM_ATTRIBUTES = (
     "current_compute_partition",
     "current_memory_partition",
     "device",
+    "revision",
 )
 
 AMD_VENDOR_ID = 0x1002
@@ -47,6 +48,7 @@ class DrmDevice:
     compute_partition: str | None
     memory_partition: str | None
     device_id: int | None
+    revision: int | None = None
 
 
 def parse_uevent(text: str | None) -> dict[str, str]:
@@ -87,6 +89,7 @@ def parse_drm_device(raw: RawDrmDevice) -> DrmDevice:
         compute_partition=_mode(raw.texts.get("current_compute_partition")),
         memory_partition=_mode(raw.texts.get("current_memory_partition")),
         device_id=_device_id(raw.texts.get("device"), uevent.get("PCI_ID")),
+        revision=parse_int(raw.texts.get("revision")),
     )
 
 

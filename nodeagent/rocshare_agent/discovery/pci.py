@@ -1,28 +1,11 @@
-"""Small lookup tables for what sysfs does not say: product names and GPU families.
-
-Product names are only a fallback for boards whose DRM folder has no `product_name`
-(Radeon boards, captures without DRM). They come from the public PCI ID registry, by
-device id, and are kept to ids that name one product family unambiguously. Families follow
+"""Small lookup tables for what sysfs does not say: GPU families and gfx targets
+(product names are in names.py). Families follow
 the amdgpu family names AMD's node labeller publishes (AI, NV, GC_11_0_0, ...), derived from
 the gfx target version. Kernels before gfx_target_version was exported (Vega10 capture)
 get it from a few well-known device ids.
 """
 
 from __future__ import annotations
-
-PRODUCT_NAMES: dict[int, str] = {
-    0x6860: "Radeon Instinct MI25",
-    0x66A1: "Radeon Instinct MI50",
-    0x738C: "AMD Instinct MI100",
-    0x7408: "AMD Instinct MI250X",
-    0x740C: "AMD Instinct MI250X/MI250",
-    0x740F: "AMD Instinct MI210",
-    0x74A0: "AMD Instinct MI300A",
-    0x74A1: "AMD Instinct MI300X",
-    0x74A5: "AMD Instinct MI325X",
-    0x744C: "Radeon RX 7900 XT/XTX",
-    0x150E: "Radeon 880M/890M",
-}
 
 # gfx target versions for device ids of kernels that predate the gfx_target_version property.
 LEGACY_GFX_TARGETS: dict[int, int] = {
@@ -33,10 +16,6 @@ LEGACY_GFX_TARGETS: dict[int, int] = {
 
 RDNA_MIN_GFX_TARGET = 100000
 GFX12_RANGE = range(120000, 130000)
-
-
-def product_name(device_id: int) -> str:
-    return PRODUCT_NAMES.get(device_id, "")
 
 
 def gfx_target_for(gfx_target_version: int, device_id: int) -> int:

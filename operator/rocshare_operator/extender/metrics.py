@@ -1,21 +1,43 @@
-"""Scheduler metrics (port 31993): HAMi's names where HAMi has the figure, plus what it
-lacks — latency histograms of filter, prioritize and bind, and decisions by outcome
-and reason. Allocation gauges are computed from the ledger at scrape time, so they
-cannot disagree with it.
+"""Scheduler metrics (port 31993), in the names, labels and units of HAMi's scheduler
+(cmd/scheduler/metrics.go, HAMi v2.10, after its March 2026 label rename), plus rocshare's
+own series under `rocshare_*`: latency histograms of filter, prioritize and bind, and
+decisions by outcome and reason. docs/metrics.md is the contract; tests/unit/operator/
+test_metrics_contract.py holds the code to it.
+
+Allocation gauges are computed from the ledger and the allocation records at scrape time,
+so they cannot disagree with what the extender decides. Units follow HAMi: bytes for memory,
+percent (0-100) for core limits and allocations, except `hami_node_gpu_memory_allocated_ratio`,
+which HAMi emits as a 0-1 fraction. Every hami_* series carries HAMi's constant label
+zone="vGPU".
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocshare.core.inventory import GpuSpec
 from rocshare_operator.extender.state import SchedulerState
 
 MIB = 1024 * 1024
+ZONE = "vGPU"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+GPU_LABELS = ["node", "device_uuid", "device_index", "device_type", "zone"]
+ALLOCATED_LABELS = ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"]
+OVERVIEW_LABELS = ["node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type", "zone"]
+CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
+QUOTA_USED_LABELS = ["namespace", "quota_name", "limit", "zone"]
+QUOTA_LIMIT_LABELS = ["namespace", "quota_name", "zone"]
+
+# ResourceQuota names, as HAMi's quota_name label writes them (the key without "limits.").
+QUOTA_MEMORY = "amd.com/gpumem"
+QUOTA_CORES = "amd.com/gpucores"
+QUOTA_GPUS = "amd.com/gpu"
 
 
 class ExtenderMetrics:
@@ -32,36 +54,89 @@ class ExtenderMetrics:
         self.registry.register(_LedgerCollector(state))
 
 
+def device_type(spec: GpuSpec) -> str:
+    """HAMi's device_type: the product name (rocshare's names start with "AMD", which is also
+    what HAMi's own AMD normalisation keys on)."""
+    return spec.product or "AMD"
+
+
+def core_percent(cu_count: int, total: int) -> float:
+    """HAMi's AMD normalisation: ceil(allocated CUs / CUs x 100)."""
+    return float(math.ceil(cu_count * 100 / total)) if total > 0 else 0.0
+
+
 class _LedgerCollector(Collector):
     def __init__(self, state: SchedulerState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._state
-        memory = GaugeMetricFamily("hami_gpu_memory_allocated_bytes", "VRAM allocated on a GPU.",
-                                   labels=["nodeid", "deviceuuid", "deviceidx"])
-        cores = GaugeMetricFamily("hami_gpu_core_allocated_ratio", "Share of a GPU's CUs allocated (0-1).",
-                                  labels=["nodeid", "deviceuuid", "deviceidx"])
-        shared = GaugeMetricFamily("hami_gpu_shared_num", "Pods holding a slice of a GPU.",
-                                   labels=["nodeid", "deviceuuid", "deviceidx"])
-        for node_name, node in state.inventories.items():
-            usage = state.ledger.usage(node)
+        yield from self._gpu_families()
+        yield from self._container_families()
+        yield from self._quota_families()
+
+    def _gpu_families(self) -> Iterator[GaugeMetricFamily]:
+        memory_limit = GaugeMetricFamily("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU",
+                                         labels=GPU_LABELS)
+        core_limit = GaugeMetricFamily("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU (percent)",
+                                       labels=GPU_LABELS)
+        memory = GaugeMetricFamily("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU",
+                                   labels=ALLOCATED_LABELS)
+        shared = GaugeMetricFamily("hami_gpu_shared_count", "Number of containers sharing this GPU", labels=GPU_LABELS)
+        cores = GaugeMetricFamily("hami_gpu_core_allocated_ratio",
+                                  "Device core allocated for a certain GPU (percent of its CUs)", labels=GPU_LABELS)
+        overview = GaugeMetricFamily("hami_node_gpu_overview", "GPU overview on a certain node (memory allocated, bytes)",
+                                     labels=OVERVIEW_LABELS)
+        memory_ratio = GaugeMetricFamily("hami_node_gpu_memory_allocated_ratio",
+                                         "GPU memory allocated on a certain GPU (fraction 0-1, as HAMi emits it)",
+                                         labels=GPU_LABELS)
+        for node_name, node in self._state.inventories.items():
+            usage = self._state.ledger.usage(node)
             for spec, gpu in zip(node.gpus, usage.gpus):
-                labels = [node_name, spec.gpu_id, str(spec.index)]
-                memory.add_metric(labels, gpu.memory_mib * MIB)
-                cores.add_metric(labels, gpu.cu_held / spec.cu_count if spec.cu_count else 0.0)
+                kind = device_type(spec)
+                labels = [node_name, spec.gpu_id, str(spec.index), kind, ZONE]
+                cores_labels = [node_name, spec.gpu_id, str(spec.index), str(spec.cu_count), kind, ZONE]
+                allocated_bytes = gpu.memory_mib * MIB
+                memory_limit.add_metric(labels, spec.memory_mib * MIB)
+                core_limit.add_metric(labels, 100.0)
+                memory.add_metric(cores_labels, allocated_bytes)
                 shared.add_metric(labels, gpu.slices)
-        pods = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "VRAM allocated to a pod on a GPU.",
-                                 labels=["podnamespace", "podname", "nodename", "deviceuuid"])
-        for key, record in state.ledger.records().items():
+                cores.add_metric(labels, core_percent(gpu.cu_held, spec.cu_count))
+                overview.add_metric(cores_labels[:4] + [str(spec.memory_mib), kind, ZONE], allocated_bytes)
+                if spec.memory_mib > 0:
+                    memory_ratio.add_metric(labels, gpu.memory_mib / spec.memory_mib)
+        yield from (memory_limit, core_limit, memory, shared, cores, overview, memory_ratio)
+
+    def _container_families(self) -> Iterator[GaugeMetricFamily]:
+        memory = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container",
+                                   labels=CONTAINER_LABELS)
+        cores = GaugeMetricFamily("hami_vgpu_core_allocated_ratio",
+                                  "vGPU core allocated from a container (percent of the GPU's CUs)", labels=CONTAINER_LABELS)
+        cu_totals = {(name, spec.gpu_id): spec.cu_count
+                     for name, node in self._state.inventories.items() for spec in node.gpus}
+        for key, record in self._state.ledger.records().items():
             namespace, _, name = key.partition("/")
-            for container in record.containers:
+            # container_index: the container's place in the record (init containers first), so two
+            # containers of one pod on one GPU are two series.
+            for index, container in enumerate(record.containers):
                 for device in container.devices:
-                    pods.add_metric([namespace, name, record.node, device.gpu_id], device.memory_mib * MIB)
-        quota = GaugeMetricFamily("hami_resource_quota_used", "amd.com quota held per namespace.",
-                                  labels=["quotanamespace", "resource"])
-        for namespace, cost in state.namespace_costs.items():
-            quota.add_metric([namespace, "limits.amd.com/gpumem"], cost.memory_mib)
-            quota.add_metric([namespace, "limits.amd.com/gpucores"], cost.cores_pct)
-            quota.add_metric([namespace, "requests.amd.com/gpu"], cost.gpus)
-        yield from (memory, cores, shared, pods, quota)
+                    labels = [namespace, record.node, name, str(index), device.gpu_id, ZONE]
+                    memory.add_metric(labels, device.memory_mib * MIB)
+                    cores.add_metric(labels, core_percent(device.cu_count, cu_totals.get((record.node, device.gpu_id), 0)))
+        yield from (memory, cores)
+
+    def _quota_families(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily("hami_resource_quota_used", "resourcequota usage for a certain device",
+                                 labels=QUOTA_USED_LABELS)
+        limit = GaugeMetricFamily("hami_resource_quota_limit", "resourcequota limit for a certain device",
+                                  labels=QUOTA_LIMIT_LABELS)
+        state = self._state
+        for namespace in sorted(set(state.namespace_costs) | {ns for ns, quotas in state.quotas.items() if quotas}):
+            cost = state.namespace_costs.get(namespace)
+            limits = state.quota_limits(namespace)
+            for quota_name, held, hard in ((QUOTA_MEMORY, cost.memory_mib if cost else 0, limits.memory_mib),
+                                           (QUOTA_CORES, cost.cores_pct if cost else 0, limits.cores_pct),
+                                           (QUOTA_GPUS, cost.gpus if cost else 0, limits.gpus)):
+                used.add_metric([namespace, quota_name, str(hard or 0), ZONE], held)
+                if hard is not None:
+                    limit.add_metric([namespace, quota_name, ZONE], hard)
+        yield from (used, limit)

@@ -21,13 +21,14 @@ def free_port() -> int:
 
 def test_scrape_over_http(tmp_path):
     port = free_port()
-    server, thread = start_monitor(sysfs_root=SYSFS / "strixpoint-apu", proc_root=tmp_path, port=port, addr="127.0.0.1")
+    server, thread = start_monitor(sysfs_root=SYSFS / "strixpoint-apu", proc_root=tmp_path, port=port, addr="127.0.0.1",
+                                  node_name="apu")
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         server.shutdown()
         thread.join(timeout=5)
     samples = {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples}
-    assert samples["hami_host_gpu_temperature_celsius"] == 38.0
-    assert samples["hami_host_gpu_utilization_ratio"] == 0.03
+    assert samples["rocshare_host_gpu_temperature_celsius"] == 38.0
+    assert samples["hami_host_gpu_utilization_ratio"] == 3.0
     assert "hami_vgpu_memory_used_bytes" not in samples  # no GPU processes in the empty proc root

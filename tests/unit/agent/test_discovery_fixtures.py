@@ -71,7 +71,8 @@ def test_rx7900xtx_drm_only_capture_has_no_compute_gpu(sysfs):
     assert result.gpus == []
     assert [problem.reason for problem in result.problems] == [
         "no KFD topology: amdgpu not loaded, or no GPU ROCm can use",
-        "amdgpu card0 (0000:03:00.0) has no KFD node: not usable for compute",
+        "amdgpu card0 (0000:03:00.0, AMD Radeon RX 7900 GRE / AMD Radeon RX 7900 XT / AMD Radeon RX 7900 XTX / "
+        "AMD Radeon RX 7900M) has no KFD node: not usable for compute",  # no revision file: every 0x744c name
     ]
 
 

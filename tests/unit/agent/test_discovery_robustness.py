@@ -81,10 +81,11 @@ def test_missing_sysfs_root_is_one_problem(tmp_path):
 def test_gpu_without_drm_folder_still_publishes(copy_capture):
     tree = copy_capture("strixpoint-apu")
     shutil.rmtree(tree / "class" / "drm")
-    (gpu,) = discover(tree).gpus
+    result = discover(tree)
+    (gpu,) = result.gpus
     assert (gpu.card, gpu.cu_count, gpu.vram_mib) == (None, 12, 15679)
     assert gpu.numa == 0  # without DRM, the direct PCIe io_link to KFD CPU node 0
-    assert gpu.product == "Radeon 880M/890M"  # from the PCI id table
+    assert (gpu.product, result.product_sources[gpu.id]) == ("AMD Radeon 880M Graphics", "rocshare-table")  # by CUs
 
 
 def test_unique_id_zero_gets_a_pci_derived_id(copy_capture):

@@ -35,6 +35,8 @@ class AgentConfig:
     dev_root: Path = Path("/dev")
     device_plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     hook_path: str = "/usr/local/vgpu"
+    group_file: Path | None = None
+    pod_device_dir: Path | None = None
     exporter_url: str | None = None
     health_interval_s: float = 2.0
     cgroup_root: Path | None = Path("/sys/fs/cgroup")
@@ -81,7 +83,8 @@ def _snapshot(pods: KubePods) -> list:
 
 async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
-                                  dev_root=str(config.dev_root), cgroup_root=config.cgroup_root)
+                                  dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
+                                  pod_device_dir=config.pod_device_dir)
     unit = PluginUnit(service, plugin_dir=config.device_plugin_dir)
     first_inventory = asyncio.Event()
 
@@ -93,10 +96,20 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
                                              dev_root=config.dev_root, exporter_url=config.exporter_url,
+                                             group_file=config.group_file,
                                              interval_s=config.health_interval_s, on_inventory=on_inventory))
         tasks.create_task(pods.run())
+        tasks.create_task(_sweep_pod_devices(service, pods))
         await first_inventory.wait()
         tasks.create_task(unit.run())
+
+
+async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, period_s: float = 30.0) -> None:
+    """Per-pod device files go with their pods; swept only from a synced pod cache."""
+    await pods.synced.wait()
+    while True:
+        service.forget_gone_pods()
+        await asyncio.sleep(period_s)
 
 
 def main(config: AgentConfig) -> int:

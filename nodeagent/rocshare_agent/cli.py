@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder holding kubelet.sock (default /var/lib/kubelet/device-plugins)")
     parser.add_argument("--hook-path", default="/usr/local/vgpu",
                         help="host folder holding libamvgpu.so, mounted read-only into slice containers")
+    parser.add_argument("--group-file", type=Path, default=Path("/etc/group"),
+                        help="the host's group file (mounted in the agent), for the video and render group ids")
+    parser.add_argument("--pod-device-dir", type=Path, default=Path("/var/lib/rocshare/pod-devices"),
+                        help="host folder for per-pod device files that non-root containers can open; 'none' disables")
     parser.add_argument("--exporter-url", default=None,
                         help="AMD Device Metrics Exporter /metrics URL (overrides the pool's health settings)")
     parser.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between health checks")
@@ -44,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, sysfs_root=args.sysfs_root, dev_root=args.dev_root,
         device_plugin_dir=args.device_plugin_dir, hook_path=args.hook_path, exporter_url=args.exporter_url,
+        group_file=args.group_file,
+        pod_device_dir=None if str(args.pod_device_dir) == "none" else args.pod_device_dir,
         health_interval_s=args.health_interval_s,
         cgroup_root=None if args.cgroup_root == "none" else Path(args.cgroup_root),
         proc_root=args.proc_root, monitor_port=args.monitor_port, monitor_addr=args.monitor_addr,

@@ -28,6 +28,7 @@ from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, S
 from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.discovery import DiscoveryResult, discover
 from rocshare_agent.health import ExporterHealth, apply_exporter_health
+from rocshare_agent.host_groups import read_device_groups
 from rocshare_agent.publish import NodePublisher, Transition, health_transitions, node_labels
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,12 @@ class InventoryAgent:
     def __init__(self, kube: Kube, *, node_name: str, sysfs_root: Path, dev_root: Path | None,
                  exporter_url: str | None = None, on_inventory: InventoryCallback | None = None,
                  heartbeat_s: float = DEFAULT_HEARTBEAT_S, settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
-                 exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 group_file: Path | None = None) -> None:
         self.publisher = NodePublisher(kube, node_name)
         self.sysfs_root, self.dev_root = Path(sysfs_root), (Path(dev_root) if dev_root else None)
         self.exporter_url_override = exporter_url
+        self.group_file = group_file
         self.on_inventory = on_inventory
         self.heartbeat_s, self.settings_interval_s = heartbeat_s, settings_interval_s
         self.exporter_timeout_s = exporter_timeout_s
@@ -164,6 +167,7 @@ class InventoryAgent:
         return AmdGpuNodeStatus(
             gpus=gpus, problems=self.discovery.problems, operating_mode=self.settings.sharing.operating_mode,
             device_memory_scaling=self.settings.sharing.device_memory_scaling, agent_version=AGENT_VERSION,
+            device_groups=read_device_groups(self.group_file),
             conditions=[self._ready_condition(gpus)],
         )
 
@@ -231,7 +235,7 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
                              exporter_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
                              heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                              settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
-                             on_inventory: InventoryCallback | None = None) -> None:
+                             on_inventory: InventoryCallback | None = None, group_file: Path | None = None) -> None:
     """Discover, check health and publish for `node_name` until cancelled.
 
     `on_inventory(gpus)` (sync or async) is called with the full list of `GpuInfo` on the
@@ -241,7 +245,7 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
     """
     agent = InventoryAgent(kube, node_name=node_name, sysfs_root=sysfs_root, dev_root=dev_root,
                            exporter_url=exporter_url, on_inventory=on_inventory, heartbeat_s=heartbeat_s,
-                           settings_interval_s=settings_interval_s)
+                           settings_interval_s=settings_interval_s, group_file=group_file)
     while True:
         started = time.monotonic()
         try:

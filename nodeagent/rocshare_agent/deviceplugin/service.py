@@ -33,6 +33,7 @@ from rocshare_agent.deviceplugin import dmem
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
 from rocshare_agent.deviceplugin.devices import plugin_devices
 from rocshare_agent.deviceplugin.inflight import InFlightPod, PodRef, Refusal, find_in_flight, next_container
+from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
 from rocshare_agent.deviceplugin.preferred import preferred_ids
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,14 @@ class PodSource(Protocol):
 
 class DevicePluginService:
     def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
-                 dev_root: str = "/dev", cgroup_root: Path | None = None) -> None:
+                 dev_root: str = "/dev", cgroup_root: Path | None = None,
+                 pod_device_dir: Path | None = None) -> None:
         self.node_name = node_name
         self._pods = pods
         self._hook_host_dir = hook_host_dir
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
+        self._pod_devices = PodDeviceDir(pod_device_dir) if pod_device_dir is not None else None
         self._background: set[asyncio.Task] = set()  # allocated marks and dmem writers in progress
         self._gpus: list[GpuInfo] = []
         self._gpus_by_id: dict[str, GpuInfo] = {}
@@ -145,8 +148,11 @@ class DevicePluginService:
         try:
             spec = render_container(container, self._gpus_by_id, oversubscribed=in_flight.record.oversubscribed,
                                     hook_host_dir=self._hook_host_dir, dev_root=self._dev_root)
+            spec = await self._for_its_user(spec, in_flight.pod, container.name)
         except SpecError as error:
             raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
+        except OSError as error:
+            raise Refusal(f"pod {in_flight.pod}: cannot make device files for its user: {error}", in_flight.pod) from None
         self._progress = {uid: served + 1}  # one pod in flight: older entries are finished or failed
         if served + 1 == len(in_flight.record.containers):
             self._progress.pop(uid, None)
@@ -155,6 +161,25 @@ class DevicePluginService:
             self._cap_vram(in_flight)
         log.info("Allocate: pod %s container %s (%d devices)", in_flight.pod, container.name, device_count)
         return to_response(spec)
+
+    async def _for_its_user(self, spec: ContainerSpec, pod: PodRef, container: str) -> ContainerSpec:
+        """Device files the container's user can open (pod_devices.py); unchanged for root."""
+        if self._pod_devices is None:
+            return spec
+        body = next((p for p in self._pods.cached() if p["metadata"].get("uid") == pod.uid), None)
+        if body is None:
+            body = next((p for p in await self._pods.fresh() if p["metadata"].get("uid") == pod.uid), {})
+        identity = container_identity(body, container)
+        if identity is None:
+            return spec
+        return self._pod_devices.grant(spec, pod_uid=pod.uid, container=container, identity=identity)
+
+    def forget_gone_pods(self) -> None:
+        """Remove per-pod device files of pods no longer on this node."""
+        if self._pod_devices is not None:
+            removed = self._pod_devices.forget_all_but(p["metadata"].get("uid") for p in self._pods.cached())
+            if removed:
+                log.info("removed device files of %d finished pods", len(removed))
 
     async def _in_flight(self) -> InFlightPod:
         """From the watch cache, re-checked on each watch event for WATCH_GRACE_S (the watch may

@@ -127,6 +127,12 @@ class AgentSettings(_Model):
         default="/usr/local/vgpu", alias="hookPath",
         description="Host folder holding libamvgpu.so, mounted read-only into slice containers.",
     )
+    group_file: str = Field(
+        default="/etc/group", alias="groupFile",
+        description="Host group file, read for the video and render group ids the agent publishes.")
+    pod_device_dir: str = Field(
+        default="/var/lib/rocshare/pod-devices", alias="podDeviceDir",
+        description="Host folder where the agent makes per-pod device files a non-root container can open.")
     priority_class_name: str | None = Field(default=None, alias="priorityClassName", description="PriorityClass of the agent pods.")
     tolerations: list[dict[str, str]] = Field(default_factory=list, description="Extra tolerations for the agent pods.")
 
@@ -198,6 +204,11 @@ class DiscoveryProblem(_Model):
     reason: str = Field(description="What is wrong with it.")
 
 
+class DeviceGroup(_Model):
+    name: str = Field(description="Group name on the node: video or render.")
+    gid: int = Field(ge=0, description="Its numeric id on this node.")
+
+
 class AmdGpuNodeStatus(_Model):
     gpus: list[GpuInfo] = Field(default_factory=list, description="Every GPU or partition on the node.")
     problems: list[DiscoveryProblem] = Field(default_factory=list, description="Entries discovery had to skip, with why.")
@@ -205,6 +216,16 @@ class AmdGpuNodeStatus(_Model):
     device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
     agent_version: str = Field(default="", alias="agentVersion", description="Version of the publishing agent.")
     last_heartbeat_time: str | None = Field(default=None, alias="lastHeartbeatTime", description="When the agent last published.")
+    problems: list[DiscoveryProblem] = Field(default_factory=list, description="Entries discovery had to skip, with why.")
+    operating_mode: OperatingMode = Field(default=OperatingMode.CU, alias="operatingMode", description="Mode the agent runs in.")
+    device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
+    agent_version: str = Field(default="", alias="agentVersion", description="Version of the publishing agent.")
+    last_heartbeat_time: str | None = Field(default=None, alias="lastHeartbeatTime", description="When the agent last published.")
+    device_groups: list[DeviceGroup] = Field(
+        default_factory=list, alias="deviceGroups",
+        description="The node's video and render group ids (host group file). Non-root containers need no "
+                    "supplementalGroups under rocshare (Allocate hands them device files they can open); these are "
+                    "for admins who set supplementalGroups themselves.")
     gpus_total: int = Field(default=0, alias="gpusTotal", ge=0,
                             description="GPUs (or partitions) listed; derived from gpus, for `kubectl get`.")
     gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs; derived from gpus.")

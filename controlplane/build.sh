@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the local control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd) and the kubelet peer from Go modules, into ../.cache/bin.
+# kubectl, etcd), the kubelet peer, the real node's kubelet and its pause program from Go
+# modules, into ../.cache/bin.
 # Cached: a stamp of go.mod, go.sum and our own Go sources; a second run with the same
 # stamp does nothing. Cold build on 2 cores: see README ("Set-up times").
 set -euo pipefail
@@ -9,7 +10,7 @@ out="${ROCSHARE_BIN_DIR:-$(cd .. && pwd)/.cache/bin}"
 mkdir -p "$out"
 version=v1.35.4
 stamp=$( (cat go.mod go.sum; find cmd -name '*.go' | sort | xargs cat) | sha256sum | cut -c1-16)
-targets=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kubelet-peer)
+targets=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet etcd kubelet-peer pause)
 all_there=yes
 for t in "${targets[@]}"; do [ -x "$out/$t" ] || all_there=no; done
 if [ "$all_there" = yes ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -30,6 +31,8 @@ done
 go build -ldflags "$ldflags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
-  ./cmd/etcd ./cmd/kubelet-peer
+  k8s.io/kubernetes/cmd/kubelet ./cmd/etcd ./cmd/kubelet-peer
+# The pod sandbox's process: static, so that its image is this one file.
+CGO_ENABLED=0 go build -ldflags "-s -w" -o "$out/pause" ./cmd/pause
 echo "$stamp" > "$out/.stamp"
 echo "control plane: built in $(( $(date +%s) - start )) s"

@@ -28,14 +28,11 @@ from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 
 RUN = PROJECT_ROOT / "run" / "demo"
-NAMESPACE = "gpu-demo"
-DEMO_POOL = {
-    "apiVersion": "rocshare.io/v1alpha1", "kind": "AmdGpuPool", "metadata": {"name": "mi210-demo"},
-    "spec": {"nodeSelector": {"rocshare.io/node-class": "mi210"},
-             "scheduling": {"nodePolicy": "binpack", "gpuPolicy": "topology-aware"}},
-}
+NAMESPACES = ("gpu-demo", "gpu-samples")
+"""The samples' namespaces whose pods all run (gpu-quota-demo holds one back on purpose)."""
 # (node name, capture, node class). The MI210 capture has no VRAM size: the demo copies it and
-# adds a synthetic 64 GiB per GPU (the MI210's size). The classes match the samples' pools.
+# adds a synthetic 64 GiB per GPU (the MI210's size). The classes match the samples' pools
+# (13-pool-mi210-oversubscribed, 11-pool-mi300x-partition, 12-pool-radeon).
 FLEET = (
     ("demo-mi210-a", "mi210-8gpu-xgmi", "mi210"),
     ("demo-mi210-b", "mi210-8gpu-xgmi", "mi210"),
@@ -53,10 +50,26 @@ def _done(started: float) -> None:
     print(f"    done in {time.monotonic() - started:.1f} s", flush=True)
 
 
-def _sysfs_for(capture: str) -> Path:
+def _sysfs_for(capture: str, work_dir: Path) -> Path:
     if capture == "mi210-8gpu-xgmi":
-        return mi210_with_synthetic_vram(FIXTURES, RUN / "sysfs")
+        return mi210_with_synthetic_vram(FIXTURES, work_dir / "sysfs")
     return FIXTURES / capture
+
+
+def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_dir: Path, nodes: list[SimulatedNode],
+                        *, announce=lambda text: None) -> None:
+    """The operator, samples/ applied, and the FLEET's simulated nodes, each added to `nodes`
+    before it starts (so a caller can stop what started when a later step fails).
+    `make demo` and tests/e2e/test_samples.py both run this."""
+    operator.start()
+    operator.install_webhooks()
+    cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
+    for name, capture, node_class in FLEET:
+        announce(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")
+        node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=_sysfs_for(capture, work_dir),
+                             work_dir=work_dir / "nodes", labels={"rocshare.io/node-class": node_class})
+        nodes.append(node)
+        node.start()
 
 
 def up() -> int:
@@ -93,28 +106,20 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
     _done(started)
     pids.update(cluster.pids)
 
-    started = _step("starting the rocshare operator (reconcilers, scheduler extender, admission webhook)")
+    started = _step("starting the operator (reconcilers, scheduler extender, admission webhook), applying "
+                    "samples/ and starting the simulated nodes")
     operator = OperatorProcess(cluster, metrics_port=31993, webhook_port=39443)
-    operator.start()
-    operator.install_webhooks()
-    pids["operator"] = operator.pid
+    nodes: list[SimulatedNode] = []
+    try:
+        start_samples_fleet(cluster, operator, RUN, nodes, announce=lambda text: print(f"    {text}", flush=True))
+    finally:
+        pids["operator"] = operator.pid
+        for node in nodes:
+            pids[f"{node.name}/kubelet-peer"] = node.kubelet_pid
+            pids[f"{node.name}/agent"] = node.agent_pid
     _done(started)
 
-    started = _step("applying samples/ (pools, a share, the seed's pods) and a pool for the demo's MI210 nodes")
-    cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(DEMO_POOL))
-    _done(started)
-
-    for name, capture, node_class in FLEET:
-        started = _step(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")
-        node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=_sysfs_for(capture),
-                             work_dir=RUN / "nodes", labels={"rocshare.io/node-class": node_class})
-        node.start()
-        pids[f"{name}/kubelet-peer"] = node.kubelet_pid
-        pids[f"{name}/agent"] = node.agent_pid
-        _done(started)
-
-    started = _step(f"waiting for the sample pods in {NAMESPACE} to run and the pools to count their GPUs")
+    started = _step(f"waiting for the sample pods in {', '.join(NAMESPACES)} to run and the pools to count their GPUs")
     _wait_running(cluster, timeout_s=180)
     _wait_pools_counted(cluster, timeout_s=60)
     _done(started)
@@ -123,13 +128,18 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
 def _wait_running(cluster: ControlPlane, *, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        pods = _pods(cluster)
         phases = [pod.get("status", {}).get("phase") for pod in pods]
         if pods and all(phase == "Running" for phase in phases):
             return
         time.sleep(1)
     raise RuntimeError(f"sample pods not Running after {timeout_s:.0f} s: "
-                       f"{cluster.kubectl('get', 'pods', '-n', NAMESPACE).stdout}")
+                       f"{cluster.kubectl('get', 'pods', '-A', '-l', 'app.kubernetes.io/part-of=rocshare-samples').stdout}")
+
+
+def _pods(cluster: ControlPlane) -> list[dict]:
+    return [pod for namespace in NAMESPACES
+            for pod in json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]]
 
 
 def _wait_pools_counted(cluster: ControlPlane, *, timeout_s: float) -> None:
@@ -145,7 +155,7 @@ def _wait_pools_counted(cluster: ControlPlane, *, timeout_s: float) -> None:
 
 def _show(cluster: ControlPlane) -> None:
     print(cluster.kubectl("get", "amdgpupools,amdgpunodes,amdgpushares", "-A").stdout)
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    pods = _pods(cluster)
     print(f"{'POD':<18} {'NODE':<16} {'GPU':<24} {'MiB':>6} {'CUs':>4}  HSA_CU_MASK")
     for pod in pods:
         for line in _slices(pod):

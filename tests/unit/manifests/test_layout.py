@@ -15,7 +15,7 @@ from tests.unit.manifests.rendering import ROOT, find, render
 OVERLAYS = ("manifests/overlays/dev", "manifests/overlays/cert-manager")
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
                   "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                  "ValidatingAdmissionPolicyBinding", "AmdGpuPool", "AmdGpuNode"}
+                  "ValidatingAdmissionPolicyBinding", "AmdGpuPool", "AmdGpuNode", "RuntimeClass"}
 
 
 def containers(objects: list[dict]) -> dict[str, dict]:

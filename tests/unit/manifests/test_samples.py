@@ -21,6 +21,7 @@ def test_pools_parse_and_cover_the_three_kinds_of_node() -> None:
     assert pools["mi300x-cu"].sharing.operating_mode is OperatingMode.CU
     assert pools["mi300x-partition"].sharing.operating_mode is OperatingMode.PARTITION
     assert pools["radeon"].sharing.operating_mode is OperatingMode.CU
+    assert pools["mi210"].sharing.device_memory_scaling == 2.0
     selectors = [tuple(pool.node_selector.items()) for pool in pools.values()]
     assert len(set(selectors)) == len(selectors), "pools must not select the same nodes"
 
@@ -50,7 +51,7 @@ def test_pods_fit_the_share_quota_on_mi300x() -> None:
     """The sample share must not hold the sample pods back (MI300X: 192 GiB per GPU)."""
     share = find(SAMPLES, "AmdGpuShare", "team-demo")["spec"]["limits"]
     memory_mib = cores_pct = gpus = 0
-    for pod in (obj for obj in SAMPLES if obj["kind"] == "Pod"):
+    for pod in (obj for obj in SAMPLES if obj["kind"] == "Pod" and obj["metadata"]["namespace"] == "gpu-demo"):
         asked = limits(pod)
         count = int(asked.get("amd.com/gpu", "1"))
         per_gpu = int(asked.get("amd.com/gpumem", 0)) or 192 * 1024 * int(asked.get("amd.com/gpumem-percentage", 100)) // 100

@@ -1,6 +1,6 @@
 """Bad input against the real servers: pods through the real admission webhook (as a plain user
-with the built-in `edit` role), CRs through the API server's schema, references to a pool that
-does not exist, broken node annotations and AmdGpuNode statuses seen by the running extender,
+with the built-in `edit` role), CRs through the API server's schema (a share naming a pool loses the
+field: docs/accounting.md), broken node annotations and AmdGpuNode statuses seen by the running extender,
 and malformed requests POSTed to the running extender. Every refusal says why; the operator
 survives all of it (no traceback in its log) and still answers.
 
@@ -107,11 +107,11 @@ BAD_CRS = [
     ("unknown operating mode", pool("bad-3", sharing={"operatingMode": "mig"}), "operatingMode"),
     ("memory scaling above the maximum", pool("bad-4", sharing={"deviceMemoryScaling": 100}), "deviceMemoryScaling"),
     ("unknown gpu policy", pool("bad-5", scheduling={"gpuPolicy": "random"}), "gpuPolicy"),
-    ("share without pool", {"apiVersion": API_VERSION, "kind": "AmdGpuShare",
-                            "metadata": {"name": "s1", "namespace": NAMESPACE}, "spec": {"limits": {}}}, "pool"),
+    ("share without limits", {"apiVersion": API_VERSION, "kind": "AmdGpuShare",
+                              "metadata": {"name": "s1", "namespace": NAMESPACE}, "spec": {}}, "limits"),
     ("share with negative memory", {"apiVersion": API_VERSION, "kind": "AmdGpuShare",
                                     "metadata": {"name": "s2", "namespace": NAMESPACE},
-                                    "spec": {"pool": "p", "limits": {"memoryMiB": -5}}}, "memoryMiB"),
+                                    "spec": {"limits": {"memoryMiB": -5}}}, "memoryMiB"),
 ]
 
 
@@ -124,18 +124,20 @@ async def test_schema_violations_are_refused_naming_the_field(kube: Kube, operat
     assert field in refused.value.message, refused.value.message
 
 
-async def test_share_naming_a_missing_pool_reports_it(kube: Kube, operator) -> None:
+async def test_a_share_naming_a_pool_loses_the_field_and_limits_its_namespace(kube: Kube, operator) -> None:
+    """Shares written for the old schema: the API server prunes `pool`; the share is the namespace's quota."""
     path = object_path(API_VERSION, "amdgpushares", namespace=NAMESPACE)
-    await kube.create(path, {"apiVersion": API_VERSION, "kind": "AmdGpuShare",
-                             "metadata": {"name": "orphan", "namespace": NAMESPACE},
-                             "spec": {"pool": "no-such-pool", "limits": {"gpus": 2}}})
+    created = await kube.create(path, {"apiVersion": API_VERSION, "kind": "AmdGpuShare",
+                                       "metadata": {"name": "orphan", "namespace": NAMESPACE},
+                                       "spec": {"pool": "no-such-pool", "limits": {"gpus": 2}}})
+    assert created["spec"] == {"limits": {"gpus": 2}}
 
     async def ready_condition():
         share = await kube.get(object_path(API_VERSION, "amdgpushares", "orphan", namespace=NAMESPACE))
         found = [c for c in share.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
-        return found[0] if found and found[0]["status"] == "False" else None
-    condition = await wait_for(ready_condition, timeout_s=20, what="Ready=False on the orphan share")
-    assert condition["reason"] == "PoolNotFound" and "no-such-pool" in condition["message"]
+        return found[0] if found and found[0]["status"] == "True" else None
+    condition = await wait_for(ready_condition, timeout_s=20, what="Ready=True on the share")
+    assert condition["reason"] == "QuotaApplied"
 
 
 # ---- the running extender ----------------------------------------------------------------------

@@ -20,7 +20,7 @@ def pool(name: str, **sharing) -> dict:
 
 def share(name: str, **limits) -> dict:
     return {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"pool": "p", "limits": limits}}
+            "spec": {"limits": limits}}
 
 
 async def test_server_is_v1_35(kube: Kube) -> None:
@@ -92,11 +92,20 @@ def test_unknown_fields_are_refused_by_kubectl(cluster) -> None:
 
 
 def test_missing_required_field_is_named(cluster) -> None:
-    body = {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "nopool", "namespace": "default"},
-            "spec": {"limits": {}}}
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "nolimits", "namespace": "default"},
+            "spec": {}}
     result = cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body), check=False)
     assert result.returncode != 0
-    assert "spec.pool: Required value" in result.stderr, result.stderr
+    assert "spec.limits: Required value" in result.stderr, result.stderr
+
+
+def test_a_share_names_no_pool(cluster) -> None:
+    """docs/accounting.md: a share is its namespace's quota over every pool; `pool` is no field."""
+    body = share("pooled")
+    body["spec"]["pool"] = "p"
+    result = cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body), check=False)
+    assert result.returncode != 0
+    assert 'unknown field "spec.pool"' in result.stderr, result.stderr
 
 
 def test_kubectl_get_shows_printer_columns(cluster) -> None:
@@ -109,9 +118,9 @@ def test_kubectl_get_shows_printer_columns(cluster) -> None:
     try:
         output = cluster.kubectl("get", "amdgpushares", "-A").stdout
         header, row = output.splitlines()[:2]
-        assert header.split() == ["NAMESPACE", "NAME", "POOL", "MEM-USED", "MEM-LIMIT", "CORES-USED", "CORES-LIMIT",
+        assert header.split() == ["NAMESPACE", "NAME", "MEM-USED", "MEM-LIMIT", "CORES-USED", "CORES-LIMIT",
                                   "PODS", "READY", "AGE"]
-        assert row.split()[:9] == ["default", "columns", "p", "4096", "20480", "25", "300", "1", "True"]
+        assert row.split()[:8] == ["default", "columns", "4096", "20480", "25", "300", "1", "True"]
         short = cluster.kubectl("get", "ags", "-n", "default", "-o", "name").stdout.strip()
         assert short == "amdgpushare.rocshare.io/columns"
         explained = cluster.kubectl("explain", "amdgpupools.spec.sharing.splitCount").stdout

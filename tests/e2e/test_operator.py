@@ -340,12 +340,12 @@ def quota_path(namespace: str, share: str) -> str:
     return object_path("v1", "resourcequotas", f"rocshare-{share}", namespace=namespace)
 
 
-async def test_share_quota_status_and_a_pool_that_appears_later(kube: Kube, operator: OperatorProcess) -> None:
+async def test_share_quota_status_and_pods_of_a_pool_that_appears_later(kube: Kube, operator: OperatorProcess) -> None:
     namespace = "team-share"
     await ensure_namespace(kube, namespace)
     created = await kube.create(object_path(API_VERSION, "amdgpushares", namespace=namespace), {
         "apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "research", "namespace": namespace},
-        "spec": {"pool": "late", "limits": {"memoryMiB": 16384, "coresPercent": 250}}})
+        "spec": {"limits": {"memoryMiB": 16384, "coresPercent": 250}}})
 
     async def quota_without_pool() -> None:
         quota = await kube.get(quota_path(namespace, "research"))
@@ -353,7 +353,7 @@ async def test_share_quota_status_and_a_pool_that_appears_later(kube: Kube, oper
         owner = quota["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["uid"]) == ("AmdGpuShare", created["metadata"]["uid"])
         ready = await condition(kube, share_path(namespace, "research"), "Ready")
-        assert (ready["status"], ready["reason"]) == ("False", "PoolNotFound")
+        assert (ready["status"], ready["reason"]) == ("True", "QuotaApplied")
     await eventually(quota_without_pool)
 
     await create_node(kube, "late-1", {"rocshare-test": "late"})
@@ -423,7 +423,7 @@ async def test_operator_killed_and_restarted_mid_way(kube: Kube, operator: Opera
     await ensure_namespace(kube, "team-restart")
     await kube.create(object_path(API_VERSION, "amdgpushares", namespace="team-restart"), {
         "apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "r", "namespace": "team-restart"},
-        "spec": {"pool": "restart-a", "limits": {"gpus": 1}}})
+        "spec": {"limits": {"gpus": 1}}})
     operator.start()
 
     async def converged() -> None:

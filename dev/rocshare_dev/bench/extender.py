@@ -138,7 +138,7 @@ def fill(state, names: Sequence[str], occupancy: float, rng: random.Random) -> d
         target, misses = rng.uniform(low, 1.0), 0
         while misses < 6:
             pod, usage = next(pods), state.ledger.usage(node)
-            plan = plan_pod(node, usage, pod.request, policy_for(state, name, pod.request))
+            plan = plan_pod(node, usage, pod.request, policy_for(state.snapshot(), name, pod.request))
             if not isinstance(plan, Plan) or held_share(plan.loads_after, node.gpus) > target + 0.02:
                 misses += 1
                 continue
@@ -188,7 +188,7 @@ def warm_up(state, names: list[str]) -> None:
 
     for serial, (_, resources) in enumerate(POD_MIX):
         request = parse_pod(pod_object(f"warm-up-{serial}", resources))
-        prioritize(state, request, filter_nodes(state, request, names).feasible)
+        prioritize(state.snapshot(), request, filter_nodes(state.snapshot(), request, names).feasible)
 
 
 def state_caches_cleared(state) -> None:
@@ -204,10 +204,10 @@ def decide(state, body: dict, names: list[str], timings: Timings):
 
     cpu_started = time.thread_time()
     started = time.perf_counter()
-    result = filter_nodes(state, parse_pod(body), names)
+    result = filter_nodes(state.snapshot(), parse_pod(body), names)
     result.to_json()
     filtered = time.perf_counter()
-    scores = prioritize(state, parse_pod(body), result.feasible)
+    scores = prioritize(state.snapshot(), parse_pod(body), result.feasible)
     prioritized = time.perf_counter()
     record = _bind_decision(state, body, scores) if scores else None
     done = time.perf_counter()

@@ -20,11 +20,11 @@ from typing import Any
 from rocshare.api.allocation import (
     ALLOCATED_ANNOTATION,
     ALLOCATION_ANNOTATION,
-    AllocationError,
     AllocationRecord,
     ContainerAllocation,
-    decode_record,
 )
+from rocshare.core.holdings import asked_devices, committed_devices, read_record
+from rocshare.core.request import RequestError, parse_pod
 
 RESOURCE_NAME = "amd.com/gpu"
 
@@ -59,20 +59,14 @@ def pod_ref(pod: Mapping[str, Any]) -> PodRef:
     return PodRef(meta.get("namespace", ""), meta["name"], meta.get("uid", ""))
 
 
-def gpu_limit(container: Mapping[str, Any]) -> int:
-    """The container's amd.com/gpu limit (requests equal limits for extended resources)."""
-    limits = (container.get("resources") or {}).get("limits") or {}
-    try:
-        return int(str(limits.get(RESOURCE_NAME, "0")))
-    except ValueError:
-        return 0
-
-
 def pod_gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """(name, amd.com/gpu) of every container asking for GPUs, init containers first."""
-    spec = pod.get("spec") or {}
-    containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
-    return [(c["name"], gpu_limit(c)) for c in containers if gpu_limit(c) > 0]
+    """(name, GPU count) of every container asking for GPUs, init containers first: the pod's
+    request as the extender read it (quantities as the API server writes them, "1k" too). A pod
+    whose request cannot be read is refused, naming the problem."""
+    try:
+        return asked_devices(parse_pod(pod))
+    except RequestError as error:
+        raise Refusal(f"pod {pod_ref(pod)}: {error}", pod_ref(pod)) from None
 
 
 def awaiting_allocation(pod: Mapping[str, Any], node_name: str) -> bool:
@@ -83,8 +77,15 @@ def awaiting_allocation(pod: Mapping[str, Any], node_name: str) -> bool:
             and ALLOCATED_ANNOTATION not in (meta.get("annotations") or {}))
 
 
+def _asks_gpus(pod: Mapping[str, Any]) -> bool:
+    try:
+        return bool(pod_gpu_containers(pod))
+    except Refusal:
+        return True  # unreadable: it may ask, and it must not be mistaken for a GPU-less pod
+
+
 def find_in_flight(pods: Iterable[Mapping[str, Any]], node_name: str) -> InFlightPod:
-    waiting = [pod for pod in pods if awaiting_allocation(pod, node_name) and pod_gpu_containers(pod)]
+    waiting = [pod for pod in pods if awaiting_allocation(pod, node_name) and _asks_gpus(pod)]
     committed = [pod for pod in waiting if ALLOCATION_ANNOTATION in pod["metadata"].get("annotations", {})]
     if not committed:
         suspect = pod_ref(waiting[0]) if len(waiting) == 1 else None
@@ -99,19 +100,16 @@ def find_in_flight(pods: Iterable[Mapping[str, Any]], node_name: str) -> InFligh
 
 def _committed(pod: Mapping[str, Any], node_name: str) -> InFlightPod:
     ref = pod_ref(pod)
-    try:
-        record = decode_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
-    except AllocationError as error:
-        raise Refusal(f"pod {ref}: {error}", ref) from None
-    if record.node != node_name:
-        raise Refusal(f"pod {ref}: its record was committed for node {record.node}, not {node_name}", ref)
+    record, holding = read_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION], node_name)
+    if record is None:
+        raise Refusal(f"pod {ref}: {holding.problem}", ref)
     _check_matches_pod(record, pod, ref)
     return InFlightPod(ref, record)
 
 
 def _check_matches_pod(record: AllocationRecord, pod: Mapping[str, Any], ref: PodRef) -> None:
     asked = pod_gpu_containers(pod)
-    committed = [(c.name, len(c.devices)) for c in record.containers]
+    committed = committed_devices(record)
     if asked != committed:
         raise Refusal(f"pod {ref}: record commits {_describe(committed)} but the pod asks {_describe(asked)}", ref)
 

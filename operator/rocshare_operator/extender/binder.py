@@ -34,7 +34,7 @@ from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.request import RequestError, parse_pod
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
 from rocshare_operator.extender.decisions import Rejection, node_rejection, policy_for
-from rocshare_operator.extender.state import InFlight, SchedulerState
+from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
 
@@ -94,17 +94,9 @@ class Binder:
     async def _wait_for_room(self, node: str, key: PodKey, deadline: float) -> None:
         """Until no other pod is in flight on the node (this pod may be: an attempt whose outcome
         could not be learnt left it so)."""
-        state = self.state
-        async with state.changed:
-            while node in state.inflight and state.inflight[node].pod != key:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    held = state.inflight[node]
-                    raise BindRefused(f"node {node} is still allocating pod {held.pod}; retry later")
-                try:
-                    await asyncio.wait_for(state.changed.wait(), remaining)
-                except TimeoutError:
-                    continue
+        held = await self.state.accounts.gate.wait_free(node, key, deadline)
+        if held is not None:
+            raise BindRefused(f"node {node} is still allocating pod {held.pod}; retry later")
 
     def _seen_pod(self, key: PodKey, uid: str) -> dict | None:
         pod = self._seen.pop(key, None)
@@ -129,7 +121,7 @@ class Binder:
             # A record on an unbound pod (written by a rocshare before bindings carried it) is kept.
             record = existing or self._decide(pod, node)
             self.state.commit(key, namespace, record)
-            self.state.inflight[node] = InFlight(key, time.monotonic())
+            self.state.accounts.gate.acquire(node, key)
             annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
             try:
                 await self.kube.create(path + "/binding", _binding(pod, node, annotations))
@@ -215,11 +207,12 @@ class Binder:
             request = parse_pod(pod)
         except RequestError as error:
             raise BindRefused(str(error)) from None
-        rejection = node_rejection(self.state, request, node_name, self.state.blocked_nodes())
+        snap = self.state.snapshot()
+        rejection = node_rejection(snap, request, node_name)
         if rejection is not None:
             raise BindRefused(f"node {node_name} no longer fits: {rejection.text()}")
-        node = self.state.inventories[node_name]
-        decision = allocate(node, self.state.ledger.usage(node), request, policy_for(self.state, node_name, request))
+        node = snap.inventories[node_name]
+        decision = allocate(node, snap.ledger.usage(node), request, policy_for(snap, node_name, request))
         if isinstance(decision, FitFailure):
             raise BindRefused(f"node {node_name} no longer fits: {Rejection.of_fit(decision).text()}")
         return decision

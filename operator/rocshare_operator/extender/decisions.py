@@ -1,4 +1,4 @@
-"""Filter and prioritize: pure functions over a `SchedulerState` snapshot.
+"""Filter and prioritize: pure functions over a `Snapshot` of the scheduler's state.
 
 Nothing here writes or reserves: kube-scheduler may drop a pod between filter and
 bind, and a reservation made here would leak (DESIGN.md section 2, rule 1).
@@ -7,9 +7,8 @@ as the extender API's `"<n>/<total> <Reason>"` strings.
 
 Speed (kube-scheduler may send thousands of node names per call): the core planner's
 answer for a node -- its score, or why the pod does not fit -- is memoised in
-`state.plans`, keyed by what the answer depends on (the pod's GPU request and the node's
-policy) and valid only while the node's ledger version and inventory object are
-unchanged; prioritize, which kube-scheduler calls right after filter for the same pod,
+the plan cache (plans.py, which owns the rule for when an answer is still valid), keyed by what the answer depends on (the pod's GPU request and the node's
+policy); prioritize, which kube-scheduler calls right after filter for the same pod,
 and later pods of the same shape find the answers there. Answers for pods that name no
 GPU uuid depend only on the node's shape and usage, and are also shared between nodes
 alike. Per call, what is the same for every node is worked out once: the policy of each
@@ -30,15 +29,15 @@ from rocshare.core.allocate import Plan, PodPlanner
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.policies import Policy, normalize_scores
-from rocshare.core.quota import QuotaCost
 from rocshare.core.request import PodRequest
+from rocshare_operator.extender.plans import MISSING, KeyMemo
 from rocshare_operator.extender.quota import quota_verdict
-from rocshare_operator.extender.state import KeyMemo, SchedulerState
+from rocshare_operator.extender.state import Snapshot
 
 NO_INVENTORY = "NoGpuInventory"
 """The node has no published GPUs, no allocatable amd.com/gpu, or is in no pool."""
 BLOCKED = "UndecodableAllocationRecord"
-"""A pod on the node carries a record nobody can read: its GPUs stay blocked."""
+"""A pod on the node cannot be accounted for (its record or object cannot be read): its GPUs stay blocked."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +82,8 @@ class FilterResult:
         return counts
 
 
-def policy_for(state: SchedulerState, node_name: str, request: PodRequest) -> Policy:
-    pool = state.pool_of(node_name)
+def policy_for(snap: Snapshot, node_name: str, request: PodRequest) -> Policy:
+    pool = snap.pool_of(node_name)
     return Policy.resolve(pool.scheduling if pool else Scheduling(), request)
 
 
@@ -101,17 +100,19 @@ class _Pass:
     """One decision call for one pod: what is the same for every node is worked out once
     (quota, policies per pool, the planner), so the per-node step is a few dict lookups."""
 
-    def __init__(self, state: SchedulerState, request: PodRequest, *, memoised: bool = True) -> None:
-        self.state = state
+    def __init__(self, snap: Snapshot, request: PodRequest, *, memoised: bool = True) -> None:
+        self.snap = snap
         self.request = request
         self.memoised = memoised
-        self._inventories, self._node_pools, self._ledger = state.inventories, state.node_pools, state.ledger
-        self._versions = state.ledger.versions
+        self._inventories, self._node_pools, self._ledger = snap.inventories, snap.node_pools, snap.ledger
+        self._versions = snap.ledger.versions
+        self._blocked = snap.blocked
         selection = request.selection
         self._shareable = not (selection.use_uuids or selection.nouse_uuids)  # else answers read GPU ids
-        self.limits = state.quota_limits(request.namespace)
+        self.limits = snap.quota_limits(request.namespace)
         self.quota_free = self.limits.memory_mib is None and self.limits.cores_pct is None and self.limits.gpus is None
-        self.used = state.namespace_costs.get(request.namespace, QuotaCost())
+        self.used = snap.quota_used(request.namespace)
+        self.unaccountable = [] if self.quota_free else snap.unaccountable_in(request.namespace)
         self._request_key = (request.gpu_key, request.cpu_milli, request.memory_mib)
         self._ways: dict[Policy, _Way] = {}
         self._pool_ways: dict[str | None, _Way] = {}
@@ -120,12 +121,12 @@ class _Pass:
         self._rejections: dict[FitFailure, Rejection] = {}
         self._uniform = self._uniform_way()
 
-    def rejection(self, name: str, blocked: set[str]) -> Rejection | None:
+    def rejection(self, name: str) -> Rejection | None:
         """Why the pod cannot go to this node now, or None when it can."""
         node = self._inventories.get(name)
         if node is None or not node.gpus:
             return self._whole(NO_INVENTORY, 0)
-        if blocked and name in blocked:
+        if self._blocked and name in self._blocked:
             return self._whole(BLOCKED, len(node.gpus))
         if not self.quota_free:
             over = self._quota_verdict(node)
@@ -140,11 +141,10 @@ class _Pass:
         if way.memo is None:
             return self._plan(node, way)
         version = self._versions.get(name, 0)
-        entry = way.memo.by_node.get(name)
-        if entry is not None and entry[0] == version and entry[1] is node:
-            return entry[2]
-        answer = self._plan(node, way)
-        way.memo.by_node[name] = (version, node, answer)
+        answer = way.memo.lookup(name, version, node)
+        if answer is MISSING:
+            answer = self._plan(node, way)
+            way.memo.store(name, version, node, answer)
         return answer
 
     def _plan(self, node: NodeInventory, way: _Way) -> float | Rejection:
@@ -155,7 +155,7 @@ class _Pass:
         answer = way.memo.by_shape.get(shape_key)
         if answer is None:
             answer = self._verdict(way.planner.plan(node, usage))
-            self.state.plans.share(way.memo, shape_key, answer)
+            self.snap.plans.share(way.memo, shape_key, answer)
         return answer
 
     def _verdict(self, plan: Plan | FitFailure) -> float | Rejection:
@@ -169,7 +169,7 @@ class _Pass:
     def _uniform_way(self) -> _Way | None:
         """The one way every node is planned, when every pool resolves to the same policy
         (the usual case: then no node's pool needs looking up)."""
-        policies = {Policy.resolve(pool.scheduling, self.request) for pool in self.state.pools.values()}
+        policies = {Policy.resolve(pool.scheduling, self.request) for pool in self.snap.pools.values()}
         policies.add(Policy.resolve(Scheduling(), self.request))  # nodes of no (known) pool
         return self._way(policies.pop()) if len(policies) == 1 else None
 
@@ -177,13 +177,13 @@ class _Pass:
         pool = self._node_pools.get(name)
         found = self._pool_ways.get(pool)
         if found is None:
-            found = self._pool_ways[pool] = self._way(policy_for(self.state, name, self.request))
+            found = self._pool_ways[pool] = self._way(policy_for(self.snap, name, self.request))
         return found
 
     def _way(self, policy: Policy) -> _Way:
         found = self._ways.get(policy)
         if found is None:
-            memo = self.state.plans.answers((self._request_key, policy)) if self.memoised else None
+            memo = self.snap.plans.answers((self._request_key, policy)) if self.memoised else None
             found = self._ways[policy] = _Way(PodPlanner(self.request, policy), memo)
         return found
 
@@ -197,22 +197,21 @@ class _Pass:
     def _quota_verdict(self, node: NodeInventory) -> str | None:
         # The verdict reads only the node's largest GPU memory and omittedCores: both in its shape.
         if node.shape not in self._quota:
-            self._quota[node.shape] = quota_verdict(self.request, node, self.limits, self.used)
+            self._quota[node.shape] = quota_verdict(self.request, node, self.limits, self.used, self.unaccountable)
         return self._quota[node.shape]
 
 
-def node_rejection(state: SchedulerState, request: PodRequest, name: str, blocked: set[str]) -> Rejection | None:
+def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection | None:
     """Why the pod cannot go to this node now, or None when it can -- planned afresh (bind's check)."""
-    return _Pass(state, request, memoised=False).rejection(name, blocked)
+    return _Pass(snap, request, memoised=False).rejection(name)
 
 
-def filter_nodes(state: SchedulerState, request: PodRequest, node_names: list[str]) -> FilterResult:
-    blocked = state.blocked_nodes()
-    decision = _Pass(state, request)
+def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> FilterResult:
+    decision = _Pass(snap, request)
     feasible: list[str] = []
     failed: dict[str, Rejection] = {}
     for name in node_names:
-        rejection = decision.rejection(name, blocked)
+        rejection = decision.rejection(name)
         if rejection is None:
             feasible.append(name)
         else:
@@ -220,9 +219,9 @@ def filter_nodes(state: SchedulerState, request: PodRequest, node_names: list[st
     return FilterResult(feasible, failed)
 
 
-def prioritize(state: SchedulerState, request: PodRequest, node_names: list[str]) -> list[dict]:
-    decision = _Pass(state, request)
-    inventories = state.inventories
+def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> list[dict]:
+    decision = _Pass(snap, request)
+    inventories = snap.inventories
     raw: dict[str, float] = {}
     for name in node_names:
         node = inventories.get(name)

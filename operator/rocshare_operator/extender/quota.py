@@ -1,46 +1,35 @@
 """Namespace quota for the extender, in the units of DESIGN.md section 3: MiB, percent of
-one GPU for cores (a whole GPU or an all-cores slice counts 100), GPU devices.
+one GPU for cores, GPU devices.
 
-What a namespace holds is computed from the allocation records in the ledger, the same
-way at bind time and after a restart, so accounting cannot drift between the two.
+What a namespace holds is the sum of its pods' holds (rocshare.core.holdings, kept by
+`Accounts` from the allocation records, the same way at bind time and after a restart), and
+what a pod will hold is `request_cost` of the same module: status, this check and bind agree.
+A namespace holding a pod that cannot be accounted for takes no new pod while it has a limit.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-
-from rocshare.api.allocation import AllocationRecord
-from rocshare.api.models import ShareLimits, ShareUsage
+from rocshare.api.models import ShareLimits
+from rocshare.core.holdings import Held, request_cost
 from rocshare.core.inventory import NodeInventory
-from rocshare.core.quota import QuotaCost, check_quota, pod_cost
+from rocshare.core.quota import check_quota
 from rocshare.core.request import PodRequest
 
 
-def record_cost(record: AllocationRecord, cu_totals: Mapping[str, int]) -> QuotaCost:
-    """What a committed record holds. A GPU whose CU total is unknown counts its slice as 100 %."""
-    cost = QuotaCost()
-    for container in record.containers:
-        for device in container.devices:
-            total = cu_totals.get(device.gpu_id, 0)
-            if device.whole or device.reserves_all_cores or not device.cu_ranges or not total:
-                cores_pct = 100 if (device.whole or device.reserves_all_cores or not total) else 0
-            else:
-                cores_pct = math.ceil(device.cu_count * 100 / total)
-            cost = cost + QuotaCost(device.memory_mib, cores_pct, 1)
-    return cost
+def limited(limits: ShareLimits) -> bool:
+    return limits.memory_mib is not None or limits.cores_pct is not None or limits.gpus is not None
 
 
-def cu_totals_of(node: NodeInventory | None) -> dict[str, int]:
-    return {gpu.gpu_id: gpu.cu_count for gpu in node.gpus} if node else {}
-
-
-def quota_verdict(request: PodRequest, node: NodeInventory, limits: ShareLimits, used: QuotaCost) -> str | None:
+def quota_verdict(request: PodRequest, node: NodeInventory, limits: ShareLimits, used: Held,
+                  unaccountable: list[str] = ()) -> str | None:
     """None when the pod fits its namespace's limits on this node's GPUs; else what is over."""
-    if limits.memory_mib is None and limits.cores_pct is None and limits.gpus is None:
+    if not limited(limits):
         return None
+    if unaccountable:
+        return (f"the namespace holds {len(unaccountable)} pod(s) whose use cannot be read, so its quota"
+                f" use is unknown: {'; '.join(sorted(unaccountable)[:3])}")
     largest_mib = max((gpu.memory_mib for gpu in node.gpus), default=0)
-    cost = pod_cost(request, gpu_memory_mib=largest_mib, omitted=node.omitted_cores)
-    usage = ShareUsage(memory_mib=used.memory_mib, cores_pct=used.cores_pct, gpus=used.gpus)
-    verdict = check_quota(cost, limits, usage)
+    partitions = any(gpu.partition for gpu in node.gpus)
+    cost = request_cost(request, gpu_memory_mib=largest_mib, omitted=node.omitted_cores, whole_devices=partitions)
+    verdict = check_quota(cost, limits, used)
     return None if verdict is None else verdict.message

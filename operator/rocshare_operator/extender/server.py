@@ -28,10 +28,12 @@ from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
 from rocshare_operator.extender.decisions import filter_nodes, prioritize
+from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.retry import Retrier
-from rocshare_operator.extender.state import SchedulerState, quota_facts
+from rocshare_operator.extender.index import quota_facts
+from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ class ExtenderService:
     binder: Binder
     metrics: ExtenderMetrics
     ready: Callable[[], bool]
+    problems: Callable[[], dict[str, str]] = dict
+    """Watch events not taken yet -> why: readiness reports them (the decisions go on, with what
+    the affected pods may hold kept blocked)."""
 
     async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         names = _node_names(args)
@@ -56,7 +61,7 @@ class ExtenderService:
         except RequestError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
-        result = filter_nodes(self.state, request, names)
+        result = filter_nodes(self.state.snapshot(), request, names)
         if result.feasible:
             self.binder.saw(_pod(args))
         else:
@@ -79,7 +84,7 @@ class ExtenderService:
         except RequestError:
             return [{"Host": name, "Score": 0} for name in names]
         self.metrics.decisions.labels("prioritize", "scored").inc()
-        scores = prioritize(self.state, request, names)
+        scores = prioritize(self.state.snapshot(), request, names)
         queued = self.binder.queued
         if queued:
             for entry in scores:
@@ -149,7 +154,13 @@ def make_app(service: ExtenderService) -> web.Application:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if service.ready() else web.Response(status=503, text="caches not synced")
+        if not service.ready():
+            return web.Response(status=503, text="caches not synced")
+        problems = service.problems()
+        if problems:
+            listed = "\n".join(f"{what}: {why}" for what, why in sorted(problems.items())[:20])
+            return web.Response(status=503, text=f"{len(problems)} watch event(s) not handled yet (retrying):\n{listed}")
+        return web.Response(text="ok")
 
     app.router.add_post("/extender/{verb}", handle)
     app.router.add_get("/healthz", healthz)
@@ -192,9 +203,12 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
         feed = ClusterFeed(kube)
         subscribe(feed, state)
     informers = informers_for(kube, state)
+    watches = [*feed.informers(), *informers]
     metrics = ExtenderMetrics(state)
+    metrics.registry.register(FailureCollector(state.accounts, lambda: watches))
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
-                              ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers))
+                              ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers),
+                              problems=lambda: _failing(watches))
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)
     await runner.setup()
@@ -213,6 +227,10 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
             task.cancel()
         await runner.cleanup()
         metrics_server.shutdown()
+
+
+def _failing(watches: list[Informer]) -> dict[str, str]:
+    return {f"{informer.name} {key}": failure.error for informer in watches for key, failure in informer.failing.items()}
 
 
 async def _freeze_when_synced(informers: list[Informer], feed: ClusterFeed) -> None:

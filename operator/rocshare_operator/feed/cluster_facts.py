@@ -5,7 +5,9 @@ and hands the same value to every reader: the extender's `SchedulerState` and th
 and share reconcilers. So they hold only what some reader uses:
 * a Node: its `NodeView` (name, labels, the pool marks) and allocatable amd.com/gpu;
 * a Pod: where it runs, its phase and scheduler, whether it waits as unschedulable or
-  is being deleted, and its allocation record (text; decoded by readers on demand);
+  is being deleted, and its allocation record (text; read by readers through
+  rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
+  (and whatever of its name and node could be read): it holds unknown GPUs on its node;
 * an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
   models (a tenth of their size), or why its status was refused; pool and share status
   read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
@@ -20,19 +22,13 @@ nodes share one copy.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from rocshare.api.allocation import (
-    ALLOCATED_ANNOTATION,
-    ALLOCATION_ANNOTATION,
-    AllocationRecord,
-    decode_record,
-)
+from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION,
@@ -68,6 +64,7 @@ class PodFacts:
     unschedulable: str | None  # PodScheduled's message while its reason is Unschedulable, else None
     allocated: bool  # the node agent marked the allocation served
     allocation: str | None  # the allocation record as written on the pod
+    problem: str | None = None  # the pod could not be read: it holds unknown GPUs on `node`
 
     @property
     def key(self) -> PodKey:
@@ -174,6 +171,15 @@ def node_facts(node: Mapping) -> NodeFacts:
 
 
 def pod_facts(pod: Mapping) -> PodFacts:
+    """Never raises: a pod that cannot be read is kept as what could be read of it plus the
+    problem, so that readers block what it may hold rather than lose it (DESIGN.md section 2)."""
+    try:
+        return _pod_facts(pod)
+    except Exception as error:  # noqa: BLE001 -- any failure here must fail closed, not drop the pod
+        return _unreadable_pod(pod, f"its object cannot be read: {type(error).__name__}: {error}")
+
+
+def _pod_facts(pod: Mapping) -> PodFacts:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = pod.get("spec") or {}
@@ -187,6 +193,18 @@ def pod_facts(pod: Mapping) -> PodFacts:
     )
 
 
+def _unreadable_pod(pod: object, problem: str) -> PodFacts:
+    def text(*path: str) -> str:
+        value: object = pod
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        return value if isinstance(value, str) else ""
+    return PodFacts(namespace=text("metadata", "namespace"), name=text("metadata", "name"),
+                    node=text("spec", "nodeName"), scheduler_name=text("spec", "schedulerName"),
+                    phase="Pending", deleting=False, unschedulable=None, allocated=False, allocation=None,
+                    problem=problem)
+
+
 def _unschedulable(status: Mapping) -> str | None:
     """The message, not a flag: kube-scheduler rewrites it on each failed try, and that update
     must reach the extender (it notes the pod as waiting again, see retry.py)."""
@@ -194,13 +212,6 @@ def _unschedulable(status: Mapping) -> str | None:
         if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
             return str(condition.get("message") or "")
     return None
-
-
-@functools.lru_cache(maxsize=256)
-def decoded_record(text: str) -> AllocationRecord:
-    """`decode_record`, memoised over the last few records: one event reaches several readers,
-    and each decodes the same text (a record never changes once written). Raises AllocationError."""
-    return decode_record(text)
 
 
 def _interned(text: str | None) -> str | None:

@@ -13,6 +13,11 @@ and quotas.)
 Subscribers join before the feed runs (`subscribe` refuses afterwards: a late reader
 would miss the first list). Readers must not answer from the feed before `synced`: the
 reconcilers wait for it, the extender reports not ready until then.
+
+A handler that raises does not lose the event: every handler still sees it, and then the
+informer keeps the event and hands it to every handler again with a backoff until all take
+it (handlers are idempotent). Until then `failing()` lists it: the operator's readiness and
+metrics report it, and the extender keeps whatever the pod may hold blocked.
 """
 
 from __future__ import annotations
@@ -65,15 +70,24 @@ class ClusterFeed:
             if handler is not None:
                 handlers.append(handler)
 
-    def _informers(self) -> tuple[Informer, ...]:
+    def informers(self) -> tuple[Informer, ...]:
         return (self.nodes, self.gpu_nodes, self.pods)
+
+    def failing(self) -> dict[str, str]:
+        """Objects whose latest event a handler has not taken yet (or that cannot be decoded) -> why."""
+        return {f"{informer.name} {key}": failure.error
+                for informer in self.informers() for key, failure in informer.failing.items()}
+
+    def failures_total(self) -> dict[str, int]:
+        """Failed handler calls and decodes so far, per kind."""
+        return {informer.name: informer.failures_total for informer in self.informers()}
 
     @property
     def synced(self) -> bool:
-        return all(informer.synced.is_set() for informer in self._informers())
+        return all(informer.synced.is_set() for informer in self.informers())
 
     async def wait_synced(self) -> None:
-        for informer in self._informers():
+        for informer in self.informers():
             await informer.synced.wait()
 
     def node(self, name: str) -> NodeFacts | None:
@@ -108,12 +122,20 @@ class ClusterFeed:
         await _fan_out(self._pod_handlers, kind, facts, self.pods.store.get(facts.key))
 
 
+class HandlersFailed(Exception):
+    """Some handlers raised on an event (the others took it); the informer retries the event."""
+
+
 async def _fan_out(handlers: list[Callable[..., Any]], kind: str, facts: Any, before: Any) -> None:
-    """Every handler sees the change, even when an earlier one failed on it."""
+    """Every handler sees the change, even when an earlier one failed on it; then, if any failed,
+    raise so that the informer keeps the event and retries it."""
+    failed = []
     for handler in handlers:
         try:
             result = handler(kind, facts, before)
             if asyncio.iscoroutine(result):
                 await result
-        except Exception:  # one reader's bug must not starve the others
-            log.exception("cluster feed: %s failed on %s %s", getattr(handler, "__qualname__", handler), kind, facts)
+        except Exception as error:  # one reader's bug must not starve the others
+            failed.append(f"{getattr(handler, '__qualname__', handler)}: {error!r}")
+    if failed:
+        raise HandlersFailed("; ".join(failed))

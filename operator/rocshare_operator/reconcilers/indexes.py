@@ -3,7 +3,6 @@ list+watch on every start (Kopf holds handlers back until they are filled).
 
 Each index maps a key to a store of small frozen values (never whole objects):
   pool_views          pool name -> PoolView
-  shares_by_pool      pool name -> (namespace, share name)
 An indexer returns {} (not None) to drop an object, which Kopf reads as "no keys".
 
 Nodes, AmdGpuNodes and pods are not indexed here: the whole process reads them from one
@@ -27,12 +26,6 @@ V = TypeVar("V")
 @kopf.index(GROUP, VERSION, "amdgpupools")
 def pool_views(body: kopf.Body, name: str, **_: Any) -> dict[str, PoolView]:
     return {name: pool_view(body)}
-
-
-@kopf.index(GROUP, VERSION, "amdgpushares")
-def shares_by_pool(namespace: str, name: str, spec: kopf.Spec, **_: Any) -> dict:
-    pool = spec.get("pool")
-    return {pool: (namespace, name)} if pool else {}
 
 
 def all_values(index: Mapping[Any, Iterable[V]]) -> list[V]:

@@ -46,12 +46,10 @@ def now_rfc3339() -> str:
 
 
 @kopf.on.event(GROUP, VERSION, "amdgpupools")
-def pool_event(name: str, spec: kopf.Spec, memo: kopf.Memo, shares_by_pool: kopf.Index, **_: Any) -> None:
-    """Any pool change may move nodes between pools and make shares find their pool."""
+def pool_event(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
+    """Any pool change may move nodes between pools."""
     ctx: OperatorContext = memo.rocshare
     ctx.wakeups.wake_kind("pool")
-    for namespace, share in shares_by_pool.get(name, ()):
-        ctx.wakeups.wake(share_key(namespace, share))
 
 
 @kopf.daemon(GROUP, VERSION, "amdgpupools", cancellation_backoff=2.0, cancellation_timeout=5.0,
@@ -167,7 +165,7 @@ def announce_conflicts(body: kopf.Body, view: PoolView, conflicts: tuple[tuple[s
 
 @kopf.on.delete(GROUP, VERSION, "amdgpupools")
 async def release_pool(name: str, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
-                       pool_views: kopf.Index, shares_by_pool: kopf.Index, **_: Any) -> None:
+                       pool_views: kopf.Index, **_: Any) -> None:
     """Finalizer: unmark the pool's nodes (or hand them to the next pool that selects them)."""
     ctx: OperatorContext = memo.rocshare
     if not ctx.feed.synced:
@@ -179,5 +177,3 @@ async def release_pool(name: str, body: kopf.Body, memo: kopf.Memo, logger: logg
     except ApiError as error:
         raise kopf.TemporaryError(f"releasing the nodes of pool {name}: {error}", delay=2.0) from error
     ctx.wakeups.wake_kind("pool")
-    for namespace, share in shares_by_pool.get(name, ()):
-        ctx.wakeups.wake(share_key(namespace, share))

@@ -1,7 +1,7 @@
 """AmdGpuShare handlers: the share's ResourceQuota and its status.
 
 One reconcile loop per share (a Kopf daemon, woken by pods of its namespace through the
-cluster feed, by its pool appearing or going, and by edits to its quota). Each pass
+cluster feed, by AmdGpuNodes changing CU counts, and by edits to its quota). Each pass
 server-side applies the quota when its intent changed, then writes status when it differs.
 The quota is owned by the share, so it goes when the share goes.
 """
@@ -17,7 +17,6 @@ import kopf
 from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits
 from rocshare.kube.client import ApiError, object_path
 from rocshare_operator.context import LoopState, OperatorContext, share_key
-from rocshare_operator.reconcilers.indexes import one_value
 from rocshare_operator.reconcilers.pools import (
     ERROR_PAUSE_S,
     FIELD_MANAGER,
@@ -59,19 +58,17 @@ async def share_loop(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo
 
 
 async def reconcile_share(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
-                          logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
+                          logger: logging.Logger, **_: Any) -> None:
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
         return
     spec = dict(body.get("spec") or {})
     limits = ShareLimits.model_validate(dict(spec.get("limits") or {}))
     await apply_quota(ctx, state, body, limits, force="quota" in reasons, logger=logger)
-    pool = one_value(pool_views, spec.get("pool"))
     pods = ctx.slices.in_namespace(meta["namespace"])
     previous = dict(body.get("status") or {})
     status = share_status(
-        share=meta["name"], pool=spec.get("pool", ""), pool_exists=pool is not None and not pool.deleting,
-        generation=meta.get("generation"), pods=pods,
+        share=meta["name"], generation=meta.get("generation"), pods=pods,
         inventories={node: inventory for node in {pod.node for pod in pods} if (inventory := ctx.inventory(node))},
         previous_conditions=previous.get("conditions"), now=now_rfc3339(),
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from rocshare.api.models import AmdGpuPoolStatus
 from rocshare_operator.feed.cluster_facts import GpuNodeFacts
 from rocshare_operator.status.conditions import ConditionState, merge_conditions
-from rocshare_operator.status.usage import GpuSummary, PodSlices, pod_cores_pct
+from rocshare_operator.status.usage import GpuSummary, PodSlices
 
 
 @dataclass(frozen=True)
@@ -87,8 +87,9 @@ def _sum(facts: PoolFacts) -> _Totals:
             if pod.error:
                 undecodable += 1
                 continue
-            allocated += pod.memory_mib
-            cores += pod_cores_pct(pod, cu_counts)
+            held = pod.held(cu_counts)
+            allocated += held.memory_mib
+            cores += held.cores_pct
     return _Totals(gpus, healthy, vram, allocated, cores, not_reporting, undecodable)
 
 
@@ -114,7 +115,8 @@ def _degraded(facts: PoolFacts, totals: _Totals) -> ConditionState:
     if totals.not_reporting:
         issues.append(("NodesNotReporting", f"{totals.not_reporting} node(s) without an AmdGpuNode"))
     if totals.undecodable:
-        issues.append(("UndecodableAllocations", f"{totals.undecodable} pod(s) with an undecodable allocation record"))
+        issues.append(("UndecodableAllocations", f"{totals.undecodable} pod(s) whose allocation cannot be read"
+                                                   " (their nodes take no new pods until they end)"))
     if facts.conflicting:
         issues.append(("NodeConflicts", f"{len(facts.conflicting)} selected node(s) held by older pools: "
                                         + ", ".join(sorted(facts.conflicting)[:10])))

@@ -5,8 +5,10 @@ limits the share sets: ``limits.amd.com/gpumem`` (MiB), ``limits.amd.com/gpucore
 (percent of one GPU) and ``requests.amd.com/gpu``. The share owns it, so deleting
 the share removes it.
 
-Usage counts every slice the namespace holds, whatever the pool: the ResourceQuota
-it is reported against is namespace-wide, and the extender checks it that way.
+A share is its namespace's quota (docs/accounting.md: why it names no pool). Usage is what
+the namespace's pods hold, by rocshare.core.holdings: the figures the extender's quota check
+adds a pod's cost to. A pod whose hold cannot be read makes the namespace unaccountable: the
+extender binds none of its pods while the share limits it, and Ready says so.
 The pods list is bounded (a status must stay small; etcd caps objects near
 1.5 MiB); ``podsTotal`` counts them all.
 """
@@ -19,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from rocshare.api.models import API_VERSION, AmdGpuShareStatus, ShareLimits, ShareUsage, SliceHolder
 from rocshare_operator.status.conditions import ConditionState, merge_conditions
 from rocshare_operator.status.pool_status import Inventory
-from rocshare_operator.status.usage import PodSlices, pod_cores_pct
+from rocshare_operator.status.usage import PodSlices
 
 QUOTA_PREFIX = "rocshare-"
 PODS_LISTED_MAX = 100
@@ -65,25 +67,27 @@ def quota_body(*, share: str, namespace: str, uid: str, limits: ShareLimits) -> 
 
 
 def share_usage(pods: Iterable[PodSlices], inventories: Mapping[str, Inventory]) -> ShareUsage:
+    """What the namespace's readable pods hold (the extender's quota figures)."""
     memory = cores = gpus = 0
     for pod in pods:
         if pod.error:
             continue
         inventory = inventories.get(pod.node)
-        memory += pod.memory_mib
-        cores += pod_cores_pct(pod, inventory.cu_counts() if inventory else {})
-        gpus += pod.gpus
+        held = pod.held(inventory.cu_counts() if inventory else {})
+        memory += held.memory_mib
+        cores += held.cores_pct
+        gpus += held.gpus
     return ShareUsage(memory_mib=memory, cores_pct=cores, gpus=gpus)
 
 
 def slice_holders(pods: Iterable[PodSlices]) -> list[SliceHolder]:
     """The first PODS_LISTED_MAX pods by name, with what each holds."""
     ordered = sorted(pods, key=lambda pod: pod.name)[:PODS_LISTED_MAX]
-    return [SliceHolder(pod=pod.name, node=pod.node, gpu_ids=[device.gpu_id for device in pod.devices],
+    return [SliceHolder(pod=pod.name, node=pod.node, gpu_ids=pod.gpu_ids,
                         memory_mib=pod.memory_mib, cu_count=pod.cu_count) for pod in ordered]
 
 
-def share_status(*, share: str, pool: str, pool_exists: bool, generation: int | None, pods: Sequence[PodSlices],
+def share_status(*, share: str, generation: int | None, pods: Sequence[PodSlices],
                  inventories: Mapping[str, Inventory], previous_conditions: Iterable[Mapping] | None,
                  now: str) -> dict:
     """The status object to write (camelCase JSON, as AmdGpuShareStatus)."""
@@ -91,18 +95,15 @@ def share_status(*, share: str, pool: str, pool_exists: bool, generation: int | 
         used=share_usage(pods, inventories), pods=slice_holders(pods), pods_total=len(pods),
         quota_name=quota_name(share), observed_generation=generation,
     ).to_json_dict()
-    status["conditions"] = merge_conditions(previous_conditions, [_ready(share, pool, pool_exists, pods)],
+    status["conditions"] = merge_conditions(previous_conditions, [_ready(share, pods)],
                                             generation=generation, now=now)
     return status
 
 
-def _ready(share: str, pool: str, pool_exists: bool, pods: Sequence[PodSlices]) -> ConditionState:
-    if not pool_exists:
-        return ConditionState("Ready", "False", "PoolNotFound",
-                              f"AmdGpuPool {pool} does not exist; the quota holds, but no pool serves this share")
-    undecodable = sum(1 for pod in pods if pod.error)
-    if undecodable:
-        return ConditionState("Ready", "True", "QuotaApplied",
-                              f"ResourceQuota {quota_name(share)} applied; {undecodable} pod(s) have an undecodable"
-                              " allocation record and are not counted")
+def _ready(share: str, pods: Sequence[PodSlices]) -> ConditionState:
+    unreadable = sorted(f"{pod.name} ({pod.error})" for pod in pods if pod.error)
+    if unreadable:
+        return ConditionState("Ready", "False", "UnaccountablePods",
+                              f"{len(unreadable)} pod(s) hold what cannot be read, so the namespace's use is unknown;"
+                              f" no new pod of it is bound until they end: {'; '.join(unreadable[:5])}")
     return ConditionState("Ready", "True", "QuotaApplied", f"ResourceQuota {quota_name(share)} applied")

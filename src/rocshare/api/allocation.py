@@ -44,6 +44,10 @@ class DeviceSlice(_Model):
     reserves_all_cores: bool = Field(
         default=False, alias="reservesAllCores", description="Holds the GPU's whole compute range (omitted gpucores, Exclusive)."
     )
+    cores_pct: int | None = Field(
+        default=None, alias="coresPct", ge=1, le=100,
+        description="The gpucores percent the container asked (CU slices only): what quota and status count.",
+    )
 
     @model_validator(mode="after")
     def _ranges_are_ordered(self) -> DeviceSlice:
@@ -56,6 +60,7 @@ class DeviceSlice(_Model):
 class ContainerAllocation(_Model):
     name: str = Field(min_length=1, description="Container name.")
     init: bool = Field(default=False, description="An init container.")
+    sidecar: bool = Field(default=False, description="An init container with restartPolicy Always (runs beside the app).")
     devices: list[DeviceSlice] = Field(min_length=1, description="One entry per GPU, in the container's GPU order.")
 
 

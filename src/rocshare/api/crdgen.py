@@ -80,10 +80,9 @@ CRDS: tuple[CrdSpec, ...] = (
     ),
     CrdSpec(
         kind="AmdGpuShare", plural="amdgpushares", short_names=("ags", "gpushare"), scope="Namespaced",
-        description="A namespace's share of an AmdGpuPool: VRAM, compute and GPU limits, enforced by a ResourceQuota.",
+        description="A namespace's share of the cluster's AMD GPUs: VRAM, compute and GPU limits, enforced by a ResourceQuota and the scheduler extender.",
         spec_model=models.AmdGpuShareSpec, status_model=models.AmdGpuShareStatus,
         printer_columns=(
-            _column("Pool", "string", ".spec.pool", "Pool drawn from"),
             _column("Mem-Used", "integer", ".status.used.memoryMiB", "VRAM held, MiB"),
             _column("Mem-Limit", "integer", ".spec.limits.memoryMiB", "VRAM limit, MiB"),
             _column("Cores-Used", "integer", ".status.used.coresPercent", "Compute held, % of one GPU"),

@@ -259,7 +259,8 @@ class ShareLimits(_Model):
 
 
 class AmdGpuShareSpec(_Model):
-    pool: str = Field(min_length=1, description="Name of the AmdGpuPool this share draws from.")
+    """A namespace's quota over every pool (docs/accounting.md says why a share names no pool)."""
+
     limits: ShareLimits = Field(description="The namespace's limits; omitted means unlimited.")
 
 

@@ -183,12 +183,13 @@ def record_from_plan(node: NodeInventory, usage: NodeUsage, request: PodRequest,
     masks = [gpu.cu_mask for gpu in usage.gpus]
     containers = []
     for container, devices in zip(request.gpu_containers, plan.containers):
-        slices = [_device_slice(node, masks, device) for device in devices]
-        containers.append(ContainerAllocation(name=container.name, init=container.init, devices=slices))
+        slices = [_device_slice(node, masks, device, container.cores_pct) for device in devices]
+        containers.append(ContainerAllocation(name=container.name, init=container.init, sidecar=container.sidecar,
+                                              devices=slices))
     return AllocationRecord(node=node.name, containers=containers, oversubscribed=node.oversubscribed)
 
 
-def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice) -> DeviceSlice:
+def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice, cores_pct: int | None) -> DeviceSlice:
     spec = node.gpus[device.position]
     need = device.need
     ranges: list[tuple[int, int]] = []
@@ -207,4 +208,5 @@ def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice) 
         cu_count=need.granted_cus,
         whole=need.whole,
         reserves_all_cores=need.reserves_all,
+        cores_pct=cores_pct if need.pin_cus else None,
     )

@@ -5,13 +5,10 @@ ledger is therefore rebuildable from the records on the pods (DESIGN.md section 
 and releasing every pod returns it to empty. Per GPU it keeps the memory held (MiB), the
 number of slices, the CU bitmask held, and how many whole-GPU slices sit there.
 
-Accounting rules (what a slice reserves):
-* whole GPU: all registered memory, one slice, every CU;
-* CU slice: its memory and its CU ranges;
-* omitted gpucores under Exclusive (``reserves_all_cores``): its memory and every CU;
-* omitted gpucores under Shared: its memory only (no CU is reserved).
-Init containers are reserved like app containers (see docs/placement.md: we reserve the sum,
-never less than the kubelet's max(init, sum of app) peak).
+What a pod reserves of each GPU is rocshare.core.holdings' rule (`record_holding`), the one
+every reader applies: whole GPUs and all-cores slices every CU, CU slices their ranges, Shared
+slices without gpucores no CU; every container's slices summed (init containers and sidecars
+keep theirs for the pod's life).
 
 Usage is recomputed per GPU from its holders on every change, so a pair of conflicting
 records (which the allocator never produces) cannot make subtraction go wrong.
@@ -22,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rocshare.api.allocation import AllocationRecord, DeviceSlice
-from rocshare.core.cumask import full_mask, mask_from_ranges
+from rocshare.api.allocation import AllocationRecord
+from rocshare.core.holdings import GpuHold, record_holding
 from rocshare.core.ids import GpuId, NodeName, PodKey
 from rocshare.core.inventory import NodeInventory
 
@@ -75,13 +72,9 @@ def empty_usage(node: NodeInventory) -> NodeUsage:
     return NodeUsage(gpus=(EMPTY_GPU,) * len(node.gpus))
 
 
-def slice_usage(device: DeviceSlice) -> GpuUsage:
-    """What one DeviceSlice reserves of its GPU."""
-    if device.whole or device.reserves_all_cores:
-        mask = full_mask(device.cu_count)
-    else:
-        mask = mask_from_ranges(device.cu_ranges)
-    return GpuUsage(device.memory_mib, 1, mask, 1 if device.whole else 0)
+def hold_usage(hold: GpuHold) -> GpuUsage:
+    """What one pod's hold on a GPU takes of it."""
+    return GpuUsage(hold.memory_mib, hold.slices, hold.cu_mask, hold.whole)
 
 
 def add_usage(a: GpuUsage, b: GpuUsage) -> GpuUsage:
@@ -100,7 +93,7 @@ class Ledger:
         self._host_only: dict[PodKey, tuple[NodeName, int, int]] = {}
         # GPUs are keyed by (node, GPU id): ids derived from PCI addresses (APUs, partitions)
         # repeat across nodes, and so do unique ids on simulated fleets.
-        self._holders: dict[GpuKey, dict[tuple[PodKey, int], GpuUsage]] = {}
+        self._holders: dict[GpuKey, dict[PodKey, GpuUsage]] = {}
         self._gpu: dict[GpuKey, GpuUsage] = {}
         self._node_host: dict[NodeName, tuple[int, int]] = {}
         self._versions: dict[NodeName, int] = {}
@@ -121,14 +114,11 @@ class Ledger:
         self._host[pod_key] = (cpu_milli, memory_mib)
         node = NodeName(record.node)
         self._add_host(node, cpu_milli, memory_mib)
-        slot = 0
         touched: set[GpuKey] = set()
-        for container in record.containers:
-            for device in container.devices:
-                gpu = (node, GpuId(device.gpu_id))
-                self._holders.setdefault(gpu, {})[(pod_key, slot)] = slice_usage(device)
-                touched.add(gpu)
-                slot += 1
+        for hold in record_holding(record).gpus:
+            gpu = (node, GpuId(hold.gpu_id))
+            self._holders.setdefault(gpu, {})[pod_key] = hold_usage(hold)
+            touched.add(gpu)
         self._recompute(touched)
         self._bump(node)
 
@@ -164,9 +154,7 @@ class Ledger:
         self._add_host(node, -cpu_milli, -memory_mib)
         touched = {(node, GpuId(gpu)) for gpu in record.gpu_ids()}
         for gpu in touched:
-            holders = self._holders[gpu]
-            for key in [k for k in holders if k[0] == pod_key]:
-                del holders[key]
+            self._holders[gpu].pop(pod_key, None)
         self._recompute(touched)
         self._bump(node)
         return record

@@ -19,12 +19,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocshare.api.models import GpuPolicy, NodePolicy
+from rocshare.core.quantity import QuantityError, whole_quantity
 
 RESOURCE_GPU = "amd.com/gpu"
 RESOURCE_MEMORY = "amd.com/gpumem"
 RESOURCE_MEMORY_PCT = "amd.com/gpumem-percentage"
 RESOURCE_CORES = "amd.com/gpucores"
 SLICE_RESOURCES = (RESOURCE_MEMORY, RESOURCE_MEMORY_PCT, RESOURCE_CORES)
+RESOURCE_UNITS = {RESOURCE_GPU: "GPUs", RESOURCE_MEMORY: "MiB", RESOURCE_MEMORY_PCT: "percent of each GPU's VRAM",
+                  RESOURCE_CORES: "percent of each GPU's compute units"}
+"""The unit each amd.com resource counts in (quantities are read by rocshare.core.quantity)."""
 
 ANNOTATION_NUMA_BIND = "amd.com/numa-bind"
 ANNOTATION_LINK_BIND = "amd.com/link-bind"
@@ -53,6 +57,9 @@ class ContainerRequest:
     memory_mib: int | None = None
     memory_pct: int | None = None
     cores_pct: int | None = None
+    sidecar: bool = False
+    """An init container with restartPolicy Always (a native sidecar): it runs beside the app
+    containers, so Kubernetes counts its resources with theirs (see rocshare.core.holdings)."""
 
     @property
     def whole(self) -> bool:
@@ -108,7 +115,8 @@ class PodRequest:
     @property
     def gpu_key(self) -> tuple:
         """Everything GPU fit and GPU scoring depend on: a memo key for callers' caches."""
-        shapes = tuple((c.init, c.gpus, c.memory_mib, c.memory_pct, c.cores_pct) for c in self.containers if c.gpus)
+        shapes = tuple((c.init, c.sidecar, c.gpus, c.memory_mib, c.memory_pct, c.cores_pct)
+                       for c in self.containers if c.gpus)
         return (shapes, self.selection)
 
 
@@ -149,7 +157,8 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
         raise RequestError(f"{where}: {RESOURCE_GPU} is 0 but a GPU slice is asked ({_asked(values)})")
     if memory_mib is not None:
         memory_pct = None  # the MiB value wins (DESIGN.md section 3)
-    return ContainerRequest(name, init, gpus, memory_mib, memory_pct, cores_pct)
+    sidecar = init and container.get("restartPolicy") == "Always"
+    return ContainerRequest(name, init, gpus, memory_mib, memory_pct, cores_pct, sidecar)
 
 
 def _mapping(value: object, what: str) -> Mapping:
@@ -176,23 +185,19 @@ def _asked(values: Mapping) -> str:
 def _optional_int(values: Mapping, key: str, where: str, *, low: int, high: int | None) -> int | None:
     if key not in values:
         return None
-    number = _plain_int(values[key], f"{where}: {key}")
+    number = _plain_int(values[key], where, key)
     if number < low or (high is not None and number > high):
         bounds = f"{low}-{high}" if high is not None else f">= {low}"
         raise RequestError(f"{where}: {key} is {number}, must be {bounds}")
     return number
 
 
-def _plain_int(raw: object, what: str) -> int:
-    """Kubernetes quantities arrive as strings; only plain integers make sense here."""
-    if isinstance(raw, bool):
-        raise RequestError(f"{what} is {raw!r}, must be an integer")
-    if isinstance(raw, int):
-        return raw
-    text = str(raw).strip()
-    if text.isdigit():
-        return int(text)
-    raise RequestError(f"{what} is {raw!r}, must be a plain integer (no fraction, unit or suffix)")
+def _plain_int(raw: object, what: str, key: str) -> int:
+    """The quantity as the API server writes it (3000 arrives as "3k"): any whole number."""
+    try:
+        return whole_quantity(raw, name=key, unit=RESOURCE_UNITS[key])
+    except QuantityError as error:
+        raise RequestError(f"{what}: {error}") from None
 
 
 def _parse_selection(annotations: Mapping) -> Selection:

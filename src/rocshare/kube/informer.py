@@ -13,13 +13,25 @@ fields). A small decoded value keeps memory small at scale, and with
 ``changed_only=True`` an event whose decoded value equals the stored one (a kubelet
 heartbeat, a status tick nobody reads) reaches no handler at all. While a handler
 runs, `store` still holds the object's previous value, so a handler can compare.
+
+Failures are retried, never dropped, and always visible:
+* a handler that raises leaves `store` as it was (the event is not done) and the event in
+  `failing`; it is handed to the handler again with a backoff (each attempt logged with its
+  number) until it succeeds, or a newer event for the object replaces it. Handlers must be
+  idempotent: a retried event may reach parts of a handler that already took it.
+* an object that cannot be decoded is kept in `failing` until a later version decodes or it
+  is deleted (retrying the same bytes cannot help); callers that must fail closed decode
+  totally (cluster_facts.pod_facts never raises).
+`failures_total` counts both; `failing` is what readiness and metrics report.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from rocshare.kube.client import ApiError, Kube
@@ -32,7 +44,19 @@ Handler = Callable[[str, Any], Awaitable[None] | None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", decoded object); a deletion gets the last stored value."""
 
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+HANDLER_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 PAGE_SIZE = 500
+
+
+@dataclass
+class Failure:
+    """An event not yet taken (`kind` None: an object that cannot be decoded)."""
+
+    kind: str | None
+    value: Any
+    error: str
+    attempts: int
+    due_s: float
 
 
 def slim(obj: dict[str, Any]) -> dict[str, Any]:
@@ -60,9 +84,19 @@ class Informer(Generic[V]):
                        (("labelSelector", label_selector), ("fieldSelector", field_selector)) if value}
         self.store: dict[str, V] = {}
         self.synced = asyncio.Event()
+        self.failing: dict[str, Failure] = {}
+        self.failures_total = 0
+        self._retry_wake = asyncio.Event()
 
     async def run(self) -> None:
         """Run until cancelled."""
+        retries = asyncio.create_task(self._retry_failed(), name=f"{self.name}-retries")
+        try:
+            await self._run()
+        finally:
+            retries.cancel()
+
+    async def _run(self) -> None:
         attempt = 0
         resource_version = ""
         while True:
@@ -103,6 +137,8 @@ class Informer(Generic[V]):
                 break
         for key in set(self.store) - seen:
             await self._delete(key)
+        for key in set(self.failing) - seen - set(self.store):
+            self.failing.pop(key, None)  # never taken, and gone since
         self.synced.set()
         return resource_version
 
@@ -125,35 +161,81 @@ class Informer(Generic[V]):
         return resource_version
 
     def _decoded(self, key: str, obj: dict[str, Any]) -> Any:
-        """The decoded object, or None (logged) when it cannot be decoded: it stays as it was."""
+        """The decoded object, or None when it cannot be decoded: it stays as it was, and is
+        reported in `failing` until a later version decodes or it is deleted."""
         try:
             return self._decode(obj)
-        except Exception:  # one bad object must not stop the cache
+        except Exception as error:  # one bad object must not stop the cache
+            self.failures_total += 1
+            self.failing[key] = Failure(None, None, f"cannot decode: {error!r}", 1, float("inf"))
             log.exception("%s: cannot decode %s", self.name, key)
             return None
 
     async def _update(self, key: str, value: V) -> None:
         previous = self.store.get(key)
         if previous is None:
-            await self._emit("ADDED", key, value)
+            kind = "ADDED"
         elif not self._changed_only or previous != value:
-            await self._emit("MODIFIED", key, value)
-        self.store[key] = value
+            kind = "MODIFIED"
+        else:
+            self._settled(key)
+            return
+        if await self._emit(kind, key, value):
+            self._settled(key)
+            self.store[key] = value
 
     async def _delete(self, key: str, value: V | None = None) -> None:
         """`value`: the object's last state from a watch event; a relist knows only the stored one."""
         last = value if value is not None else self.store.get(key)
-        if last is not None:
-            await self._emit("DELETED", key, last)
-        self.store.pop(key, None)
+        if last is None:
+            self._settled(key)
+        elif await self._emit("DELETED", key, last):
+            self._settled(key)
+            self.store.pop(key, None)
 
-    async def _emit(self, kind: str, key: str, value: Any) -> None:
+    async def _emit(self, kind: str, key: str, value: Any, attempts: int = 0) -> bool:
+        """Hand the event to the handler; False (and kept for a retry) when it raised."""
         try:
             result = self._handler(kind, value)
             if asyncio.iscoroutine(result):
                 await result
-        except Exception:  # one bad object must not stop the cache
-            log.exception("%s: handler failed on %s %s", self.name, kind, key)
+        except Exception as error:  # one bad object must not stop the cache
+            attempts += 1
+            self.failures_total += 1
+            delay = HANDLER_BACKOFF_S[min(attempts, len(HANDLER_BACKOFF_S)) - 1]
+            self.failing[key] = Failure(kind, value, repr(error), attempts, time.monotonic() + delay)
+            self._retry_wake.set()
+            log.exception("%s: handler failed on %s %s (attempt %d); retrying in %.1f s",
+                          self.name, kind, key, attempts, delay)
+            return False
+        return True
+
+    def _settled(self, key: str) -> None:
+        if self.failing.pop(key, None) is not None:
+            log.info("%s: %s is handled again", self.name, key)
+
+    async def _retry_failed(self) -> None:
+        """Hand failed events to the handler again when due (a newer event may have replaced them)."""
+        while True:
+            due = [failure.due_s for failure in self.failing.values() if failure.kind is not None]
+            timeout = max(0.0, min(due) - time.monotonic()) if due else None
+            self._retry_wake.clear()
+            try:
+                await asyncio.wait_for(self._retry_wake.wait(), timeout)
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            for key, failure in list(self.failing.items()):
+                if failure.kind is None or failure.due_s > now or self.failing.get(key) is not failure:
+                    continue
+                if await self._emit(failure.kind, key, failure.value, failure.attempts):
+                    if self.failing.get(key) is not failure:
+                        continue  # a newer event for the object was handled meanwhile
+                    self._settled(key)
+                    if failure.kind == "DELETED":
+                        self.store.pop(key, None)
+                    else:
+                        self.store[key] = failure.value
 
 
 class _Expired(Exception):

@@ -108,7 +108,7 @@ async def test_record_naming_a_gpu_this_node_does_not_have(stub) -> None:
 async def test_record_committed_for_another_node(stub) -> None:
     stub, pods = stub
     pods.pods.append(in_flight("p", ["GPU-0000000000000000"], node="elsewhere"))
-    assert "committed for node elsewhere, not n" in await refused(stub, allocate(["a"]))
+    assert "its record names node elsewhere but it is bound to n" in await refused(stub, allocate(["a"]))
 
 
 async def test_two_pods_in_flight_refuses_rather_than_guessing(stub) -> None:

@@ -58,7 +58,7 @@ def test_the_one_committed_pod_is_in_flight():
                  "2 pods in flight", None, id="two in flight: refuse rather than guess"),
     pytest.param([pod("bad", {"c": 1}, rec="{not json")], "is not JSON", "bad", id="undecodable record"),
     pytest.param([pod("old", {"c": 1}, rec='{"version": 7}')], "unsupported version 7", "old", id="future version"),
-    pytest.param([pod("moved", {"c": 1}, rec=record(("c", 1), node="node-b"))], "committed for node node-b", "moved",
+    pytest.param([pod("moved", {"c": 1}, rec=record(("c", 1), node="node-b"))], "its record names node node-b", "moved",
                  id="record names another node"),
     pytest.param([pod("edited", {"c": 2}, rec=record(("c", 1)))], "record commits c=1 but the pod asks c=2", "edited",
                  id="record disagrees with the pod's limits"),

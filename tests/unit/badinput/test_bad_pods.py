@@ -20,8 +20,8 @@ BAD = [
     ("cores over 100", pod({"amd.com/gpu": "1", "amd.com/gpucores": "101"}), "amd.com/gpucores is 101, must be 1-100"),
     ("cores zero", pod({"amd.com/gpu": "1", "amd.com/gpucores": "0"}), "amd.com/gpucores is 0, must be 1-100"),
     ("memory zero", pod({"amd.com/gpu": "1", "amd.com/gpumem": "0"}), "amd.com/gpumem is 0, must be >= 1"),
-    ("memory with a unit", pod({"amd.com/gpu": "1", "amd.com/gpumem": "4Gi"}), "must be a plain integer"),
-    ("fractional GPUs", pod({"amd.com/gpu": "1.5"}), "amd.com/gpu is '1.5', must be a plain integer"),
+    ("memory with a unit", pod({"amd.com/gpu": "1", "amd.com/gpumem": "4Gi"}), "amd.com/gpumem is in MiB: '4Gi' has a binary (byte) suffix"),
+    ("fractional GPUs", pod({"amd.com/gpu": "1.5"}), "amd.com/gpu is in GPUs: '1.5' is not a whole number"),
     ("too many GPUs", pod({"amd.com/gpu": "65"}), "amd.com/gpu is 65, must be 0-64"),
     ("percentage over 100", pod({"amd.com/gpu": "1", "amd.com/gpumem-percentage": "150"}),
      "amd.com/gpumem-percentage is 150"),
@@ -43,7 +43,7 @@ BAD = [
      "annotation rocshare.io/allocated is written only by"),
     ("forged HAMi devices", pod({"amd.com/gpu": "1"}, annotations={"hami.io/amd-devices-allocated": "GPU-1,x,1,1:;"}),
      "annotation hami.io/amd-devices-allocated"),
-    ("bad init container", pod({"amd.com/gpu": "1", "amd.com/gpucores": "-5"}, init=True), "init container 'main': amd.com/gpucores is '-5'"),
+    ("bad init container", pod({"amd.com/gpu": "1", "amd.com/gpucores": "-5"}, init=True), "init container 'main': amd.com/gpucores is in percent of each GPU's compute units: '-5' is negative"),
 ]
 
 
@@ -52,6 +52,15 @@ def test_bad_pods_are_refused_with_why(body: dict, message: str) -> None:
     with pytest.raises(Refused) as refused:
         validate_create(body, trusted=False)
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("limits", [{"amd.com/gpu": "1", "amd.com/gpumem": "3k"}, {"amd.com/gpu": "1", "amd.com/gpumem": "8k"},
+                                    {"amd.com/gpu": "1", "amd.com/gpumem": "40k"}, {"amd.com/gpu": "1", "amd.com/gpumem": "3e3"},
+                                    {"amd.com/gpu": "1", "amd.com/gpumem": "24000"}, {"amd.com/gpu": "2", "amd.com/gpumem": "1k"}])
+def test_round_numbers_as_the_api_server_writes_them_are_accepted(limits: dict) -> None:
+    """The API server stores `amd.com/gpumem: 3000` as "3k": the webhook reads it as 3000 MiB."""
+    validate_create({"metadata": {}, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}},
+                    trusted=False)
 
 
 def test_privileged_whole_gpu_is_allowed() -> None:

@@ -44,7 +44,7 @@ def test_a_gpu_listed_twice_makes_the_node_offer_nothing(caplog) -> None:
         state = state_with([gpu("GPU-1", 0), gpu("GPU-1", 1)])
     assert "n1" not in state.inventories
     assert "lists GPU GPU-1 more than once" in caplog.text
-    result = filter_nodes(state, parse_pod(pod(gpu="2", gpumem="1000")), ["n1"])
+    result = filter_nodes(state.snapshot(), parse_pod(pod(gpu="2", gpumem="1000")), ["n1"])
     assert result.feasible == [] and "NoGpuInventory" in result.failed["n1"].text()
 
 
@@ -95,27 +95,31 @@ async def test_an_unreadable_record_blocks_its_node_and_frees_it_when_the_pod_en
     with caplog.at_level(logging.ERROR):
         await state.on_pod("ADDED", broken)
     assert "is not JSON" in caplog.text and "takes no new pods" in caplog.text
-    assert "UndecodableAllocationRecord" in filter_nodes(state, parse_pod(pod()), ["n1"]).failed["n1"].text()
+    assert "UndecodableAllocationRecord" in filter_nodes(state.snapshot(), parse_pod(pod()), ["n1"]).failed["n1"].text()
     await state.on_pod("DELETED", broken)
-    assert filter_nodes(state, parse_pod(pod()), ["n1"]).feasible == ["n1"]
+    assert filter_nodes(state.snapshot(), parse_pod(pod()), ["n1"]).feasible == ["n1"]
 
 
 @pytest.mark.parametrize(("hard", "expected"), [
-    ({"limits.amd.com/gpumem": "lots"}, None), ({"limits.amd.com/gpumem": "1.5"}, None),
-    ({"limits.amd.com/gpumem": "2k"}, 2000), ({"limits.amd.com/gpumem": "-3"}, None),
+    ({"limits.amd.com/gpumem": "lots"}, 0), ({"limits.amd.com/gpumem": "1.5"}, 0),
+    ({"limits.amd.com/gpumem": "2k"}, 2000), ({"limits.amd.com/gpumem": "40k"}, 40000),
+    ({"limits.amd.com/gpumem": "3e3"}, 3000), ({"limits.amd.com/gpumem": "-3"}, 0), ({}, None),
 ])
-def test_quota_values_that_are_not_integers_are_ignored(caplog, hard: dict, expected) -> None:
+def test_quota_values_are_read_as_the_api_server_writes_them_and_unreadable_ones_allow_nothing(
+        caplog, hard: dict, expected) -> None:
     state = SchedulerState()
     with caplog.at_level(logging.ERROR):
         state.on_quota("ADDED", {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": hard}})
     assert state.quota_limits("ns").memory_mib == expected
-    if expected is None:
-        assert "is not an integer >= 0; ignoring it" in caplog.text
+    if expected == 0:  # fail closed: an unreadable limit is no licence to take everything
+        assert "limits.amd.com/gpumem is in MiB: " in caplog.text and "counting it as 0" in caplog.text
 
 
 def test_allocatable_that_is_not_a_number_offers_nothing_and_does_not_crash() -> None:
     state = SchedulerState()
     state.on_node("ADDED", {"metadata": {"name": "n1"}, "status": {"allocatable": {"amd.com/gpu": "ten"}}})
     state.on_gpu_node("ADDED", {"metadata": {"name": "n1"}, "status": {"gpus": [gpu("GPU-1", 0)]}})
-    # An unreadable allocatable is treated as unknown (None), not as 0: the node is kept.
-    assert "n1" in state.inventories
+    # Fail closed: a node whose allocatable GPUs cannot be read takes no new pods.
+    assert "n1" not in state.inventories
+    state.on_node("MODIFIED", {"metadata": {"name": "n1"}, "status": {"allocatable": {"amd.com/gpu": "1k"}}})
+    assert "n1" in state.inventories  # "1k" is how the API server writes 1000

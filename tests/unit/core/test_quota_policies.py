@@ -6,7 +6,8 @@ from rocshare.api.models import GpuPolicy, OmittedCores, Scheduling, ShareLimits
 from rocshare.core.fit import Reason
 from rocshare.core.fragmentation import FragmentationModel, TypicalTask, TypicalWorkload
 from rocshare.core.policies import NodeScorer, Policy, normalize_scores
-from rocshare.core.quota import check_quota, pod_cost
+from rocshare.core.holdings import request_cost
+from rocshare.core.quota import check_quota
 from rocshare.core.request import parse_pod
 
 from .helpers import gpu, node, pod
@@ -15,15 +16,16 @@ from .helpers import gpu, node, pod
 def test_quota_cost_units():
     request = parse_pod(pod({"amd.com/gpu": 2, "amd.com/gpumem": 1000, "amd.com/gpucores": 30},
                             {"amd.com/gpu": 1}, {"amd.com/gpumem-percentage": 50}))
-    cost = pod_cost(request, gpu_memory_mib=8000, omitted=OmittedCores.EXCLUSIVE)
+    cost = request_cost(request, gpu_memory_mib=8000, omitted=OmittedCores.EXCLUSIVE)
     # memory: 2x1000 + 8000 (whole) + 4000 (50 %); cores: 2x30 + 100 (whole) + 100 (omitted, Exclusive)
     assert (cost.memory_mib, cost.cores_pct, cost.gpus) == (14000, 260, 4)
-    shared = pod_cost(parse_pod(pod({"amd.com/gpumem": 10})), gpu_memory_mib=8000, omitted=OmittedCores.SHARED)
+    shared = request_cost(parse_pod(pod({"amd.com/gpumem": 10})), gpu_memory_mib=8000, omitted=OmittedCores.SHARED)
     assert shared.cores_pct == 0
 
 
 def test_quota_check():
-    cost = pod_cost(parse_pod(pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 50})), gpu_memory_mib=8000)
+    cost = request_cost(parse_pod(pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 50})), gpu_memory_mib=8000,
+                        omitted=OmittedCores.EXCLUSIVE)
     assert check_quota(cost, ShareLimits(memoryMiB=2000, coresPercent=250), ShareUsage(memoryMiB=1000, coresPercent=200)) is None
     verdict = check_quota(cost, ShareLimits(memoryMiB=1500, coresPercent=220), ShareUsage(memoryMiB=1000, coresPercent=200))
     assert verdict.reason == Reason.RESOURCE_QUOTA_NOT_FIT

@@ -46,13 +46,13 @@ def test_container_without_gpu():
     [
         ({"amd.com/gpucores": 0}, "amd.com/gpucores is 0, must be 1-100"),
         ({"amd.com/gpucores": 101}, "amd.com/gpucores is 101, must be 1-100"),
-        ({"amd.com/gpucores": "12.5"}, "amd.com/gpucores is '12.5', must be a plain integer"),
-        ({"amd.com/gpucores": "abc"}, "amd.com/gpucores is 'abc'"),
+        ({"amd.com/gpucores": "12.5"}, "amd.com/gpucores is in percent of each GPU's compute units: '12.5' is not a whole number"),
+        ({"amd.com/gpucores": "abc"}, "amd.com/gpucores is in percent of each GPU's compute units: 'abc' is not a Kubernetes quantity"),
         ({"amd.com/gpumem-percentage": 0}, "amd.com/gpumem-percentage is 0, must be 1-100"),
         ({"amd.com/gpumem-percentage": 150}, "amd.com/gpumem-percentage is 150"),
-        ({"amd.com/gpumem": "4Gi"}, "amd.com/gpumem is '4Gi', must be a plain integer"),
+        ({"amd.com/gpumem": "4Gi"}, "amd.com/gpumem is in MiB: '4Gi' has a binary (byte) suffix"),
         ({"amd.com/gpumem": 0}, "amd.com/gpumem is 0, must be >= 1"),
-        ({"amd.com/gpu": "-1"}, "amd.com/gpu is '-1'"),
+        ({"amd.com/gpu": "-1"}, "amd.com/gpu is in GPUs: '-1' is negative"),
         ({"amd.com/gpu": 0, "amd.com/gpucores": 10}, "amd.com/gpu is 0 but a GPU slice is asked"),
     ],
 )

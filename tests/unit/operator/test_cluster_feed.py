@@ -201,7 +201,7 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     assert kube.calls["watch", NODES] == kube.calls["watch", GPU_NODES] == kube.calls["watch", PODS] == 1
     # The extender's caches ...
     assert set(state.ledger.records()) == {"ns/a", "ns/b"} and set(state.inventories) == {"n1", "n2"}
-    assert state.nodes["n1"] is ctx.feed.node("n1")  # one object per node, shared with the reconcilers
+    assert state.index.nodes["n1"] is ctx.feed.node("n1")  # one object per node, shared with the reconcilers
     assert state.gpu_status["n1"] is ctx.feed.gpu_node("n1")
     # ... and the reconcilers' views, from the same events.
     assert [held.name for held in ctx.slices.on_node("n1")] == ["a"]

@@ -54,7 +54,7 @@ def request(name: str = "pod", *, gpus: int = 1, memory_mib: int | None = None, 
 
 def commit(state: SchedulerState, pod: PodRequest, node: str) -> None:
     inventory = state.inventories[node]
-    record = allocate(inventory, state.ledger.usage(inventory), pod, policy_for(state, node, pod))
+    record = allocate(inventory, state.ledger.usage(inventory), pod, policy_for(state.snapshot(), node, pod))
     assert not isinstance(record, FitFailure), record
     state.commit(pod_key(NAMESPACE, pod.name), NAMESPACE, record)
 
@@ -69,7 +69,7 @@ def fresh_scores(state: SchedulerState, pod: PodRequest, names: list[str]) -> di
     for name in names:
         node = state.inventories.get(name)
         if node is not None:
-            plan = plan_pod(node, state.ledger.usage(node), pod, policy_for(state, name, pod))
+            plan = plan_pod(node, state.ledger.usage(node), pod, policy_for(state.snapshot(), name, pod))
             if not isinstance(plan, FitFailure):
                 raw[name] = plan.score
     return raw
@@ -85,7 +85,7 @@ def state() -> SchedulerState:
 
 
 def feasible(state: SchedulerState, pod: PodRequest, names=("n1", "n2", "n3")) -> list[str]:
-    return filter_nodes(state, pod, list(names)).feasible
+    return filter_nodes(state.snapshot(), pod, list(names)).feasible
 
 
 # ---- the memo agrees with a fresh plan ---------------------------------------------------------
@@ -103,11 +103,10 @@ async def test_memoised_filter_and_prioritize_match_a_fresh_plan_through_random_
     live: list[tuple[PodRequest, str]] = []
     for serial in range(300):
         pod = request(f"p{serial}", **rng.choice(shapes))
-        result = filter_nodes(state, pod, names + ["missing"])
-        blocked = state.blocked_nodes()
+        result = filter_nodes(state.snapshot(), pod, names + ["missing"])
         for name in names + ["missing"]:
-            assert result.failed.get(name) == node_rejection(state, pod, name, blocked), (serial, name)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state, pod, result.feasible)}
+            assert result.failed.get(name) == node_rejection(state.snapshot(), pod, name), (serial, name)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
         expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
         assert scores == {name: expected.get(name, 0) for name in result.feasible}
         if result.feasible and rng.random() < 0.7:
@@ -128,8 +127,8 @@ async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own(
         add_node(state, name, pool=("pack", "spread", "unknown-pool")[index % 3])
     for serial in range(40):
         pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
-        result = filter_nodes(state, pod, names)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state, pod, result.feasible)}
+        result = filter_nodes(state.snapshot(), pod, names)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
         expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
         assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
         commit(state, pod, rng.choice(result.feasible))
@@ -138,7 +137,7 @@ async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own(
 def test_nodes_failing_alike_share_one_rendered_rejection(state: SchedulerState) -> None:
     for name in ("n1", "n2"):
         commit(state, request(f"whole-{name}", gpus=4), name)
-    result = filter_nodes(state, request(memory_mib=1024), ["n1", "n2", "gone", "also-gone"])
+    result = filter_nodes(state.snapshot(), request(memory_mib=1024), ["n1", "n2", "gone", "also-gone"])
     assert result.failed["n1"] is result.failed["n2"]
     assert result.failed["gone"] is result.failed["also-gone"]
     assert result.to_json()["FailedNodes"]["n2"] == "4/4 ExclusiveDeviceAllocateConflict"
@@ -147,7 +146,7 @@ def test_nodes_failing_alike_share_one_rendered_rejection(state: SchedulerState)
 
 def test_rejection_text_names_reasons_per_gpu(state: SchedulerState) -> None:
     pod = request(gpus=8)
-    result = filter_nodes(state, pod, ["n1", "nowhere"])
+    result = filter_nodes(state.snapshot(), pod, ["n1", "nowhere"])
     assert result.to_json()["FailedNodes"] == {
         "n1": "4/4 NodeInsufficientGPUs", "nowhere": f"0/0 {NO_INVENTORY}"}
 
@@ -161,7 +160,7 @@ async def test_a_commit_takes_the_room_at_once_and_a_release_gives_it_back(state
     commit(state, whole, "n1")
     second = request("second", gpus=4)
     assert feasible(state, second) == ["n2", "n3"]  # the same shape, memoised before the commit
-    assert node_rejection(state, second, "n1", set()) is not None
+    assert node_rejection(state.snapshot(), second, "n1") is not None
     await release(state, whole)
     assert feasible(state, second) == ["n1", "n2", "n3"]
 
@@ -182,7 +181,7 @@ def test_a_gpu_turning_unhealthy_drops_the_nodes_memo(state: SchedulerState) -> 
     assert "n2" in feasible(state, pod)
     add_node(state, "n2", unhealthy=(3,))
     assert feasible(state, pod) == ["n1", "n3"]
-    assert filter_nodes(state, pod, ["n2"]).failed["n2"].text() == "1/4 CardNotHealth, 3/4 NodeInsufficientGPUs"
+    assert filter_nodes(state.snapshot(), pod, ["n2"]).failed["n2"].text() == "1/4 CardNotHealth, 3/4 NodeInsufficientGPUs"
 
 
 def test_a_node_losing_its_gpus_or_pool_answers_accordingly(state: SchedulerState) -> None:
@@ -196,10 +195,10 @@ def test_a_node_losing_its_gpus_or_pool_answers_accordingly(state: SchedulerStat
 def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
     commit(state, request("busy", memory_mib=32768, cores_pct=50), "n2")
     pod = request(memory_mib=1024, cores_pct=10)
-    binpack = {e["Host"]: e["Score"] for e in prioritize(state, pod, ["n1", "n2", "n3"])}
+    binpack = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, ["n1", "n2", "n3"])}
     assert max(binpack, key=binpack.get) == "n2"
     set_pool(state, "p", nodePolicy="spread")
-    spread = {e["Host"]: e["Score"] for e in prioritize(state, pod, ["n1", "n2", "n3"])}
+    spread = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, ["n1", "n2", "n3"])}
     assert spread["n2"] == 0 and spread["n1"] == spread["n3"] == 10
 
 
@@ -208,7 +207,7 @@ def test_quota_is_read_fresh_on_every_call(state: SchedulerState) -> None:
     assert feasible(state, pod) == ["n1", "n2", "n3"]
     state.on_quota("ADDED", {"metadata": {"namespace": NAMESPACE, "name": "q"},
                              "spec": {"hard": {"limits.amd.com/gpumem": "4096"}}})
-    result = filter_nodes(state, pod, ["n1", "n2"])
+    result = filter_nodes(state.snapshot(), pod, ["n1", "n2"])
     assert result.feasible == [] and all("ResourceQuotaNotFit" in r.text() for r in result.failed.values())
     state.on_quota("DELETED", {"metadata": {"namespace": NAMESPACE, "name": "q"}})
     assert feasible(state, pod) == ["n1", "n2", "n3"]
@@ -217,7 +216,7 @@ def test_quota_is_read_fresh_on_every_call(state: SchedulerState) -> None:
 def test_a_uuid_pinned_pod_is_not_answered_from_a_look_alike_node(state: SchedulerState) -> None:
     pinned = request(memory_mib=1024, cores_pct=10, uuids=frozenset({"gpu-n2-1"}))
     assert feasible(state, pinned) == ["n2"]
-    assert isinstance(filter_nodes(state, pinned, ["n1"]).failed["n1"], Rejection)
+    assert isinstance(filter_nodes(state.snapshot(), pinned, ["n1"]).failed["n1"], Rejection)
 
 
 # ---- what the memo saves -----------------------------------------------------------------------
@@ -239,21 +238,21 @@ def count_plans(monkeypatch) -> list[int]:
 def test_prioritize_after_filter_and_look_alike_nodes_plan_nothing_again(state: SchedulerState, monkeypatch) -> None:
     calls = count_plans(monkeypatch)
     pod = request(memory_mib=2048, cores_pct=20)
-    result = filter_nodes(state, pod, ["n1", "n2", "n3"])
+    result = filter_nodes(state.snapshot(), pod, ["n1", "n2", "n3"])
     assert calls[0] == 1  # three nodes of one shape, all empty: one plan
-    prioritize(state, pod, result.feasible)
-    filter_nodes(state, request("next-of-same-shape", memory_mib=2048, cores_pct=20), ["n1", "n2", "n3"])
+    prioritize(state.snapshot(), pod, result.feasible)
+    filter_nodes(state.snapshot(), request("next-of-same-shape", memory_mib=2048, cores_pct=20), ["n1", "n2", "n3"])
     assert calls[0] == 1
     commit(state, pod, "n1")
-    filter_nodes(state, pod, ["n1", "n2", "n3"])
+    filter_nodes(state.snapshot(), pod, ["n1", "n2", "n3"])
     assert calls[0] == 2  # only the changed node
 
 
 def test_bind_checks_plan_afresh(state: SchedulerState, monkeypatch) -> None:
     pod = request(memory_mib=2048, cores_pct=20)
-    filter_nodes(state, pod, ["n1"])
+    filter_nodes(state.snapshot(), pod, ["n1"])
     calls = count_plans(monkeypatch)
-    assert node_rejection(state, pod, "n1", set()) is None
+    assert node_rejection(state.snapshot(), pod, "n1") is None
     assert calls[0] == 1
 
 

@@ -10,13 +10,15 @@ from rocshare.api.models import ShareLimits
 from rocshare_operator.status.conditions import ConditionState, merge_conditions
 from rocshare_operator.status.pool_status import Inventory, PoolFacts, pool_status
 from rocshare_operator.status.share_logic import PODS_LISTED_MAX, quota_body, quota_hard, quota_name, share_status
-from rocshare_operator.status.usage import DeviceUse, GpuSummary, cores_pct, effective_use, pod_slices
+from rocshare_operator.status.usage import GpuSummary, pod_slices
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
 
 def device(gpu_id: str, memory_mib: int, cu_count: int, **flags) -> dict:
-    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count, **flags}
+    """A CU slice pinned to CUs 0..cu_count-1 (unless `whole` or other flags say otherwise)."""
+    ranges = [] if flags.get("whole") or flags.get("reservesAllCores") else [[0, cu_count - 1]]
+    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count, "cuRanges": ranges, **flags}
 
 
 def pod(name: str, node: str, *containers: dict, phase: str = "Pending", namespace: str = "ns",
@@ -48,28 +50,6 @@ def test_transition_time_moves_when_status_changes() -> None:
 
 
 # ---- usage ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("use", "total", "pct"), [
-    (DeviceUse("g", 0, 26, False), 104, 25),
-    (DeviceUse("g", 0, 27, False), 104, 26),  # rounded up
-    (DeviceUse("g", 0, 1, False), 304, 1),
-    (DeviceUse("g", 0, 104, False), 104, 100),
-    (DeviceUse("g", 0, 10, True), 104, 100),  # whole GPU or reservesAllCores
-    (DeviceUse("g", 0, 10, False), None, 100),  # unknown GPU: never under-report
-])
-def test_cores_pct(use, total, pct) -> None:
-    assert cores_pct(use, total) == pct
-
-
-def test_init_containers_count_as_the_larger_of_init_and_app() -> None:
-    record = AllocationRecord.model_validate({"version": 1, "node": "n", "containers": [
-        container("init", device("g1", 8000, 50), init=True),
-        container("a", device("g1", 2000, 10)), container("b", device("g1", 3000, 20), device("g2", 100, 5)),
-    ]})
-    devices, gpus = effective_use(record)
-    assert devices == (DeviceUse("g1", 8000, 50, False), DeviceUse("g2", 100, 5, False))
-    assert gpus == 3  # two app containers ask for 1 + 2 GPUs; the init container for 1
 
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
@@ -131,7 +111,7 @@ def test_undecodable_records_degrade_the_pool_and_are_not_summed() -> None:
     bad = pod_slices(pod("bad", "n1", annotation='{"version": 2}'))
     status = pool_status(facts(pods_by_node={"n1": [bad]}), previous_conditions=None, now=T0)
     assert status["vramAllocatedMiB"] == 0
-    assert "undecodable" in status["conditions"][1]["message"]
+    assert "1 pod(s) whose allocation cannot be read" in status["conditions"][1]["message"]
 
 
 def test_unchanged_pool_status_is_identical_so_nothing_is_written() -> None:
@@ -165,8 +145,8 @@ def test_long_share_names_give_valid_unique_quota_names() -> None:
     assert len(one) <= 253 and len(two) <= 253 and one != two
 
 
-def share(pods, *, pool_exists=True, inventories=None) -> dict:
-    return share_status(share="team", pool="p", pool_exists=pool_exists, generation=1, pods=pods,
+def share(pods, *, inventories=None) -> dict:
+    return share_status(share="team", generation=1, pods=pods,
                         inventories=inventories or {}, previous_conditions=None, now=T0)
 
 
@@ -187,6 +167,11 @@ def test_share_pod_list_is_bounded_but_counted() -> None:
     assert status["pods"][0]["pod"] == "p0000"
 
 
-def test_share_without_its_pool() -> None:
-    ready = share([], pool_exists=False)["conditions"][0]
-    assert (ready["status"], ready["reason"]) == ("False", "PoolNotFound")
+def test_a_pod_that_cannot_be_accounted_for_makes_the_share_not_ready_and_is_not_summed() -> None:
+    good = pod_slices(pod("good", "n1", container("c", device("g1", 4096, 76))))
+    bad = pod_slices(pod("bad", "n1", annotation='{"version": 1, "node": "n1", "containers": "x"}'))
+    status = share([good, bad], inventories={"n1": inventory("n1", ("g1", 304, 1, True))})
+    assert status["used"] == {"memoryMiB": 4096, "coresPercent": 25, "gpus": 1}
+    ready = status["conditions"][0]
+    assert (ready["status"], ready["reason"]) == ("False", "UnaccountablePods")
+    assert "bad (" in ready["message"] and "no new pod" in ready["message"]

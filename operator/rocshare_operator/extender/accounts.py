@@ -1,0 +1,184 @@
+"""The extender's accounts: what every live pod holds (the ledger, per GPU; the namespaces'
+quota figures) and the in-flight gate. Rebuilt from the pod watch, never the source of truth.
+
+* The `Ledger` holds every live pod's allocation record, applied once, released when the pod
+  ends or is deleted. What a pod holds is rocshare.core.holdings' rule; a namespace's used
+  figures are the sum of its pods' `Held`, the same figures share status reports.
+* A pod the extender cannot fully account for -- its record cannot be read, its object could
+  not be read, or reading it failed -- is `unaccountable`: its node is blocked (no new pod
+  goes there, DESIGN.md section 2 rule 5) and its namespace, when it has a quota, takes no
+  new pod (its use is unknown). Never "free". It stays so until the pod ends or is read.
+* The `InFlightGate`: per node at most one pod bound but not yet served by the node's agent
+  (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from rocshare.api.allocation import AllocationRecord
+from rocshare.core.holdings import Held, read_record, record_holding
+from rocshare.core.ids import PodKey
+from rocshare.core.ledger import Ledger
+from rocshare_operator.feed.cluster_facts import PodFacts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    pod: PodKey
+    since_s: float
+
+
+class InFlightGate:
+    """At most one pod in flight per node; binds wait for the node's pod to be served."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, InFlight] = {}
+        self._freed: dict[str, asyncio.Event] = {}
+
+    def holder(self, node: str) -> InFlight | None:
+        return self.held.get(node)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.held
+
+    async def wait_free(self, node: str, key: PodKey, deadline: float) -> InFlight | None:
+        """Until no pod but `key` is in flight on the node; returns the holder if the deadline passed."""
+        while (current := self.held.get(node)) is not None and current.pod != key:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return current
+            freed = self._freed.setdefault(node, asyncio.Event())
+            try:
+                await asyncio.wait_for(freed.wait(), remaining)
+            except TimeoutError:
+                continue
+        return None
+
+    def acquire(self, node: str, key: PodKey) -> None:
+        """`key` is in flight on the node (bind decided, or the watch shows it bound and unserved)."""
+        self.held[node] = InFlight(key, time.monotonic())
+
+    def release(self, node: str, key: PodKey) -> bool:
+        """The pod is no longer in flight there (served, ended, or its bind taken back)."""
+        current = self.held.get(node)
+        if current is None or current.pod != key:
+            return False
+        del self.held[node]
+        freed = self._freed.pop(node, None)
+        if freed is not None:
+            freed.set()
+        return True
+
+
+class Accounts:
+    def __init__(self, cu_counts: Callable[[str], Mapping[str, int]] = lambda _node: {}) -> None:
+        self.ledger = Ledger()
+        self.gate = InFlightGate()
+        self.pod_nodes: dict[PodKey, str] = {}
+        self.pod_held: dict[PodKey, tuple[str, Held]] = {}
+        self.namespace_held: dict[str, Held] = {}
+        self.unaccountable: dict[PodKey, tuple[str, str, str]] = {}
+        """Pod -> (namespace, node, why): what it holds is unknown."""
+        self.on_release: list[Callable[[], None]] = []
+        self._cu_counts = cu_counts
+
+    # ---- the pod watch -------------------------------------------------------------------
+
+    def on_pod(self, kind: str, pod: PodFacts) -> None:
+        key = pod.key
+        if kind == "DELETED" or pod.finished:
+            self.forget(key)
+            return
+        if pod.problem is not None:
+            self.hold_unknown(key, pod.namespace, pod.node, pod.problem)
+            return
+        if pod.allocation is None:
+            if key in self.unaccountable and key not in self.ledger:
+                self.forget(key)  # read again, and it holds nothing yet
+            # Bind writes the record and the node in one Binding, and nothing removes a record from
+            # a live pod: an event without one predates the Binding (the watch lags behind bind).
+            return
+        if key not in self.ledger:
+            self._account(key, pod.namespace, pod.allocation, pod.node)
+        node = self.pod_nodes.get(key)
+        if node and not awaiting_allocation(pod):
+            self.gate.release(node, key)
+        elif node and pod.node == node and node not in self.gate:
+            # Bound before this process started (or its bind's own mark was lost): still in
+            # flight, so no second pod may be bound to the node until the agent serves this one.
+            self.gate.acquire(node, key)
+
+    def _account(self, key: PodKey, namespace: str, text: str, node: str) -> None:
+        record, holding = read_record(text, node)
+        if record is None:
+            self.hold_unknown(key, namespace, holding.node, holding.problem or "")
+            return
+        self.unaccountable.pop(key, None)
+        self.commit(key, namespace, record)
+
+    def hold_unknown(self, key: PodKey, namespace: str, node: str, why: str) -> None:
+        """What the pod holds cannot be known: its node and its namespace's quota stay blocked."""
+        if key in self.ledger:
+            return  # already accounted from a record read earlier: that still holds
+        if self.unaccountable.get(key, ("", "", ""))[2] != why:
+            log.error("pod %s: %s; node %s takes no new pods and namespace %s no new quota until it ends",
+                      key, why, node or "(unknown)", namespace)
+        self.unaccountable[key] = (namespace, node, why)
+        if node:
+            self.pod_nodes[key] = node
+
+    def forget(self, key: PodKey) -> None:
+        self.unaccountable.pop(key, None)
+        node = self.pod_nodes.pop(key, None)
+        self._uncount(key)
+        released = key in self.ledger and self.ledger.release(key) is not None
+        if node:
+            self.gate.release(node, key)
+        if released:
+            for callback in self.on_release:
+                callback()
+
+    # ---- bind ------------------------------------------------------------------------------
+
+    def commit(self, key: PodKey, namespace: str, record: AllocationRecord) -> None:
+        """Account a decision the moment bind writes it, before the watch echoes it back."""
+        if key in self.ledger:
+            return
+        self.ledger.apply(record, key)
+        self.pod_nodes[key] = record.node
+        held = record_holding(record).held(self._cu_counts(record.node))
+        self.pod_held[key] = (namespace, held)
+        self.namespace_held[namespace] = self.namespace_held.get(namespace, Held()) + held
+
+    def uncommit(self, key: PodKey) -> None:
+        """Bind's decision was not written: take it back."""
+        self.forget(key)
+
+    def _uncount(self, key: PodKey) -> None:
+        namespace, held = self.pod_held.pop(key, ("", None))
+        if held is not None:
+            self.namespace_held[namespace] = self.namespace_held[namespace] - held
+
+    # ---- views -----------------------------------------------------------------------------
+
+    def blocked_nodes(self) -> set[str]:
+        return {node for _namespace, node, _why in self.unaccountable.values()} - {""}
+
+    def used(self, namespace: str) -> Held:
+        return self.namespace_held.get(namespace, Held())
+
+    def unaccountable_in(self, namespace: str) -> list[str]:
+        return [f"{key} ({why})" for key, (ns, _node, why) in self.unaccountable.items() if ns == namespace]
+
+
+def awaiting_allocation(pod: PodFacts) -> bool:
+    """Not yet served by the node's agent: the agent's own test (nodeagent inflight.py). A pod the
+    kubelet started (Running) was served even when the agent's mark never landed."""
+    return not pod.allocated and not pod.deleting and pod.phase == "Pending"

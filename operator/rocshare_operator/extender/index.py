@@ -1,0 +1,216 @@
+"""The cluster index: what the extender knows of nodes, their GPUs, pools and quotas, fed by
+events (never the source of truth).
+
+Fed by the operator's cluster feed (Nodes and AmdGpuNodes as `NodeFacts` and `GpuNodeFacts`)
+and by informers on AmdGpuPools and ResourceQuotas. It keeps only what decisions read:
+* per node its facts (never the body) and its pool label;
+* per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
+* per node a `NodeInventory` from the agent's AmdGpuNode status and the pool settings the
+  operator wrote on the Node (a node whose allocatable amd.com/gpu is 0, whose quantity cannot
+  be read, or that has no status, offers nothing);
+* per namespace the amd.com limits of its ResourceQuotas (a limit that cannot be read is
+  taken as 0: fail closed, the namespace gets nothing more until it is fixed).
+`on_inventory` callbacks hear of every node whose inventory changed or went (the plan cache
+forgets it, the retrier wakes waiting pods).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from rocshare.api.models import AmdGpuPoolSpec, ShareLimits, Sharing
+from rocshare.api.node_settings import SettingsError, decode_settings
+from rocshare.core.inventory import NodeInventory
+from rocshare.core.quantity import QuantityError, whole_quantity
+from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, gpu_node_facts, node_facts
+
+log = logging.getLogger(__name__)
+
+QUOTA_MEMORY = "limits.amd.com/gpumem"
+QUOTA_CORES = "limits.amd.com/gpucores"
+QUOTA_GPUS = "requests.amd.com/gpu"
+QUOTA_UNITS = {QUOTA_MEMORY: "MiB", QUOTA_CORES: "percent of one GPU", QUOTA_GPUS: "GPUs"}
+
+
+@dataclass
+class ClusterIndex:
+    nodes: dict[str, NodeFacts] = field(default_factory=dict)
+    gpu_status: dict[str, GpuNodeFacts] = field(default_factory=dict)
+    """Node name -> its AmdGpuNode's GPUs (only nodes whose status was accepted)."""
+    pools: dict[str, AmdGpuPoolSpec] = field(default_factory=dict)
+    inventories: dict[str, NodeInventory] = field(default_factory=dict)
+    node_pools: dict[str, str] = field(default_factory=dict)
+    """Node name -> its pool label (an index of nodes, read once per node per decision)."""
+    quotas: dict[str, dict[str, ShareLimits]] = field(default_factory=dict)
+    settings_problems: dict[str, str] = field(default_factory=dict)
+    status_problems: dict[str, str] = field(default_factory=dict)
+    on_inventory: list[Callable[[str, bool], None]] = field(default_factory=list)
+    """Called with (node name, whether it now offers GPUs) when a node's inventory changed or went."""
+    on_quota_change: list[Callable[[str], None]] = field(default_factory=list)
+
+    # ---- nodes and inventory ------------------------------------------------------------
+
+    def on_node(self, kind: str, node: dict[str, Any]) -> None:
+        """A Node object (tests, benches); the operator feeds `on_node_facts` from its one node watch."""
+        self.on_node_facts(kind, node_facts(node))
+
+    def on_node_facts(self, kind: str, node: NodeFacts, _before: NodeFacts | None = None) -> None:
+        name = node.name
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self.node_pools.pop(name, None)
+        else:
+            self.nodes[name] = node
+            pool = node.view.marks.pool
+            if pool:
+                self.node_pools[name] = pool
+            else:
+                self.node_pools.pop(name, None)
+        self._rebuild_inventory(name)
+
+    def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
+        """An AmdGpuNode object (tests, benches); the operator feeds `on_gpu_node_facts` from its one watch."""
+        self.on_gpu_node_facts(kind, gpu_node_facts(obj))
+
+    def on_gpu_node_facts(self, kind: str, facts: GpuNodeFacts, _before: GpuNodeFacts | None = None) -> None:
+        name = facts.name
+        if kind == "DELETED" or facts.gpus is None:
+            if kind != "DELETED" and facts.problem:
+                log.error("AmdGpuNode %s has an %s; ignoring its GPUs", name, facts.problem)
+            self.gpu_status.pop(name, None)
+        else:
+            self._accept_status(name, facts)
+        self._rebuild_inventory(name)
+
+    def _accept_status(self, name: str, status: GpuNodeFacts) -> None:
+        """A GPU listed twice would be offered twice (double its memory and CUs, or one pod handed
+        the same device twice): the node offers nothing until its status is fixed."""
+        seen: set[str] = set()
+        repeated = sorted({gpu.id for gpu in status.gpus or () if gpu.id in seen or seen.add(gpu.id)})
+        if not repeated:
+            self.status_problems.pop(name, None)
+            self.gpu_status[name] = status
+            return
+        problem = f"lists GPU {', '.join(repeated)} more than once"
+        if self.status_problems.get(name) != problem:
+            log.error("AmdGpuNode %s %s; ignoring its GPUs until its agent publishes each once", name, problem)
+        self.status_problems[name] = problem
+        self.gpu_status.pop(name, None)
+
+    def on_pool(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.pools.pop(name, None)
+            return
+        try:
+            self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
+        except ValidationError as error:
+            log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+
+    def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
+        pool = self.node_pools.get(node_name)
+        return self.pools.get(pool) if pool else None
+
+    def cu_counts(self, node_name: str) -> dict[str, int]:
+        """The node's GPU id -> CU count (what old records' cores are read against)."""
+        node = self.inventories.get(node_name)
+        return {gpu.gpu_id: gpu.cu_count for gpu in node.gpus} if node else {}
+
+    def _rebuild_inventory(self, name: str) -> None:
+        node = self.nodes.get(name)
+        status = self.gpu_status.get(name)
+        if node is None or status is None or not _allocatable_gpus(node):
+            if self.inventories.pop(name, None) is not None:
+                self._inventory_changed(name, False)
+            return
+        sharing = self._sharing_of(node)
+        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing)  # GpuFacts: GpuInfo's fields
+        if inventory != self.inventories.get(name):
+            self.inventories[name] = inventory
+            self._inventory_changed(name, True)
+
+    def _inventory_changed(self, name: str, offers: bool) -> None:
+        for callback in self.on_inventory:
+            callback(name, offers)
+
+    def _sharing_of(self, node: NodeFacts) -> Sharing:
+        name = node.name
+        text = node.view.marks.settings_json
+        if text is None:
+            return Sharing()
+        try:
+            settings = decode_settings(text)
+        except SettingsError as error:
+            if self.settings_problems.get(name) != str(error):
+                log.error("node %s: %s; using default sharing settings", name, error)
+            self.settings_problems[name] = str(error)
+            return Sharing()
+        self.settings_problems.pop(name, None)
+        return settings.sharing
+
+    # ---- quotas ----------------------------------------------------------------------------
+
+    def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
+        meta = quota["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        per_namespace = self.quotas.setdefault(namespace, {})
+        for callback in self.on_quota_change:
+            callback(namespace)
+        if kind == "DELETED":
+            per_namespace.pop(name, None)
+            return
+        hard = quota.get("spec", {}).get("hard", {})
+        per_namespace[name] = ShareLimits(
+            memory_mib=_quota_value(hard, QUOTA_MEMORY, namespace, name),
+            cores_pct=_quota_value(hard, QUOTA_CORES, namespace, name),
+            gpus=_quota_value(hard, QUOTA_GPUS, namespace, name),
+        )
+
+    def quota_limits(self, namespace: str) -> ShareLimits:
+        limits = list(self.quotas.get(namespace, {}).values())
+        return ShareLimits(
+            memory_mib=_tightest(limit.memory_mib for limit in limits),
+            cores_pct=_tightest(limit.cores_pct for limit in limits),
+            gpus=_tightest(limit.gpus for limit in limits),
+        )
+
+
+def quota_facts(quota: dict[str, Any]) -> dict[str, Any]:
+    """What `on_quota` reads of a ResourceQuota: its name and spec.hard (not status.used, which
+    the quota controller rewrites on every pod the namespace starts)."""
+    meta = quota.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", "")},
+            "spec": {"hard": dict((quota.get("spec") or {}).get("hard") or {})}}
+
+
+def _quota_value(hard: dict[str, Any], key: str, namespace: str, name: str) -> int | None:
+    """The limit, as the API server writes it (40000 arrives as "40k"). One that cannot be read
+    counts 0: the namespace takes nothing more of it until the quota is fixed (fail closed)."""
+    if key not in hard:
+        return None
+    try:
+        return whole_quantity(hard[key], name=key, unit=QUOTA_UNITS[key])
+    except QuantityError as error:
+        log.error("ResourceQuota %s/%s: %s; counting it as 0 until it is fixed", namespace, name, error)
+        return 0
+
+
+def _tightest(values) -> int | None:
+    present = [value for value in values if value is not None]
+    return min(present) if present else None
+
+
+def _allocatable_gpus(node: NodeFacts) -> int:
+    """The node's allocatable amd.com/gpu; one that cannot be read offers nothing."""
+    if node.gpus_allocatable is None:
+        return 1  # not listed (yet): the AmdGpuNode decides, as before the device plugin registers
+    try:
+        return whole_quantity(node.gpus_allocatable, name="amd.com/gpu", unit="GPUs")
+    except QuantityError as error:
+        log.error("node %s: allocatable %s; it takes no new pods", node.name, error)
+        return 0

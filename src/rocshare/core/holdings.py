@@ -1,0 +1,221 @@
+"""What a pod holds: the one rule every reader applies. Pure.
+
+The extender's ledger and quota, share and pool status, the node agent's in-flight check and
+the metrics all read a pod's hold from here, so they cannot disagree (docs/accounting.md).
+
+From the allocation record (what bind committed), per GPU:
+* a whole GPU or a partition (``whole``): all its registered memory, every CU, 100 % of cores;
+* a CU slice: its memory, its CU ranges, the ``gpucores`` percent it asked (``coresPct``;
+  records written before that field: ``ceil(CUs x 100 / the GPU's CUs)``, 100 when the
+  GPU is unknown -- never under-count);
+* omitted gpucores under Exclusive (``reservesAllCores``): its memory, every CU, 100 %;
+* omitted gpucores under Shared: its memory only; it reserves no CU, so 0 % of cores.
+Every container's slices are summed, init containers and native sidecars included: the
+allocator gives each container its own slice for the pod's whole life (an init container's
+slice is not handed to the app containers), so that is what the GPU cannot give to others.
+
+The GPU count is the one Kubernetes itself counts for ``requests.amd.com/gpu`` (the API
+server's quota admission and the kubelet use it): max(the largest init container plus the
+sidecars started before it, the app containers plus every sidecar). Native sidecars (init
+containers with ``restartPolicy: Always``) run beside the app containers, so they count
+with them.
+
+A record that cannot be decoded gives a `Holding` with a ``problem`` and no GPUs: what it
+holds is unknown, and every reader must treat it as holding everything it might (the
+extender blocks its node, quota and status say the namespace cannot be accounted for).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rocshare.api.allocation import AllocationError, AllocationRecord, DeviceSlice, decode_record
+from rocshare.api.models import OmittedCores
+from rocshare.core.cumask import full_mask, mask_from_ranges
+from rocshare.core.request import PodRequest
+
+WHOLE_PCT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A hold in quota units: MiB, percent of one GPU's compute (250 = 2.5 GPUs), GPU devices."""
+
+    memory_mib: int = 0
+    cores_pct: int = 0
+    gpus: int = 0
+
+    def __add__(self, other: Held) -> Held:
+        return Held(self.memory_mib + other.memory_mib, self.cores_pct + other.cores_pct, self.gpus + other.gpus)
+
+    def __sub__(self, other: Held) -> Held:
+        return Held(self.memory_mib - other.memory_mib, self.cores_pct - other.cores_pct, self.gpus - other.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHold:
+    """One pod's hold on one GPU (or partition), all its containers together."""
+
+    gpu_id: str
+    memory_mib: int
+    slices: int
+    cu_mask: int
+    """CUs reserved (every CU for a whole GPU or an all-cores slice; none for a Shared slice)."""
+    whole: int
+    """Whole-GPU slices (0 or 1 unless records conflict)."""
+    cores_pct: int | None
+    """Percent of the GPU's compute held; None: a pre-coresPct CU slice, known from the GPU's CU count."""
+
+    @property
+    def cu_count(self) -> int:
+        return self.cu_mask.bit_count()
+
+    def cores_of(self, gpu_cu_count: int | None) -> int:
+        if self.cores_pct is not None:
+            return self.cores_pct
+        if not gpu_cu_count:
+            return WHOLE_PCT
+        return math.ceil(self.cu_count * 100 / gpu_cu_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one pod holds on its node. ``problem``: its record cannot be read (holds unknown GPUs)."""
+
+    node: str
+    gpus: tuple[GpuHold, ...] = ()
+    gpu_count: int = 0
+    problem: str | None = None
+
+    @property
+    def accountable(self) -> bool:
+        return self.problem is None
+
+    @property
+    def memory_mib(self) -> int:
+        return sum(gpu.memory_mib for gpu in self.gpus)
+
+    @property
+    def cu_count(self) -> int:
+        return sum(gpu.cu_count for gpu in self.gpus)
+
+    def held(self, gpu_cu_counts: Mapping[str, int] | None = None) -> Held:
+        """In quota units; `gpu_cu_counts` (the node's GPU id -> CU count) is read only for records
+        older than coresPct."""
+        counts = gpu_cu_counts or {}
+        return Held(self.memory_mib, sum(gpu.cores_of(counts.get(gpu.gpu_id)) for gpu in self.gpus),
+                    self.gpu_count)
+
+
+def slice_mask(device: DeviceSlice) -> int:
+    """The CUs one slice reserves on its GPU."""
+    if device.whole or device.reserves_all_cores:
+        return full_mask(device.cu_count)
+    return mask_from_ranges(device.cu_ranges)
+
+
+def slice_cores_pct(device: DeviceSlice) -> int | None:
+    """Percent of its GPU's compute one slice holds; None when only the GPU's CU count can tell."""
+    if device.whole or device.reserves_all_cores:
+        return WHOLE_PCT
+    if device.cores_pct is not None:
+        return device.cores_pct
+    return 0 if not device.cu_ranges else None
+
+
+def record_holding(record: AllocationRecord) -> Holding:
+    """The pod's hold, from its committed record."""
+    per_gpu: dict[str, GpuHold] = {}
+    for container in record.containers:
+        for device in container.devices:
+            per_gpu[device.gpu_id] = _added(per_gpu.get(device.gpu_id), device)
+    count = effective_gpus((c.init, c.sidecar, len(c.devices)) for c in record.containers)
+    return Holding(record.node, tuple(per_gpu.values()), count)
+
+
+@functools.lru_cache(maxsize=4096)
+def read_record(text: str, node: str) -> tuple[AllocationRecord | None, Holding]:
+    """A record as written on a pod bound to `node` (\"\" while unbound) and its hold. A record that
+    cannot be decoded, or names another node, gives no record and a hold of unknown GPUs on `node`
+    (``problem`` says why). Memoised: a record never changes once written, and one pod event
+    reaches several readers."""
+    try:
+        record = decode_record(text)
+    except AllocationError as error:
+        return None, Holding(node, problem=str(error))
+    if node and record.node != node:
+        return None, Holding(node, problem=f"its record names node {record.node} but it is bound to {node}")
+    return record, record_holding(record)
+
+
+def text_holding(text: str, node: str) -> Holding:
+    """The hold of a record as written on a pod bound to `node` (see `read_record`)."""
+    return read_record(text, node)[1]
+
+
+def _added(total: GpuHold | None, device: DeviceSlice) -> GpuHold:
+    mask, pct = slice_mask(device), slice_cores_pct(device)
+    if total is None:
+        return GpuHold(device.gpu_id, device.memory_mib, 1, mask, int(device.whole), pct)
+    both = None if pct is None or total.cores_pct is None else total.cores_pct + pct
+    return GpuHold(device.gpu_id, total.memory_mib + device.memory_mib, total.slices + 1, total.cu_mask | mask,
+                   total.whole + int(device.whole), both)
+
+
+def effective_gpus(containers: Iterable[tuple[bool, bool, int]]) -> int:
+    """Kubernetes' count of a pod's devices from (init, sidecar, count) per container in pod order,
+    init containers first: max(each init container with the sidecars started before it, the app
+    containers with every sidecar)."""
+    init_peak = sidecars = app = 0
+    for init, sidecar, count in containers:
+        if init and sidecar:
+            sidecars += count
+            init_peak = max(init_peak, sidecars)
+        elif init:
+            init_peak = max(init_peak, sidecars + count)
+        else:
+            app += count
+    return max(init_peak, app + sidecars)
+
+
+def request_cost(request: PodRequest, *, gpu_memory_mib: int, omitted: OmittedCores,
+                 whole_devices: bool = False) -> Held:
+    """What the pod will hold once bound, in quota units: the same rule as `record_holding`,
+    before GPUs are chosen. `gpu_memory_mib` stands for the memory of the GPUs it will get (a
+    percentage or whole-GPU ask depends on it); `whole_devices`: the node serves partitions,
+    each a whole device whatever the ask."""
+    memory = cores = 0
+    for container in request.gpu_containers:
+        whole = whole_devices or container.whole
+        if whole:
+            per_gpu_mib = max(container.memory_mib or 0, gpu_memory_mib)
+        elif container.memory_mib is not None:
+            per_gpu_mib = container.memory_mib
+        elif container.memory_pct is not None:
+            per_gpu_mib = gpu_memory_mib * container.memory_pct // 100
+        else:
+            per_gpu_mib = gpu_memory_mib
+        if whole:
+            pct = WHOLE_PCT
+        elif container.cores_pct is not None:
+            pct = container.cores_pct
+        else:
+            pct = WHOLE_PCT if omitted == OmittedCores.EXCLUSIVE else 0
+        memory += per_gpu_mib * container.gpus
+        cores += pct * container.gpus
+    count = effective_gpus((c.init, c.sidecar, c.gpus) for c in request.containers)
+    return Held(memory, cores, count)
+
+
+def asked_devices(request: PodRequest) -> list[tuple[str, int]]:
+    """(container, GPU count) of each container asking for GPUs, init containers first: what the
+    kubelet will ask the device plugin for, in its order."""
+    return [(c.name, c.gpus) for c in request.gpu_containers]
+
+
+def committed_devices(record: AllocationRecord) -> list[tuple[str, int]]:
+    """(container, GPU count) the record commits, in the same order as `asked_devices`."""
+    return [(c.name, len(c.devices)) for c in record.containers]

@@ -1,0 +1,66 @@
+"""Kubernetes quantities, read as the API server writes them. Pure.
+
+The API server stores a quantity in its canonical form: a pod asking ``amd.com/gpumem: 3000``
+comes back as ``3k``, ``1000`` as ``1k``, and ``3e3`` stays ``3e3`` (the canonical form keeps
+the notation it was given: decimal SI, binary SI or decimal exponent). Every amd.com resource
+and every amd.com quota is a whole count (MiB, percent, GPUs), so:
+
+* any spelling whose value is a whole number is read as that number: ``3000``, ``3k``,
+  ``3e3``, ``3000000m``;
+* binary suffixes (``Ki``, ``Mi``, ``Gi``...) are refused even when whole: they count bytes,
+  and ``amd.com/gpumem: 8Gi`` would be eight billion MiB, never what was meant;
+* a fraction, a negative value or text that is no quantity is refused.
+
+A refusal names the resource, its unit and the value: ``amd.com/gpumem is in MiB: '1.5'
+is not a whole number``. This is the one quantity reader of the tree: the webhook, the
+extender (requests, quotas, node allocatable) and the node agent all call it.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+_GRAMMAR = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_EXPONENT_MAX = 30  # 1e30 is far beyond any count; larger exponents are refused, not computed
+
+
+class QuantityError(ValueError):
+    """The value is not a whole count in the resource's unit; the message says which and why."""
+
+
+def whole_quantity(raw: object, *, name: str, unit: str) -> int:
+    """The whole number a quantity denotes. `name` and `unit` word the refusal
+    (``name="amd.com/gpumem", unit="MiB"``). Raises QuantityError."""
+    if isinstance(raw, bool):
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a number")
+    if isinstance(raw, int):
+        value = Decimal(raw)
+    else:
+        value = _decimal(str(raw).strip(), raw, name=name, unit=unit)
+    if value != value.to_integral_value():
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a whole number")
+    if value < 0:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is negative")
+    return int(value)
+
+
+def _decimal(text: str, raw: object, *, name: str, unit: str) -> Decimal:
+    match = _GRAMMAR.match(text)
+    if match is None:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a Kubernetes quantity")
+    number, suffix = match.group(1), match.group(2) or ""
+    if suffix in _BINARY_SUFFIXES:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} has a binary (byte) suffix; write the count of {unit}")
+    if suffix[:1] in ("e", "E"):
+        exponent = int(suffix[1:])
+    else:
+        exponent = _DECIMAL_SUFFIX[suffix]
+    if abs(exponent) > _EXPONENT_MAX:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is out of range")
+    try:
+        return Decimal(number).scaleb(exponent)
+    except InvalidOperation:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a Kubernetes quantity") from None

@@ -1,0 +1,142 @@
+"""rocshare.core.holdings: what a pod holds (per GPU, in quota units, Kubernetes' GPU count),
+and that a pod's cost before bind equals what its committed record holds after."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from rocshare.api.allocation import AllocationRecord, encode_record
+from rocshare.api.models import OmittedCores, Scheduling
+from rocshare.core.allocate import allocate
+from rocshare.core.fit import FitFailure
+from rocshare.core.holdings import Held, effective_gpus, record_holding, request_cost, text_holding
+from rocshare.core.ledger import Ledger
+from rocshare.core.policies import Policy
+from rocshare.core.request import parse_pod
+
+from .helpers import gpu, node
+
+
+def record(*containers: dict, node_name: str = "n1") -> AllocationRecord:
+    return AllocationRecord.model_validate({"version": 1, "node": node_name, "containers": list(containers)})
+
+
+def container(name: str, *devices: dict, init: bool = False, sidecar: bool = False) -> dict:
+    return {"name": name, "init": init, "sidecar": sidecar, "devices": list(devices)}
+
+
+def cu_slice(gpu_id: str, memory_mib: int, first: int, last: int, cores_pct: int | None = None) -> dict:
+    body = {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": last - first + 1, "cuRanges": [[first, last]]}
+    return body | ({"coresPct": cores_pct} if cores_pct is not None else {})
+
+
+def shared(gpu_id: str, memory_mib: int, cu_count: int = 104) -> dict:
+    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count}
+
+
+def exclusive(gpu_id: str, memory_mib: int, cu_count: int = 104) -> dict:
+    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count, "reservesAllCores": True}
+
+
+def whole(gpu_id: str, memory_mib: int = 65536, cu_count: int = 104) -> dict:
+    return {"gpuId": gpu_id, "memoryMiB": memory_mib, "cuCount": cu_count, "whole": True}
+
+
+CU_COUNTS = {"g1": 104, "g2": 104}
+
+
+@pytest.mark.parametrize(("containers", "held"), [
+    ([container("a", cu_slice("g1", 4096, 0, 31, cores_pct=30))], Held(4096, 30, 1)),
+    # Records older than coresPct: the CUs over the GPU's CUs, rounded up.
+    ([container("a", cu_slice("g1", 4096, 0, 26))], Held(4096, 26, 1)),
+    ([container("a", shared("g1", 4096))], Held(4096, 0, 1)),  # Shared, no gpucores: reserves no CU
+    ([container("a", exclusive("g1", 4096))], Held(4096, 100, 1)),  # Exclusive, no gpucores: every CU
+    ([container("a", whole("g1"))], Held(65536, 100, 1)),  # a whole GPU or a partition
+    # Every container's slice is held for the pod's life: init and app summed on memory and cores...
+    ([container("i", cu_slice("g1", 8000, 0, 9, 10), init=True), container("a", cu_slice("g1", 2000, 10, 19, 10))],
+     Held(10000, 20, 1)),  # ...and the GPU count is Kubernetes': max(init, app) = 1
+    # A native sidecar runs beside the app containers: its GPU counts with theirs.
+    ([container("s", cu_slice("g1", 1000, 0, 9, 10), init=True, sidecar=True),
+      container("a", cu_slice("g2", 1000, 0, 9, 10))], Held(2000, 20, 2)),
+])
+def test_what_a_record_holds(containers, held) -> None:
+    assert record_holding(record(*containers)).held(CU_COUNTS) == held
+
+
+def test_a_gpu_unknown_to_the_reader_counts_whole_cores_for_an_old_record() -> None:
+    assert record_holding(record(container("a", cu_slice("g9", 1, 0, 3)))).held({}).cores_pct == 100
+
+
+@pytest.mark.parametrize(("containers", "count"), [
+    ([], 0),
+    ([(False, False, 2), (False, False, 1)], 3),  # app containers add up
+    ([(True, False, 4), (False, False, 1)], 4),  # an init container runs alone: the larger
+    ([(True, True, 1), (True, False, 2), (False, False, 1)], 3),  # sidecar 1 beside init 2; then 1 + app 1
+    ([(True, False, 1), (True, True, 2), (False, False, 2)], 4),  # a sidecar started after the init: app + 2
+])
+def test_effective_gpu_count_is_kubernetes_rule(containers, count) -> None:
+    assert effective_gpus(containers) == count
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"version": 2}', '{"version": 1, "node": "n1", "containers": "x"}',
+                                  '{"version": 1, "node": "n1", "containers": [{"name": "a", "devices": [{}]}]}'])
+def test_a_record_that_cannot_be_read_holds_unknown_gpus_on_its_node(text) -> None:
+    holding = text_holding(text, "n1")
+    assert not holding.accountable and holding.node == "n1" and holding.problem
+    assert holding.gpus == ()
+
+
+def test_a_record_naming_another_node_is_not_trusted() -> None:
+    text = encode_record(record(container("a", whole("g1")), node_name="n2"))
+    holding = text_holding(text, "n1")
+    assert not holding.accountable and "n2" in holding.problem and holding.node == "n1"
+    assert text_holding(text, "").accountable  # unbound (a record written before bindings carried it)
+
+
+def test_the_ledger_reserves_what_the_holding_says() -> None:
+    ledger = Ledger()
+    held = record(container("i", cu_slice("g1", 8000, 0, 9, 10), init=True), container("a", shared("g1", 2000)),
+                  container("b", exclusive("g2", 100)))
+    ledger.apply(held, "ns/p")
+    g1, g2 = ledger.gpu_usage("n1", "g1"), ledger.gpu_usage("n1", "g2")
+    assert (g1.memory_mib, g1.slices, g1.cu_held, g1.whole) == (10000, 2, 10, 0)
+    assert (g2.memory_mib, g2.slices, g2.cu_held) == (100, 1, 104)
+    ledger.release("ns/p")
+    assert ledger.is_empty
+
+
+CONTAINER_SHAPES = [
+    {"amd.com/gpumem": 3000},
+    {"amd.com/gpumem": 8000, "amd.com/gpucores": 30},
+    {"amd.com/gpumem-percentage": 25, "amd.com/gpucores": 15},
+    {"amd.com/gpu": 1},
+    {"amd.com/gpu": 2, "amd.com/gpumem": 1000, "amd.com/gpucores": 10},
+]
+
+
+def _pod(app: dict, init: dict | None, sidecar: dict | None) -> dict:
+    def one(name: str, limits: dict, **extra) -> dict:
+        return {"name": name, "resources": {"limits": {k: str(v) for k, v in limits.items()}}, **extra}
+    inits = ([one("side", sidecar, restartPolicy="Always")] if sidecar else []) + ([one("init", init)] if init else [])
+    return {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"initContainers": inits, "containers": [one("app", app)]}}
+
+
+@pytest.mark.parametrize("omitted", [OmittedCores.EXCLUSIVE, OmittedCores.SHARED])
+@pytest.mark.parametrize("partitions", [False, True])
+def test_cost_before_bind_equals_the_hold_after(omitted, partitions) -> None:
+    """What quota charges a pod (before bind) is what status and the ledger count of its record (after)."""
+    inventory = node(*(gpu(i, memory_mib=65536, cu_count=104, partition=partitions) for i in range(4)),
+                     omitted=omitted)
+    cu_counts = {spec.gpu_id: spec.cu_count for spec in inventory.gpus}
+    checked = 0
+    for app, init, side in itertools.product(CONTAINER_SHAPES, [None, *CONTAINER_SHAPES[:2]], [None, CONTAINER_SHAPES[0]]):
+        request = parse_pod(_pod(app, init, side))
+        decision = allocate(inventory, Ledger().usage(inventory), request, Policy.resolve(Scheduling(), request))
+        if isinstance(decision, FitFailure):
+            continue
+        cost = request_cost(request, gpu_memory_mib=65536, omitted=omitted, whole_devices=partitions)
+        assert record_holding(decision).held(cu_counts) == cost, (app, init, side)
+        checked += 1
+    assert checked >= 20

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
+from rocshare.core.quantity import whole_quantity
 from rocshare.kube.client import Kube, object_path
 
 
@@ -138,4 +139,5 @@ class SimulatedFleet:
 
 
 def _has_gpus(node: dict) -> bool:
-    return int(node.get("status", {}).get("allocatable", {}).get("amd.com/gpu", "0")) > 0
+    allocatable = node.get("status", {}).get("allocatable", {}).get("amd.com/gpu", "0")
+    return whole_quantity(allocatable, name="amd.com/gpu", unit="GPUs") > 0

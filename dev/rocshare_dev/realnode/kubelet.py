@@ -2,8 +2,11 @@
 real-node.md found to work on this machine:
 
 * cgroupfs driver, `failCgroupV1: false` (v1.35 refuses cgroup v1 otherwise), `failSwapOn: false`;
-* serving on 127.0.0.1:10250 with a certificate from the cluster CA; anonymous auth with
-  AlwaysAllow, since the dev API server has no kubelet client certificate (logs and exec need it);
+* serving on the node IP (the bridge's address, inside the rig's namespace only) :10250 with a
+  certificate from the cluster CA: the API server calls the kubelet for logs and exec on the
+  node's InternalIP (`--kubelet-preferred-address-types=InternalIP`), so 127.0.0.1 refuses them
+  ("dial tcp 10.244.0.1:10250: connection refused", seen here); anonymous auth with AlwaysAllow,
+  since the dev API server has no kubelet client certificate;
 * image GC thresholds at 100 %, so the locally imported images are never collected;
 * `--node-ip` on the rig's bridge (the kubelet refuses a loopback node IP);
 * its own client certificate `system:node:<name>` (O=system:nodes), with the `system:node`
@@ -37,7 +40,7 @@ def config(*, folder: Path, containerd_socket: Path) -> dict:
         "cgroupDriver": "cgroupfs",
         "failCgroupV1": False,
         "failSwapOn": False,
-        "address": "127.0.0.1",
+        "address": BRIDGE_ADDRESS,
         "port": 10250,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",

@@ -66,10 +66,13 @@ def privileged(pod: dict) -> dict:
 
 BAD_PODS = [
     ("cores 150", gpu_pod("b1", namespace=NAMESPACE, gpu="1", gpucores="150"), "amd.com/gpucores is 150, must be 1-100"),
-    ("memory with a unit", gpu_pod("b2", namespace=NAMESPACE, gpu="1", gpumem="4Gi"), "must be a plain integer"),
+    ("memory with a byte unit", gpu_pod("b2", namespace=NAMESPACE, gpu="1", gpumem="4Gi"),
+     "amd.com/gpumem is in MiB: '4Gi' has a binary (byte) suffix"),
+    # The API server stores 1.5 as "1500m": the refusal names the value as the webhook reads it.
+    ("fractional memory", gpu_pod("b4", namespace=NAMESPACE, gpu="1", gpumem="1.5"),
+     "amd.com/gpumem is in MiB: '1500m' is not a whole number"),
     ("percentage 0", gpu_pod("b3", namespace=NAMESPACE, gpu="1", **{"gpumem-percentage": "0"}),
      "amd.com/gpumem-percentage is 0"),
-    ("65 GPUs", gpu_pod("b4", namespace=NAMESPACE, gpu="65"), "amd.com/gpu is 65, must be 0-64"),
     ("cores without gpu", gpu_pod("b5", namespace=NAMESPACE, gpucores="20"), "amd.com/gpucores needs amd.com/gpu"),
     ("link-bind maybe", gpu_pod("b6", namespace=NAMESPACE, gpu="2", annotations={"amd.com/link-bind": "maybe"}),
      "amd.com/link-bind is 'maybe'"),

@@ -126,7 +126,8 @@ class Accounts:
     def hold_unknown(self, key: PodKey, namespace: str, node: str, why: str) -> None:
         """What the pod holds cannot be known: its node and its namespace's quota stay blocked."""
         if key in self.ledger:
-            return  # already accounted from a record read earlier: that still holds
+            self.unaccountable.pop(key, None)
+            return  # accounted from its record (read earlier, or bind's own decision): that still holds
         if self.unaccountable.get(key, ("", "", ""))[2] != why:
             log.error("pod %s: %s; node %s takes no new pods and namespace %s no new quota until it ends",
                       key, why, node or "(unknown)", namespace)
@@ -175,7 +176,8 @@ class Accounts:
         return self.namespace_held.get(namespace, Held())
 
     def unaccountable_in(self, namespace: str) -> list[str]:
-        return [f"{key} ({why})" for key, (ns, _node, why) in self.unaccountable.items() if ns == namespace]
+        """The namespace's bound pods whose hold is unknown (an unbound pod holds nothing)."""
+        return [f"{key} ({why})" for key, (ns, node, why) in self.unaccountable.items() if ns == namespace and node]
 
 
 def awaiting_allocation(pod: PodFacts) -> bool:

@@ -62,10 +62,11 @@ def pod_slices(pod: Mapping) -> PodSlices | None:
 
 
 def slices_of(pod: PodFacts) -> PodSlices | None:
-    """The pod's hold, or None when it holds nothing (no record, or finished). A pod whose
-    facts could not be read holds unknown GPUs on its node."""
-    if pod.problem is not None and not pod.finished:
-        return PodSlices(pod.namespace, pod.name, Holding(pod.node, problem=pod.problem))
+    """The pod's hold, or None when it holds nothing (no record, or finished). A bound pod whose
+    facts could not be read holds unknown GPUs on its node (whatever its phase seemed to be)."""
+    if pod.problem is not None:
+        # Unbound (no node could be read), it holds nothing; bound, it may hold anything there.
+        return PodSlices(pod.namespace, pod.name, Holding(pod.node, problem=pod.problem)) if pod.node else None
     if pod.allocation is None or pod.finished:
         return None
     return PodSlices(pod.namespace, pod.name, text_holding(pod.allocation, pod.node))

@@ -39,8 +39,6 @@ ANNOTATION_NOUSE_UUID = "amd.com/nouse-gpu-uuid"
 ANNOTATION_NODE_POLICY = "hami.io/node-scheduler-policy"
 ANNOTATION_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 
-MAX_GPUS_PER_CONTAINER = 64
-"""No node exposes more devices than this (64 DRM render minors, DESIGN.md section 5)."""
 
 
 class RequestError(ValueError):
@@ -149,7 +147,9 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     memory_mib = _optional_int(values, RESOURCE_MEMORY, where, low=1, high=None)
     memory_pct = _optional_int(values, RESOURCE_MEMORY_PCT, where, low=1, high=100)
     cores_pct = _optional_int(values, RESOURCE_CORES, where, low=1, high=100)
-    gpus = _optional_int(values, RESOURCE_GPU, where, low=0, high=MAX_GPUS_PER_CONTAINER)
+    # No upper bound: a count no node has is read by value and left Pending by the scheduler
+    # ("Insufficient amd.com/gpu"), as Kubernetes does for any extended resource.
+    gpus = _optional_int(values, RESOURCE_GPU, where, low=0, high=None)
     slice_asked = memory_mib is not None or memory_pct is not None or cores_pct is not None
     if gpus is None:
         gpus = 1 if slice_asked else 0

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: help venv controlplane crds lint unit e2e test chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down
+	real-node-deps images real-node-up real-node-down observability-deps
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -43,11 +43,16 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
 
-e2e: $(STAMP) controlplane
+e2e: $(STAMP) controlplane observability-deps
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane lint images
+test: $(STAMP) controlplane lint images observability-deps
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
+
+# Prometheus (tests/e2e/test_dashboards.py) and libdrm's amdgpu.ids (GPU names): Debian packages
+# when missing.
+observability-deps:
+	@dev/observability/install-deps.sh
 
 # The real node (tests/realnode, make real-node-up): Debian packages when missing (containerd,
 # runc, CNI plugins, buildah, mmdebstrap, ...; quick when all are there), then the images.

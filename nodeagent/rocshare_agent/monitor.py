@@ -102,37 +102,41 @@ def parse_limit_bytes(text: str) -> int | None:
     return int(match[1]) * _UNIT_BYTES[match[2].lower()] if match else None
 
 
-def visible_position(environ: Mapping[str, str], gpu: GpuInfo) -> int | None:
-    """The GPU's place in the container's ROCR_VISIBLE_DEVICES (its index inside the container)."""
+def visible_position(environ: Mapping[str, str], gpu: GpuInfo, container_gpus: Sequence[GpuInfo] = ()) -> int | None:
+    """The GPU's place in the container's ROCR_VISIBLE_DEVICES (its index inside the container).
+    The agent names a GPU there by its ROCr UUID, or, without one (APUs, partitions), by its rank
+    in KFD order among the container's GPUs (`container_gpus`; the GPU alone when unknown)."""
     visible = [entry.strip() for entry in environ.get("ROCR_VISIBLE_DEVICES", "").split(",") if entry.strip()]
-    for position, entry in enumerate(visible):
-        if entry in (gpu.id, str(gpu.index)):
-            return position
+    ranked = sorted({other.id: other for other in [*container_gpus, gpu]}.values(), key=lambda other: other.index)
+    rank = str([other.id for other in ranked].index(gpu.id))
+    for wanted in (gpu.id, rank):
+        if wanted in visible:
+            return visible.index(wanted)
     return None
 
 
-def memory_limit_bytes(environ: Mapping[str, str], gpu: GpuInfo) -> int | None:
-    position = visible_position(environ, gpu)
+def memory_limit_bytes(environ: Mapping[str, str], gpu: GpuInfo, container_gpus: Sequence[GpuInfo] = ()) -> int | None:
+    position = visible_position(environ, gpu, container_gpus)
     limit = environ.get(f"HIP_DEVICE_MEMORY_LIMIT_{position}") if position is not None else None
     if limit is not None:
         return parse_limit_bytes(limit)
     return gpu.vram_mib * MIB if gpu.vram_mib is not None else None
 
 
-def container_name(pod: Mapping[str, Any], container_id: str, gpu_id: str) -> tuple[str, int | None] | None:
-    """(container name, the GPU's place in its record) of a runtime container id in `pod`."""
+def container_name(pod: Mapping[str, Any], container_id: str, gpu_id: str) -> tuple[str, list[str]] | None:
+    """(container name, the GPU ids its record gives it, in order) of a runtime container id in `pod`:
+    by the pod's container statuses, else by the record when one container alone holds `gpu_id`."""
     status = pod.get("status") or {}
-    holders = _record_holders(pod, gpu_id)
+    devices = _record_devices(pod)
     for entry in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         if (entry.get("containerID") or "").rpartition("://")[2] == container_id:
-            return entry.get("name", ""), holders.get(entry.get("name", ""))
-    if len(holders) == 1:
-        return next(iter(holders.items()))
-    return None
+            return entry.get("name", ""), devices.get(entry.get("name", ""), [])
+    holders = [(name, ids) for name, ids in devices.items() if gpu_id in ids]
+    return holders[0] if len(holders) == 1 else None
 
 
-def _record_holders(pod: Mapping[str, Any], gpu_id: str) -> dict[str, int]:
-    """Container name -> the GPU's position among that container's devices, from the record."""
+def _record_devices(pod: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Container name -> its GPU ids in the container's order, from the allocation record."""
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION_ANNOTATION)
     try:
         record = decode_record(text) if text else None
@@ -140,8 +144,7 @@ def _record_holders(pod: Mapping[str, Any], gpu_id: str) -> dict[str, int]:
         return {}
     if record is None:
         return {}
-    return {container.name: position for container in record.containers
-            for position, device in enumerate(container.devices) if device.gpu_id == gpu_id}
+    return {container.name: [device.gpu_id for device in container.devices] for container in record.containers}
 
 
 def millis(text: str | None, divisor: float) -> float | None:
@@ -203,6 +206,7 @@ class GpuMetricsCollector(Collector):
 
     def _usage(self, result: DiscoveryResult) -> dict[tuple[ContainerName, str], _ContainerUsage]:
         gpu_by_kfd_id = {result.kfd_gpu_ids[gpu.id]: gpu for gpu in result.gpus if gpu.id in result.kfd_gpu_ids}
+        gpus_by_id = {gpu.id: gpu for gpu in result.gpus}
         pods = _pods_by_uid(self._pods())
         usage: dict[tuple[ContainerName, str], _ContainerUsage] = defaultdict(_ContainerUsage)
         for process in self._processes(pods):
@@ -214,11 +218,15 @@ class GpuMetricsCollector(Collector):
                 if gpu is None or found is None:
                     continue
                 meta = pod.get("metadata") or {}
-                entry = usage[(ContainerName(meta.get("namespace", ""), meta.get("name", ""), found[0]), gpu.id)]
+                name, record_ids = found
+                container_gpus = [gpus_by_id[gpu_id] for gpu_id in record_ids if gpu_id in gpus_by_id]
+                entry = usage[(ContainerName(meta.get("namespace", ""), meta.get("name", ""), name), gpu.id)]
                 entry.used_bytes += used_bytes
-                entry.limit_bytes = entry.limit_bytes or memory_limit_bytes(process.environ, gpu)
-                position = visible_position(process.environ, gpu)
-                entry.vdevice_index = position if position is not None else found[1]
+                entry.limit_bytes = entry.limit_bytes or memory_limit_bytes(process.environ, gpu, container_gpus)
+                position = visible_position(process.environ, gpu, container_gpus)
+                if position is None and gpu.id in record_ids:
+                    position = record_ids.index(gpu.id)
+                entry.vdevice_index = position
                 if kfd_gpu_id in busy:
                     entry.cu_busy = (entry.cu_busy or 0) + busy[kfd_gpu_id]
         return usage

@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
@@ -57,16 +58,22 @@ def _sysfs_for(capture: str, work_dir: Path) -> Path:
 
 
 def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_dir: Path, nodes: list[SimulatedNode],
-                        *, announce=lambda text: None) -> None:
+                        *, announce=lambda text: None,
+                        node_setup: Callable[[str, Path], tuple[Path, tuple[str, ...]]] | None = None) -> None:
     """The operator, samples/ applied, and the FLEET's simulated nodes, each added to `nodes`
     before it starts (so a caller can stop what started when a later step fails).
-    `make demo` and tests/e2e/test_samples.py both run this."""
+    `make demo`, tests/e2e/test_samples.py and tests/e2e/test_dashboards.py run this; `node_setup`
+    (node name, sysfs root) -> (sysfs root, extra agent arguments) lets a test give a node a
+    copy of its capture and its agent a monitor port."""
     operator.start()
     operator.install_webhooks()
     cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
     for name, capture, node_class in FLEET:
         announce(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")
-        node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=_sysfs_for(capture, work_dir),
+        sysfs_root, agent_args = _sysfs_for(capture, work_dir), ()
+        if node_setup is not None:
+            sysfs_root, agent_args = node_setup(name, sysfs_root)
+        node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_root, agent_args=agent_args,
                              work_dir=work_dir / "nodes", labels={"rocshare.io/node-class": node_class})
         nodes.append(node)
         node.start()

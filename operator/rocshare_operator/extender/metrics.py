@@ -34,6 +34,8 @@ CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid"
 QUOTA_USED_LABELS = ["namespace", "quota_name", "limit", "zone"]
 QUOTA_LIMIT_LABELS = ["namespace", "quota_name", "zone"]
 
+VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "bind": ("bound", "refused")}
+
 # ResourceQuota names, as HAMi's quota_name label writes them (the key without "limits.").
 QUOTA_MEMORY = "amd.com/gpumem"
 QUOTA_CORES = "amd.com/gpucores"
@@ -51,6 +53,11 @@ class ExtenderMetrics:
                                  ["verb", "outcome"], registry=self.registry)
         self.node_rejections = Counter("rocshare_extender_node_rejections_total",
                                        "Nodes filtered out, by reason.", ["reason"], registry=self.registry)
+        # Every verb's series exist from the first scrape (at 0), so rate() sees the first requests.
+        for verb, outcomes in VERB_OUTCOMES.items():
+            self.latency.labels(verb)
+            for outcome in outcomes:
+                self.decisions.labels(verb, outcome)
         self.registry.register(_LedgerCollector(state))
 
 

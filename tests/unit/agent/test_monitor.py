@@ -100,7 +100,7 @@ def test_two_containers_of_one_pod_on_one_gpu_are_two_series(copy_capture, tmp_p
 def test_container_name_falls_back_to_the_record_only_when_it_is_unambiguous():
     one = _pod(UID, statuses={"main": "sim://x/main"}, record=_record("main"))
     two = _pod(UID, statuses={"a": "sim://x/a", "b": "sim://x/b"}, record=_record("a", "b"))
-    assert container_name(one, CID, GPU) == ("main", 0)
+    assert container_name(one, CID, GPU) == ("main", [GPU])
     assert container_name(two, CID, GPU) is None
     assert container_name(_pod(UID, statuses={}), CID, GPU) is None
 
@@ -125,3 +125,21 @@ def test_host_metrics_from_the_strix_capture(sysfs, tmp_path):
     assert registry.get_sample_value("hami_host_gpu_utilization_ratio", hami) == 3.0  # percent, as HAMi
     assert registry.get_sample_value("rocshare_host_gpu_temperature_celsius", own) == 38.0
     assert registry.get_sample_value("rocshare_host_gpu_power_usage_watts", own) == 9.087  # power1_input on APUs
+
+
+def test_gpus_named_by_rank_find_their_limit():
+    """Partitions and APUs have no ROCr UUID: the agent names them by their rank in KFD order among
+    the container's GPUs (container_spec._rocr_names), and HIP_DEVICE_MEMORY_LIMIT_<i> follows that."""
+    from rocshare.api.models import GpuInfo
+    from rocshare_agent.monitor import memory_limit_bytes, visible_position
+
+    def part(index: int) -> GpuInfo:
+        return GpuInfo(id=f"GPU-e3aa140f9a5f9e31-p{index}", index=index, gfx_target_version=90402, cu_count=38,
+                       pci_bdf=f"0000:05:00.{index}", split_count=1, healthy=True, vram_mib=24576)
+
+    env = {"ROCR_VISIBLE_DEVICES": "1,0", "HIP_DEVICE_MEMORY_LIMIT_0": "100m", "HIP_DEVICE_MEMORY_LIMIT_1": "200m"}
+    # The container holds partitions 6 and 5, in that order: 5 is rank 0 in KFD order, 6 rank 1.
+    six, five = part(6), part(5)
+    assert visible_position(env, six, [six, five]) == 0 and visible_position(env, five, [six, five]) == 1
+    assert memory_limit_bytes(env, six, [six, five]) == 100 * 2**20
+    assert memory_limit_bytes(env, five, [six, five]) == 200 * 2**20

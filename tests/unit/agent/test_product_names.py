@@ -107,3 +107,25 @@ def test_order_of_sources():
     assert (ambiguous.name, ambiguous.source) == ("AMD Radeon Instinct MI25 / AMD Radeon Pro V340", SOURCE_IDS_AMBIGUOUS)
     unknown = product_name(device_id=0xABCD, ids=ids, gfx="gfx1201")
     assert (unknown.name, unknown.source) == ("AMD GPU abcd (gfx1201)", SOURCE_GENERIC)
+
+
+# What users write in amd.com/use-gputype (README, Configure): case-insensitive substrings.
+GPUTYPE_MATCHES = {
+    "mi210-8gpu-xgmi": ("MI210", "instinct", "mi2"),
+    "mi300x-8gpu-cpx": ("MI300X", "mi300", "Instinct MI300X"),
+    "rx7900xtx-kfd": ("7900 XTX", "rx 7900", "radeon"),
+    "strixpoint-apu": ("880M", "radeon 880m graphics"),
+    "vega10-1gpu": ("MI25", "radeon instinct"),
+}
+
+
+@pytest.mark.parametrize("capture", sorted(EXPECTED))
+def test_use_gputype_matches_the_names(capture, sysfs, tmp_path, monkeypatch):
+    from rocshare.core.request import Selection
+
+    monkeypatch.setenv(AMDGPU_IDS_ENV, str(_table("none", tmp_path)))
+    product = discover(sysfs / capture).gpus[0].product.lower()
+    for wanted in GPUTYPE_MATCHES[capture]:
+        assert Selection(use_types=(wanted.lower(),)).accepts_product(product), (wanted, product)
+        assert not Selection(nouse_types=(wanted.lower(),)).accepts_product(product)
+    assert not Selection(use_types=("mi100",)).accepts_product(product)

@@ -5,7 +5,7 @@ a rocshare agent; the capture copied with a synthetic 64 GiB per GPU):
 * quantities are read as the API server writes them: `amd.com/gpumem` 3000, 8000 and 40000 are
   stored as "3k", "8k", "40k" and run with exactly that many MiB in the record and in the
   container's HIP_DEVICE_MEMORY_LIMIT_0; `amd.com/gpu: 1000` ("1k") is admitted and stays Pending
-  with the scheduler's reason;
+  with the extender's reason (NodeInsufficientGPUs on the 8-GPU node);
 * for pods mixing init, native sidecar and app containers, on an Exclusive and a Shared pool, the
   share status and the extender's quota figures are the same numbers, those the pods' requests
   imply; and bind refuses exactly when status says the limit is reached (a pod taking the last MiB
@@ -116,7 +116,8 @@ async def test_a_thousand_gpus_are_read_as_a_thousand_and_wait_with_a_reason(rea
     assert created["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"] == "1k"
     failures = await wait_for(lambda: scheduling_failures(kube, "gpus-1000", VALUES), timeout_s=30,
                               what="a FailedScheduling event for 1000 GPUs")
-    assert any("Insufficient amd.com/gpu" in message for message in failures), failures
+    # The extender reads 1000 (not 1, not a refusal) and says no node has that many GPUs.
+    assert any("8/8 NodeInsufficientGPUs" in message for message in failures), failures
     pod = await read_pod(kube, "gpus-1000", VALUES)
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     await delete_pod(kube, "gpus-1000", VALUES)

@@ -148,7 +148,7 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     memory_pct = _optional_int(values, RESOURCE_MEMORY_PCT, where, low=1, high=100)
     cores_pct = _optional_int(values, RESOURCE_CORES, where, low=1, high=100)
     # No upper bound: a count no node has is read by value and left Pending by the scheduler
-    # ("Insufficient amd.com/gpu"), as Kubernetes does for any extended resource.
+    # (the extender says NodeInsufficientGPUs), as Kubernetes does for any extended resource.
     gpus = _optional_int(values, RESOURCE_GPU, where, low=0, high=None)
     slice_asked = memory_mib is not None or memory_pct is not None or cores_pct is not None
     if gpus is None:

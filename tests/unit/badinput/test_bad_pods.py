@@ -59,7 +59,7 @@ def test_bad_pods_are_refused_with_why(body: dict, message: str) -> None:
                                     {"amd.com/gpu": "1k"}])
 def test_round_numbers_as_the_api_server_writes_them_are_accepted(limits: dict) -> None:
     """The API server stores `amd.com/gpumem: 3000` as "3k": the webhook reads it as 3000 MiB. A count
-    no node has (`amd.com/gpu: 1000`) is the scheduler's to refuse (Pending, Insufficient amd.com/gpu)."""
+    no node has (`amd.com/gpu: 1000`) is the scheduler's to refuse (Pending, NodeInsufficientGPUs)."""
     validate_create({"metadata": {}, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}},
                     trusted=False)
 

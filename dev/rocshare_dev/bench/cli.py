@@ -11,6 +11,8 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "placement": ("rocshare_dev.bench.placement",
                   "replay a trace with the FGD paper's protocol; allocation ratios per policy"),
+    "replay": ("rocshare_dev.bench.replay",
+               "the openb trace through the real kube-scheduler and extender onto simulated nodes, next to the simulator"),
     "allocate": ("rocshare_dev.bench.allocate", "device plugin Allocate latency for a burst of pods on one node (p99 target 20 ms)"),
     "extender": ("rocshare_dev.bench.extender",
                  "extender filter + prioritize + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),

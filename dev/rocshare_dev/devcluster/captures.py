@@ -28,3 +28,56 @@ def mi210_with_synthetic_vram(fixtures: Path, into: Path) -> Path:
         bank.mkdir(parents=True, exist_ok=True)
         (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {MI210_VRAM_BYTES}\nflags 0\nwidth 4096\n")
     return target
+
+
+def mi210_resized(fixtures: Path, into: Path, *, gpus: int, vram_mib: int, cu_count: int) -> Path:
+    """A copy of the MI210 capture with synthetic sizes, for the trace replay's nodes: the first
+    `gpus` GPU nodes kept (the others and links to them removed), each with `cu_count` CUs
+    (simd_count = cu_count x simd_per_cu) and a `vram_mib` frame-buffer bank. Everything else
+    (gfx target, PCI addresses, unique ids, XGMI links among the kept GPUs) is the capture's."""
+    target = into / f"mi210-{gpus}gpu-{cu_count}cu-{vram_mib}mib"
+    if target.exists():
+        return target
+    shutil.copytree(fixtures / "mi210-8gpu-xgmi", target, symlinks=True)
+    nodes = target / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    gpu_nodes = sorted((node for node in nodes.iterdir() if _is_gpu(node)), key=lambda node: int(node.name))
+    dropped = {node.name for node in gpu_nodes[gpus:]}
+    for node in gpu_nodes[gpus:]:
+        shutil.rmtree(node)
+    for node in nodes.iterdir():
+        _drop_links(node, dropped)
+        if not _is_gpu(node):
+            continue
+        props = dict(line.split(" ", 1) for line in (node / "properties").read_text().splitlines() if " " in line)
+        simd_count = cu_count * int(props.get("simd_per_cu", "4"))
+        text = (node / "properties").read_text().replace(f"simd_count {props['simd_count']}", f"simd_count {simd_count}")
+        (node / "properties").write_text(text)
+        bank = node / "mem_banks" / "0"
+        bank.mkdir(parents=True, exist_ok=True)
+        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {vram_mib * 1024**2}\nflags 0\nwidth 4096\n")
+    return target
+
+
+def _is_gpu(node: Path) -> bool:
+    properties = (node / "properties").read_text()
+    return "simd_count" in properties and "simd_count 0\n" not in properties
+
+
+def _drop_links(node: Path, dropped: set[str]) -> None:
+    for kind in ("io_links", "p2p_links"):
+        folder = node / kind
+        if not folder.is_dir():
+            continue
+        kept = [link for link in sorted(folder.iterdir(), key=lambda p: int(p.name))
+                if not any(line == f"node_to {name}" for name in dropped
+                           for line in (link / "properties").read_text().splitlines())]
+        texts = [(link / "properties").read_text() for link in kept]
+        for link in list(folder.iterdir()):
+            shutil.rmtree(link)
+        for number, text in enumerate(texts):
+            (folder / str(number)).mkdir()
+            (folder / str(number) / "properties").write_text(text)
+        count_key = f"{kind}_count"
+        props = (node / "properties").read_text()
+        lines = [f"{count_key} {len(texts)}" if line.startswith(count_key + " ") else line for line in props.splitlines()]
+        (node / "properties").write_text("\n".join(lines) + "\n")

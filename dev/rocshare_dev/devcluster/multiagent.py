@@ -16,15 +16,18 @@ Allocate is still answered by `DevicePluginService` from the node's own pod cach
 
 Run: ``python -m rocshare_dev.devcluster.multiagent --kubeconfig K --plugin-root DIR --sysfs-root S
 --dev-root D NODE...`` (or ``--node-count N --node-name-prefix P`` for P0000..P<N-1>).
+``--sysfs-map FILE`` (JSON ``{node: sysfs root}``) gives nodes captures of their own (the
+trace replay's nodes differ in GPU count and VRAM); nodes it does not name read ``--sysfs-root``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocshare.api.models import GpuInfo
@@ -51,9 +54,14 @@ class FleetConfig:
     settings_interval_s: float = 60.0
     plugin_poll_s: float = 5.0
     nodes_per_client: int = 40
+    sysfs_roots: Mapping[str, Path] = field(default_factory=dict)
+    """Node name -> the capture that node reads, where it is not `sysfs_root`."""
 
     def plugin_dir(self, node_name: str) -> Path:
         return self.plugin_root / node_name
+
+    def sysfs_for(self, node_name: str) -> Path:
+        return self.sysfs_roots.get(node_name, self.sysfs_root)
 
 
 async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
@@ -70,7 +78,7 @@ async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
 
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(
-            kube, node_name=node_name, sysfs_root=config.sysfs_root, dev_root=config.dev_root,
+            kube, node_name=node_name, sysfs_root=config.sysfs_for(node_name), dev_root=config.dev_root,
             interval_s=config.health_interval_s, heartbeat_s=config.heartbeat_s,
             settings_interval_s=config.settings_interval_s, on_inventory=on_inventory))
         tasks.create_task(pods.run())
@@ -109,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--plugin-root", type=Path, required=True, help="node N's kubelet.sock is in <root>/<N>/")
     parser.add_argument("--sysfs-root", type=Path, required=True)
+    parser.add_argument("--sysfs-map", type=Path, default=None, help="JSON {node: sysfs root} for nodes with captures of their own")
     parser.add_argument("--dev-root", type=Path, required=True)
     parser.add_argument("--health-interval-s", type=float, default=60.0)
     parser.add_argument("--heartbeat-s", type=float, default=300.0)
@@ -122,8 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = node_names(names=args.names, count=args.node_count, prefix=args.node_name_prefix)
     if not names:
         raise SystemExit("no nodes: give names or --node-count")
+    roots = {name: Path(root) for name, root in json.loads(args.sysfs_map.read_text()).items()} if args.sysfs_map else {}
     config = FleetConfig(node_names=names, plugin_root=args.plugin_root, sysfs_root=args.sysfs_root,
-                         dev_root=args.dev_root, kubeconfig=args.kubeconfig,
+                         dev_root=args.dev_root, kubeconfig=args.kubeconfig, sysfs_roots=roots,
                          health_interval_s=args.health_interval_s, heartbeat_s=args.heartbeat_s)
 
     return run_until_signalled(lambda: run_fleet(config), stopping="node agents stopping")

@@ -25,14 +25,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from rocshare.api.models import Scheduling
-from rocshare.core.allocate import Plan, PodPlanner
+from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
-from rocshare.core.policies import Policy, normalize_scores
+from rocshare.core.policies import Policy, ScoringContext, normalize_scores
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import MISSING, KeyMemo
 from rocshare_operator.extender.quota import quota_verdict
 from rocshare_operator.extender.state import Snapshot
+from rocshare_operator.extender.workloads import reads_model
 
 NO_INVENTORY = "NoGpuInventory"
 """The node has no published GPUs, no allocatable amd.com/gpu, or is in no pool."""
@@ -114,7 +115,7 @@ class _Pass:
         self.used = snap.quota_used(request.namespace)
         self.unaccountable = [] if self.quota_free else snap.unaccountable_in(request.namespace)
         self._request_key = (request.gpu_key, request.cpu_milli, request.memory_mib)
-        self._ways: dict[Policy, _Way] = {}
+        self._ways: dict[tuple[Policy, ScoringContext], _Way] = {}
         self._pool_ways: dict[str | None, _Way] = {}
         self._quota: dict[object, str | None] = {}
         self._whole_node: dict[tuple[str, int, str], Rejection] = {}
@@ -169,22 +170,26 @@ class _Pass:
     def _uniform_way(self) -> _Way | None:
         """The one way every node is planned, when every pool resolves to the same policy
         (the usual case: then no node's pool needs looking up)."""
-        policies = {Policy.resolve(pool.scheduling, self.request) for pool in self.snap.pools.values()}
-        policies.add(Policy.resolve(Scheduling(), self.request))  # nodes of no (known) pool
-        return self._way(policies.pop()) if len(policies) == 1 else None
+        ways = {self._way_key(Policy.resolve(pool.scheduling, self.request), name) for name, pool in self.snap.pools.items()}
+        ways.add(self._way_key(Policy.resolve(Scheduling(), self.request), None))  # nodes of no (known) pool
+        return self._way(*ways.pop()) if len(ways) == 1 else None
 
     def _way_of(self, name: str) -> _Way:
         pool = self._node_pools.get(name)
         found = self._pool_ways.get(pool)
         if found is None:
-            found = self._pool_ways[pool] = self._way(policy_for(self.snap, name, self.request))
+            found = self._pool_ways[pool] = self._way(*self._way_key(policy_for(self.snap, name, self.request), pool))
         return found
 
-    def _way(self, policy: Policy) -> _Way:
-        found = self._ways.get(policy)
+    def _way_key(self, policy: Policy, pool: str | None) -> tuple[Policy, ScoringContext]:
+        """The policy and what it scores with: the pool's fragmentation model where it reads one."""
+        return policy, (self.snap.workloads.context(pool) if reads_model(policy) else DEFAULT_CONTEXT)
+
+    def _way(self, policy: Policy, ctx: ScoringContext) -> _Way:
+        found = self._ways.get((policy, ctx))
         if found is None:
-            memo = self.snap.plans.answers((self._request_key, policy)) if self.memoised else None
-            found = self._ways[policy] = _Way(PodPlanner(self.request, policy), memo)
+            memo = self.snap.plans.answers((self._request_key, policy, ctx)) if self.memoised else None
+            found = self._ways[(policy, ctx)] = _Way(PodPlanner(self.request, policy, ctx), memo)
         return found
 
     def _whole(self, reason: str, total: int, detail: str = "") -> Rejection:

@@ -30,6 +30,7 @@ from rocshare_operator.extender.accounts import Accounts, InFlight
 from rocshare_operator.extender.index import ClusterIndex, quota_facts
 from rocshare_operator.extender.plans import KeyMemo, NodeMemo
 from rocshare_operator.extender.retry import Retrier
+from rocshare_operator.extender.workloads import PoolWorkloads
 from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, pod_facts
 
 __all__ = ["InFlight", "KeyMemo", "NodeMemo", "SchedulerState", "Snapshot", "quota_facts"]
@@ -45,6 +46,8 @@ class Snapshot:
     ledger: Ledger
     blocked: frozenset[str]
     plans: NodeMemo
+    workloads: PoolWorkloads
+    """Each pool's fragmentation model (workloads.py), for the scorers that read one."""
     _index: ClusterIndex
     _accounts: Accounts
 
@@ -66,11 +69,13 @@ class SchedulerState:
     index: ClusterIndex = field(default_factory=ClusterIndex)
     plans: NodeMemo = field(default_factory=NodeMemo)
     accounts: Accounts = field(init=False)
+    workloads: PoolWorkloads = field(init=False)
     retrier: Retrier | None = None
     scheduler_name: str = "rocshare-scheduler"
 
     def __post_init__(self) -> None:
         self.accounts = Accounts(self.index.cu_counts)
+        self.workloads = PoolWorkloads(self.index.node_pools, self.index.cu_counts)
         self.index.on_inventory.append(self._inventory_changed)
         self.index.on_quota_change.append(self._quota_changed)
         self.accounts.on_release.append(self._room_freed)
@@ -78,7 +83,7 @@ class SchedulerState:
     def snapshot(self) -> Snapshot:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
-                        frozenset(self.accounts.blocked_nodes()), self.plans, index, self.accounts)
+                        frozenset(self.accounts.blocked_nodes()), self.plans, self.workloads, index, self.accounts)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -107,6 +112,7 @@ class SchedulerState:
     async def on_pod_facts(self, kind: str, pod: PodFacts, _before: PodFacts | None = None) -> None:
         if self.retrier is not None:
             self._track_waiting(pod, ended=kind == "DELETED" or pod.finished)
+        self.workloads.on_pod(kind, pod)
         try:
             self.accounts.on_pod(kind, pod)
         except Exception as error:

@@ -1,0 +1,280 @@
+"""`rocshare-dev bench replay`: the openb trace through the real pipeline, next to the simulator.
+
+The FGD paper's protocol (../shared/traces/openb/README.md, bench/simulation.py) played through
+the real kube-apiserver, kube-scheduler (the manifests' profile) and rocshare's extender, onto
+simulated nodes (the kubelet's device manager, `kubelet-peer`, and rocshare's agents, many per
+process), and, on the same node subset and pod sequence, through the simulator; both allocation
+ratios side by side at 100 % and 130 % of arrived demand.
+
+* Nodes: a proportional sample of the trace's node list (`--scale`, per GPU model, so the model
+  mix is kept; seeded). Each node carries the trace's CPU and memory (kube-scheduler fits them
+  itself) and GPU count. GPUs come from the MI210 capture (../shared/fixtures/sysfs) with
+  synthetic sizes: 100 CUs per GPU and the trace model's VRAM (simulation.MODEL_VRAM_MIB), so
+  the shares below are exact; see devcluster/captures.mi210_resized.
+* Pods: the simulator's arrival order for `--seed` (the whole trace shuffled, then drawn until
+  130 % of the subset's GPU capacity), one at a time: each is created and its decision (bound,
+  or Pending with kube-scheduler's and the extender's reason) awaited before the next. A share
+  of m milli (m < 1000) asks `amd.com/gpu: 1`, `amd.com/gpucores: m/10` and
+  `amd.com/gpumem-percentage: m/10`; m = 1000 asks `amd.com/gpu: num_gpu` (whole GPUs); every
+  pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; they carry
+  no amd.com resource, so the extender does not see them and kube-scheduler ranks them alone
+  (NodeResourcesFit, MostAllocated in rocshare's profile). Pods that fit nowhere stay Pending.
+* Real policies are what an AmdGpuPool can say (REAL_POLICIES); the simulator also runs the
+  paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
+  with the paper's tie rule, its typical workload and node CPU in every score.
+
+Figures: allocation ratio = allocated GPU-milli / subset capacity, read when arrivals pass 100 %
+and 130 % (as simulation.run_seed); the real one from the pods' own decisions, checked at the end
+against a fresh list of the pods. A chart of allocation against arrived demand goes to docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocshare_dev.bench.placement import DEFAULT_NODES, DEFAULT_PODS
+from rocshare_dev.bench.trace import TraceNode, TracePod
+
+POOL = "replay"
+NAMESPACE = "replay"
+SIM_LABEL = {"rocshare.io/sim": "replay"}
+SCHEDULER = "rocshare-scheduler"
+REAL_POLICIES: dict[str, dict[str, str]] = {
+    "fragmentation-aware": {"gpuPolicy": "fragmentation-aware"},
+    "binpack": {"nodePolicy": "binpack", "gpuPolicy": "binpack"},
+    "spread": {"nodePolicy": "spread", "gpuPolicy": "spread"},
+    "topology-aware": {"nodePolicy": "binpack", "gpuPolicy": "topology-aware"},
+}
+"""--policy -> the pool's spec.scheduling. bestfit and fgd are simulator policies only: an
+AmdGpuPool's nodePolicy is binpack or spread (rocshare.api.models.NodePolicy)."""
+SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
+CU_COUNT = 100
+DEFAULT_CHART = "docs/replay-{policy}.png"
+RAW_OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV (default: %(default)s)")
+    parser.add_argument("--pods", default=DEFAULT_PODS, help="pod list CSV (default: %(default)s)")
+    parser.add_argument("--scale", type=float, default=0.25, help="share of the nodes, per GPU model (default: %(default)s)")
+    parser.add_argument("--policy", default="fragmentation-aware",
+                        help=f"the pool's policy for the real run: {', '.join(REAL_POLICIES)} (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
+    parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
+    parser.add_argument("--decision-timeout-s", type=float, default=120.0, help="per pod (default: %(default)s)")
+    parser.add_argument("--chart", default=DEFAULT_CHART, help="chart path ('' for none; default: %(default)s)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rocshare_dev.bench.trace import load_nodes, load_pods
+
+    if args.policy not in REAL_POLICIES:
+        print(f"rocshare-dev bench replay: --policy {args.policy!r} is not a pool policy; an AmdGpuPool says "
+              f"{', '.join(REAL_POLICIES)} (bestfit and fgd run in the simulator columns)", file=sys.stderr)
+        return 2
+    try:
+        subset = sample_nodes(load_nodes(args.nodes), args.scale, args.seed)
+        pods = load_pods(args.pods)
+    except (OSError, ValueError) as error:
+        print(f"rocshare-dev bench replay: {error}", file=sys.stderr)
+        return 2
+    report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only,
+                    decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep)
+    report.update({"nodes_csv": args.nodes, "pods_csv": args.pods, "scale": args.scale})
+    full = RAW_OUT / f"replay-{args.policy}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text(json.dumps(report) + "\n")
+    if args.chart:
+        chart = Path(args.chart.format(policy=args.policy))
+        draw_chart(report, chart)
+        report["chart"] = str(chart)
+    print(json.dumps(_without_curves(report), indent=2) if args.json else table(report))
+    return 0
+
+
+# ---- the node sample and the pod sequence ----------------------------------------------------
+
+
+def sample_nodes(nodes: Sequence[TraceNode], scale: float, seed: int) -> list[TraceNode]:
+    """round(scale x count) nodes of each GPU model, drawn with `seed`, in the list's order."""
+    if not 0 < scale <= 1:
+        raise ValueError(f"--scale must be in (0, 1], not {scale}")
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for position, node in enumerate(nodes):
+        by_model[node.model].append(position)
+    rng = random.Random(seed)
+    chosen: set[int] = set()
+    for model in sorted(by_model):
+        positions = by_model[model]
+        chosen.update(rng.sample(positions, round(scale * len(positions))))
+    return [node for position, node in enumerate(nodes) if position in chosen]
+
+
+@dataclass
+class Outcome:
+    """Allocation as arrivals proceed: the ratio read at 100 % and 130 %, and the curve."""
+
+    capacity_milli: int
+    arrived: int = 0
+    allocated: int = 0
+    placed: int = 0
+    failed: int = 0
+    ratios: dict[str, float] = field(default_factory=dict)
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    choices: list[str | None] = field(default_factory=list)
+    """Per pod in sequence order: the trace node it went to, or None."""
+
+    def add(self, pod: TracePod, node: str | None) -> None:
+        placed = node is not None
+        self.choices.append(node)
+        self.arrived += pod.gpu_milli_total
+        if placed:
+            self.placed += 1
+            self.allocated += pod.gpu_milli_total
+        else:
+            self.failed += 1
+        arrived_pct, allocated_pct = 100.0 * self.arrived / self.capacity_milli, 100.0 * self.allocated / self.capacity_milli
+        self.curve.append((round(arrived_pct, 3), round(allocated_pct, 3)))
+        for label in ("100", "130"):
+            if label not in self.ratios and arrived_pct >= int(label):
+                self.ratios[label] = allocated_pct
+
+    def summary(self) -> dict[str, Any]:
+        final = 100.0 * self.allocated / self.capacity_milli
+        ratios = {label: round(self.ratios.get(label, final), 3) for label in ("100", "130")}
+        return {"allocation_ratio": ratios, "placed": self.placed, "failed": self.failed, "curve": self.curve,
+                "choices": self.choices}
+
+
+# ---- the simulator on the same subset and sequence ------------------------------------------
+
+
+def simulate(subset: Sequence[TraceNode], sequence: Sequence[TracePod], all_pods: Sequence[TracePod],
+             policy: str, seed: int) -> dict[str, Any]:
+    from rocshare.core.fragmentation import FragmentationModel
+    from rocshare_dev.bench import simulation as sim
+
+    inventories = [sim.build_inventory(node) for node in subset]
+    capacity = sum(len(node.gpus) for node in inventories) * 1000
+    model = FragmentationModel(sim.typical_workload(all_pods))
+    cluster = sim.Cluster(sim.node_order(inventories, seed), sim.POLICIES[policy], sim.scoring_context(inventories, model))
+    outcome = Outcome(capacity)
+    started = time.perf_counter()
+    for serial, pod in enumerate(sequence):
+        request = sim.pod_request(pod, serial)
+        chosen = cluster.decide(request, None)
+        if chosen is not None:
+            cluster.bind(chosen, request)
+        outcome.add(pod, None if chosen is None else str(cluster.nodes[chosen].name))
+    return {"policy": policy, **outcome.summary(), "wall_s": round(time.perf_counter() - started, 1),
+            "what": "simulator (bench/simulation.py): the paper's tie rule, typical workload and node CPU in every score"}
+
+
+def sequence_for(subset: Sequence[TraceNode], pods: Sequence[TracePod], seed: int) -> list[TracePod]:
+    """The simulator's arrival order for the subset's capacity, cut where the next pod would push
+    requested GPU past 130 % of it: on a sample of the nodes, the shuffled trace alone already
+    asks more than that, and the paper stops arriving there."""
+    from rocshare_dev.bench.simulation import ARRIVAL_LIMIT, arrivals
+
+    capacity = sum(node.gpus for node in subset) * 1000
+    sequence: list[TracePod] = []
+    requested = 0
+    for pod in arrivals(pods, seed, capacity):
+        if requested + pod.gpu_milli_total > ARRIVAL_LIMIT * capacity:
+            break
+        sequence.append(pod)
+        requested += pod.gpu_milli_total
+    return sequence
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+
+def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str, seed: int, real: bool = True,
+           decision_timeout_s: float = 120.0, work_dir: Path | None = None, keep: bool = False) -> dict[str, Any]:
+    sequence = sequence_for(subset, pods, seed)
+    report: dict[str, Any] = {
+        "seed": seed, "policy": policy, "nodes": len(subset), "gpus": sum(node.gpus for node in subset),
+        "gpu_models": dict(Counter(node.model for node in subset)), "pods_arrived": len(sequence),
+        "setup": {
+            "gpus": f"MI210 capture, synthetic sizes: {CU_COUNT} CUs, the trace model's VRAM",
+            "shares": "gpu_milli m < 1000 -> amd.com/gpu 1, gpucores m/10, gpumem-percentage m/10; "
+                      "m = 1000 -> amd.com/gpu num_gpu; cpu and memory requested as in the trace",
+            "pool": {"scheduling": REAL_POLICIES[policy]},
+        },
+    }
+    for name in dict.fromkeys((policy, *SIMULATED)):
+        if name in SIMULATED or name == policy:
+            result = simulate(subset, sequence, pods, name, seed)
+            report[f"simulated_{name.replace('-', '_')}"] = result
+    report["simulated"] = report[f"simulated_{policy.replace('-', '_')}"]
+    if real:
+        from rocshare_dev.bench.replay_cluster import run_real
+
+        report["real"] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
+                                  decision_timeout_s=decision_timeout_s, work_dir=work_dir, keep=keep)
+        real_130 = report["real"]["allocation_ratio"]["130"]
+        report["real_minus_simulated_130"] = round(real_130 - report["simulated"]["allocation_ratio"]["130"], 3)
+        report["real_minus_simulated_fgd_130"] = round(real_130 - report["simulated_fgd"]["allocation_ratio"]["130"], 3)
+    return report
+
+
+def _without_curves(report: dict[str, Any]) -> dict[str, Any]:
+    return {key: ({k: v for k, v in value.items() if k not in ("curve", "choices")} if isinstance(value, dict) else value)
+            for key, value in report.items()}
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [f"openb replay: {report['nodes']} nodes, {report['gpus']} GPUs, {report['pods_arrived']} pods, "
+             f"seed {report['seed']}", f"{'':44s} alloc@100  alloc@130  placed/failed"]
+    rows = [(f"real pipeline ({report['policy']})", report.get("real"))]
+    rows += [(f"simulator ({name})", report[f"simulated_{name.replace('-', '_')}"])
+             for name in dict.fromkeys((report["policy"], *SIMULATED))]
+    for label, result in rows:
+        if result:
+            ratio = result["allocation_ratio"]
+            lines.append(f"{label:44s} {ratio['100']:8.2f}  {ratio['130']:9.2f}  {result['placed']}/{result['failed']}")
+    if report.get("real"):
+        lines.append(f"real run: {report['real']['wall_s']:.0f} s in all, replay {report['real']['replay_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def draw_chart(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7.5, 4.5))
+    series = []
+    if report.get("real"):
+        series.append((f"real pipeline: {report['policy']}", report["real"], "-", 2.2))
+    for name in dict.fromkeys((report["policy"], *SIMULATED)):
+        series.append((f"simulator: {name}", report[f"simulated_{name.replace('-', '_')}"], "--", 1.2))
+    for label, result, style, width in series:
+        xs, ys = zip(*result["curve"]) if result["curve"] else ((), ())
+        axes.plot(xs, ys, style, linewidth=width, label=f"{label} ({result['allocation_ratio']['130']:.2f} @130 %)")
+    axes.plot([0, 100], [0, 100], ":", color="grey", linewidth=0.8)
+    axes.set_xlabel("arrived GPU demand, % of capacity")
+    axes.set_ylabel("allocated GPU, % of capacity")
+    axes.set_xlim(60, 131)
+    axes.set_ylim(60, 100)
+    axes.grid(alpha=0.3)
+    axes.set_title(f"openb default, {report['nodes']} nodes / {report['gpus']} GPUs, seed {report['seed']}")
+    axes.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

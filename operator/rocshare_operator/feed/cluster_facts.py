@@ -30,13 +30,8 @@ from pydantic import ValidationError
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
-from rocshare.api.node_settings import (
-    HAMI_OPERATING_MODE_ANNOTATION,
-    POOL_LABEL,
-    POOL_SETTINGS_ANNOTATION,
-)
 from rocshare.core.ids import PodKey, pod_key
-from rocshare_operator.status.pool_logic import NodeMarks, NodeView
+from rocshare_operator.status.pool_logic import NodeView, marks_of
 
 GPU_RESOURCE = "amd.com/gpu"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -160,10 +155,7 @@ def _number(value: object) -> int | None:
 def node_facts(node: Mapping) -> NodeFacts:
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    marks = NodeMarks(pool=_interned(labels.get(POOL_LABEL)),
-                      settings_json=_interned(annotations.get(POOL_SETTINGS_ANNOTATION)),
-                      operating_mode=_interned(annotations.get(HAMI_OPERATING_MODE_ANNOTATION)))
+    marks = marks_of(labels, meta.get("annotations") or {}, _interned)
     view = NodeView(name=sys.intern(meta.get("name", "")),
                     labels=tuple(_label_pair(key, labels[key]) for key in sorted(labels)), marks=marks)
     allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)

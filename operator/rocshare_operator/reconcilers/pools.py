@@ -26,7 +26,9 @@ from rocshare_operator.reconcilers.indexes import all_values
 from rocshare_operator.status.pool_logic import (
     PoolView,
     conflict_message,
-    desired_node_patch,
+    desired_marks,
+    drain_message,
+    node_patch,
     membership,
     nodes_to_reconcile,
     orphaned_nodes,
@@ -100,7 +102,7 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
         return  # the finalizer's handler releases the nodes
     pools = [pool for pool in all_values(pool_views) if pool.name != view.name] + [view]
     nodes = ctx.node_views()
-    await mark_nodes(ctx, view, pools, nodes, logger=logger)
+    draining = await mark_nodes(ctx, view, pools, nodes, logger=logger)
     if view.eligible:
         await apply_daemonset(ctx, state, body, force="daemonset" in reasons, logger=logger)
     member_of = membership(view, pools, nodes)
@@ -109,7 +111,7 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
         conflicting=member_of.conflicting_nodes,
         inventories={node: inventory for node in member_of.members if (inventory := ctx.inventory(node))},
         pods_by_node={node: ctx.slices.on_node(node) for node in member_of.members},
-        problem=view.problem,
+        problem=view.problem, draining=tuple(sorted(draining)),
     )
     previous = dict(body.get("status") or {})
     announce_conflicts(body, view, member_of.conflicts, previous.get("conflictingNodes") or [])
@@ -121,14 +123,30 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
 
 
 async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,
-                     logger: logging.Logger) -> None:
+                     logger: logging.Logger) -> list[str]:
     """Label and annotate (or release) every node this pool selects or still marks, and unmark
-    nodes marked for pools that no longer exist (no loop of theirs is left to do it)."""
+    nodes marked for pools that no longer exist (no loop of theirs is left to do it). A node
+    holding GPU pods keeps its operating mode until drained; those nodes are returned."""
     concerned = {node.name: node for node in nodes_to_reconcile(view, nodes) + orphaned_nodes(nodes, pools)}
+    draining = []
     for node in concerned.values():
-        patch = desired_node_patch(node, pools)
+        desired = desired_marks(node, pools, busy=bool(ctx.slices.on_node(node.name)))
+        if desired.pending_mode is not None:
+            draining.append(node.name)
+            if desired.pending_mode != node.marks.pending_mode:
+                announce_drain(node.name, desired, logger=logger)
+        patch = node_patch(node.marks, desired)
         if patch is not None:
             await patch_node(ctx, node.name, patch, logger=logger)
+    return draining
+
+
+def announce_drain(node: str, marks, *, logger: logging.Logger) -> None:
+    """A Warning event on the Node, once per pending switch."""
+    message = drain_message(node, marks)
+    logger.warning(message)
+    kopf.warn({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}, reason="DrainRequired",
+              message=message)
 
 
 async def patch_node(ctx: OperatorContext, node: str, patch: dict, *, logger: logging.Logger) -> None:

@@ -12,11 +12,14 @@ Invariants:
 * A node that no pool owns is only touched when it still carries our marks: a
   ``hami.io/amd-operating-mode`` that someone else wrote (say, during a migration
   from HAMi) is left alone.
+* A node's operating mode never changes under GPU pods (AMD's guide: drain a node before
+  switching its mode). A node that holds any keeps its current marks and gets
+  ``rocshare.io/pending-operating-mode``; it switches on the first pass after it is empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -24,6 +27,7 @@ from pydantic import ValidationError
 from rocshare.api.models import AmdGpuPoolSpec
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION,
+    PENDING_MODE_ANNOTATION,
     POOL_LABEL,
     POOL_SETTINGS_ANNOTATION,
     NodeSettings,
@@ -70,11 +74,13 @@ class NodeView:
 
 @dataclass(frozen=True)
 class NodeMarks:
-    """The pool label and the two annotations; None means absent."""
+    """The pool label and the annotations; None means absent."""
 
     pool: str | None = None
     settings_json: str | None = None
     operating_mode: str | None = None
+    pending_mode: str | None = None
+    """The mode a busy node switches to once drained (see the module's invariants)."""
 
     @property
     def any(self) -> bool:
@@ -121,10 +127,16 @@ def pool_view(body: Mapping) -> PoolView:
 def node_view(body: Mapping) -> NodeView:
     meta = body.get("metadata", {})
     labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    marks = NodeMarks(pool=labels.get(POOL_LABEL), settings_json=annotations.get(POOL_SETTINGS_ANNOTATION),
-                      operating_mode=annotations.get(HAMI_OPERATING_MODE_ANNOTATION))
+    marks = marks_of(labels, meta.get("annotations") or {})
     return NodeView(name=meta.get("name", ""), labels=tuple(sorted(labels.items())), marks=marks)
+
+
+def marks_of(labels: Mapping[str, str], annotations: Mapping[str, str],
+             keep: Callable[[str | None], str | None] = lambda value: value) -> NodeMarks:
+    """The marks a Node carries; `keep` may intern the values (the cluster feed does)."""
+    return NodeMarks(pool=keep(labels.get(POOL_LABEL)), settings_json=keep(annotations.get(POOL_SETTINGS_ANNOTATION)),
+                     operating_mode=keep(annotations.get(HAMI_OPERATING_MODE_ANNOTATION)),
+                     pending_mode=keep(annotations.get(PENDING_MODE_ANNOTATION)))
 
 
 def seniority(pool: PoolView) -> tuple[str, str]:
@@ -148,16 +160,37 @@ def node_patch(current: NodeMarks, desired: NodeMarks) -> dict | None:
     if current == desired or (desired == NodeMarks() and not current.any):
         return None
     # In a merge patch a null deletes the key, so one shape both marks and unmarks.
-    return {"metadata": {
-        "labels": {POOL_LABEL: desired.pool},
-        "annotations": {POOL_SETTINGS_ANNOTATION: desired.settings_json,
-                        HAMI_OPERATING_MODE_ANNOTATION: desired.operating_mode},
-    }}
+    annotations = {POOL_SETTINGS_ANNOTATION: desired.settings_json, HAMI_OPERATING_MODE_ANNOTATION: desired.operating_mode}
+    if current.pending_mode is not None or desired.pending_mode is not None:
+        annotations[PENDING_MODE_ANNOTATION] = desired.pending_mode
+    return {"metadata": {"labels": {POOL_LABEL: desired.pool}, "annotations": annotations}}
 
 
-def desired_node_patch(node: NodeView, pools: Iterable[PoolView]) -> dict | None:
+def desired_marks(node: NodeView, pools: Iterable[PoolView], *, busy: bool) -> NodeMarks:
+    """The marks `node` should carry. `busy`: it holds GPU pods, so a change of its operating
+    mode waits: it keeps what it has and records the mode it will switch to."""
+    desired = marks_for(owning_pool(node.label_map, pools))
+    current = node.marks
+    if busy and mode_changes(current, desired):
+        return NodeMarks(pool=current.pool, settings_json=current.settings_json,
+                         operating_mode=current.operating_mode, pending_mode=desired.operating_mode)
+    return desired
+
+
+def mode_changes(current: NodeMarks, desired: NodeMarks) -> bool:
+    """A node that stays managed would switch its operating mode (releasing a node is no switch)."""
+    return (current.operating_mode is not None and desired.operating_mode is not None
+            and current.operating_mode != desired.operating_mode)
+
+
+def desired_node_patch(node: NodeView, pools: Iterable[PoolView], *, busy: bool = False) -> dict | None:
     """Bring one node in line with every pool: the whole membership rule in one call."""
-    return node_patch(node.marks, marks_for(owning_pool(node.label_map, pools)))
+    return node_patch(node.marks, desired_marks(node, pools, busy=busy))
+
+
+def drain_message(node: str, marks: NodeMarks) -> str:
+    return (f"node {node} holds GPU pods: it keeps operating mode {marks.operating_mode} and switches to "
+            f"{marks.pending_mode} once they are gone; drain it (kubectl drain {node}) to switch now")
 
 
 def membership(pool: PoolView, pools: Iterable[PoolView], nodes: Iterable[NodeView]) -> Membership:

@@ -6,7 +6,8 @@ Conditions:
   NoNodes, NoGpusReported or NoHealthyGpus (or InvalidPool when it cannot own nodes).
 * Degraded is True when something needs a look although the pool may work:
   UnhealthyGpus, NodesNotReporting (a member without an AmdGpuNode),
-  UndecodableAllocations, NodeConflicts. The first reason in that order is the
+  UndecodableAllocations, DrainRequired (a member keeps its operating mode until its GPU pods
+  are gone), NodeConflicts. The first reason in that order is the
   condition's reason; the message lists them all.
 """
 
@@ -46,6 +47,7 @@ class PoolFacts:
     inventories: Mapping[str, Inventory]
     pods_by_node: Mapping[str, Sequence[PodSlices]]
     problem: str | None = None  # the pool cannot own nodes, and why
+    draining: Sequence[str] = ()  # members that keep their operating mode until their GPU pods are gone
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,9 @@ def _degraded(facts: PoolFacts, totals: _Totals) -> ConditionState:
     if totals.undecodable:
         issues.append(("UndecodableAllocations", f"{totals.undecodable} pod(s) whose allocation cannot be read"
                                                    " (their nodes take no new pods until they end)"))
+    if facts.draining:
+        issues.append(("DrainRequired", f"{len(facts.draining)} node(s) hold GPU pods and switch operating mode "
+                                        "once drained: " + ", ".join(list(facts.draining)[:10])))
     if facts.conflicting:
         issues.append(("NodeConflicts", f"{len(facts.conflicting)} selected node(s) held by older pools: "
                                         + ", ".join(sorted(facts.conflicting)[:10])))

@@ -18,6 +18,9 @@ from rocshare.api.models import HealthSource, Sharing, _Model
 POOL_LABEL = "rocshare.io/pool"
 POOL_SETTINGS_ANNOTATION = "rocshare.io/pool-settings"
 HAMI_OPERATING_MODE_ANNOTATION = "hami.io/amd-operating-mode"
+PENDING_MODE_ANNOTATION = "rocshare.io/pending-operating-mode"
+"""On a node that holds GPU pods while its pool's operating mode changed: the mode it switches
+to once drained (it keeps its current settings until then)."""
 HAMI_NODE_REGISTER_ANNOTATION = "hami.io/node-amd-register"
 HAMI_POD_DEVICES_ANNOTATION = "hami.io/amd-devices-allocated"
 

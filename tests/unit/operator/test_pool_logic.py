@@ -6,12 +6,14 @@ import pytest
 
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION,
+    PENDING_MODE_ANNOTATION,
     POOL_LABEL,
     POOL_SETTINGS_ANNOTATION,
     decode_settings,
 )
 from rocshare_operator.status.pool_logic import (
     NodeMarks,
+    desired_marks,
     desired_node_patch,
     membership,
     node_patch,
@@ -127,3 +129,39 @@ def test_an_invalid_spec_gives_a_view_with_a_problem() -> None:
     view = pool_view({"metadata": {"name": "bad"}, "spec": {"nodeSelector": {}, "sharing": {"splitCount": 999}}})
     assert view.problem and view.problem.startswith("invalid spec")
     assert not view.eligible
+
+
+# ---- an operating-mode change waits for the node to drain (AMD's guide) --------------------
+
+def _marked_cu_node(settings_json: str, extra: dict | None = None):
+    return node("n1", {"gpu": "amd", POOL_LABEL: "p"}, {POOL_SETTINGS_ANNOTATION: settings_json,
+                                                        HAMI_OPERATING_MODE_ANNOTATION: "cu", **(extra or {})})
+
+
+def test_a_busy_node_keeps_its_mode_and_records_the_pending_one() -> None:
+    current = _marked_cu_node(pool("p", {"gpu": "amd"}).settings_json)
+    patch = desired_node_patch(current, [pool("p", {"gpu": "amd"}, mode="partition")], busy=True)
+    assert patch == {"metadata": {"labels": {POOL_LABEL: "p"}, "annotations": {
+        POOL_SETTINGS_ANNOTATION: current.marks.settings_json, HAMI_OPERATING_MODE_ANNOTATION: "cu",
+        PENDING_MODE_ANNOTATION: "partition"}}}
+    held = node_view({"metadata": {"name": "n1", "labels": {"gpu": "amd", POOL_LABEL: "p"},
+                                   "annotations": patch["metadata"]["annotations"]}})
+    assert desired_node_patch(held, [pool("p", {"gpu": "amd"}, mode="partition")], busy=True) is None  # nothing more
+
+
+def test_once_empty_the_node_switches_and_the_pending_mark_goes() -> None:
+    current = _marked_cu_node(pool("p", {"gpu": "amd"}).settings_json, {PENDING_MODE_ANNOTATION: "partition"})
+    target = pool("p", {"gpu": "amd"}, mode="partition")
+    patch = desired_node_patch(current, [target], busy=False)
+    annotations = patch["metadata"]["annotations"]
+    assert annotations[HAMI_OPERATING_MODE_ANNOTATION] == "partition" and annotations[PENDING_MODE_ANNOTATION] is None
+    assert annotations[POOL_SETTINGS_ANNOTATION] == target.settings_json
+
+
+def test_other_setting_changes_and_releases_do_not_wait() -> None:
+    current = _marked_cu_node(pool("p", {"gpu": "amd"}).settings_json)
+    resized = pool_view({"metadata": {"name": "p", "uid": "uid-p", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                         "spec": {"nodeSelector": {"gpu": "amd"}, "sharing": {"splitCount": 4}}})
+    assert desired_marks(current, [resized], busy=True) == NodeMarks(
+        pool="p", settings_json=resized.settings_json, operating_mode="cu")
+    assert desired_marks(current, [], busy=True) == NodeMarks()  # the pool is gone: released at once

@@ -18,6 +18,9 @@ Pods are drawn from fleet.POD_MIX, so shapes repeat as in a real workload: "warm
 follow one untimed pod of each shape (a live extender's steady state); "cold" rounds empty
 the extender's plan memo first, as for the first pod of a never-seen shape.
 Only the decision functions are timed: no HTTP and no JSON parsing of the request body.
+The pool's gpuPolicy is `--gpu-policy` (default fragmentation-aware, the recommended one: its
+fragmentation model is on, learnt from the bench's pods as the pod feed would deliver them, and
+rebuilt every 50 binds during the timed rounds too, each rebuild dropping the plan memo's answers).
 The garbage collector is set as in the live extender (`heap.settle_heap` once the caches
 are built), so its pauses are the ones production sees.
 """
@@ -47,27 +50,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=0,
                         help="timed pods per setting (default: 2000 at 100 nodes, 1000 at 1,000, 400 at 5,000)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--gpu-policy", default="fragmentation-aware",
+                        help="the pool's gpuPolicy (default: %(default)s, whose fragmentation model is on)")
     parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
 
 
 def run(args: argparse.Namespace) -> int:
     report = measure([int(n) for n in args.nodes.split(",")], [float(o) for o in args.occupancy.split(",")],
-                     rounds=args.rounds, seed=args.seed, progress=not args.json)
+                     rounds=args.rounds, seed=args.seed, progress=not args.json, gpu_policy=args.gpu_policy)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
 
 
 def measure(node_counts: Sequence[int], occupancies: Sequence[float], *, rounds: int = 0, seed: int = 7,
-            progress: bool = False) -> dict:
+            progress: bool = False, gpu_policy: str = "fragmentation-aware") -> dict:
     results = []
     for nodes in node_counts:
         for occupancy in occupancies:
-            result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed))
+            result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed, gpu_policy))
             results.append(result)
             if progress:
                 print(_row(result), flush=True)
-    return {"node_gpus": 8, "full_node_list": True, "settings": results}
+    return {"node_gpus": 8, "full_node_list": True, "gpu_policy": gpu_policy, "settings": results}
 
 
 def _default_rounds(nodes: int) -> int:
@@ -87,14 +92,15 @@ class Timings:
     feasible: list[int]
 
 
-async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int) -> dict:
+async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
+                       gpu_policy: str = "fragmentation-aware") -> dict:
     from rocshare_operator.extender.heap import settle_heap
     from rocshare_operator.extender.state import SchedulerState
 
     rng = random.Random(seed)
     build_started = time.perf_counter()
     state = SchedulerState()
-    names = build_nodes(state, nodes)
+    names = build_nodes(state, nodes, gpu_policy)
     live = fill(state, names, occupancy, rng)
     build_s = time.perf_counter() - build_started
     reached = occupancy_of(state)
@@ -112,10 +118,10 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int) -> 
     }
 
 
-def build_nodes(state, count: int) -> list[str]:
+def build_nodes(state, count: int, gpu_policy: str = "fragmentation-aware") -> list[str]:
     from rocshare_dev.bench.fleet import gpu_node_object, node_kind, node_name, node_object, pool_object
 
-    state.on_pool("ADDED", pool_object())
+    state.on_pool("ADDED", pool_object({"gpuPolicy": gpu_policy}))
     names = [node_name(i) for i in range(count)]
     for i, name in enumerate(names):
         state.on_node("ADDED", node_object(name, node_kind(i)))
@@ -143,10 +149,23 @@ def fill(state, names: Sequence[str], occupancy: float, rng: random.Random) -> d
                 misses += 1
                 continue
             key = pod_key(NAMESPACE, pod.name)
-            state.commit(key, NAMESPACE, record_from_plan(node, usage, pod.request, plan))
+            record = record_from_plan(node, usage, pod.request, plan)
+            state.commit(key, NAMESPACE, record)
+            feed_workload(state, pod.name, record)
             live.append(key)
     rng.shuffle(live)
     return live
+
+
+def feed_workload(state, name: str, record) -> None:
+    """What the pod feed tells the pool's workload model of a bound pod (outside the timing)."""
+    from rocshare.api.allocation import encode_record
+    from rocshare_dev.bench.fleet import NAMESPACE
+    from rocshare_operator.feed.cluster_facts import PodFacts
+
+    state.workloads.on_pod("ADDED", PodFacts(namespace=NAMESPACE, name=name, node=record.node,
+                                             scheduler_name="rocshare-scheduler", phase="Running", deleting=False,
+                                             unschedulable=None, allocated=True, allocation=encode_record(record)))
 
 
 def occupancy_of(state) -> float:
@@ -172,6 +191,7 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
         if record is not None:  # steady occupancy: this pod stays, an older one ends
             key = pod_key(NAMESPACE, pod.name)
             state.commit(key, NAMESPACE, record)
+            feed_workload(state, pod.name, record)
             live.append(key)
             old = live.popleft()
             await state.on_pod("DELETED", {"metadata": {"namespace": NAMESPACE, "name": old.partition("/")[2]}})

@@ -131,9 +131,11 @@ def gpu_node_object(name: str, kind: str) -> dict[str, Any]:
             "status": gpu_node_status(name, kind).to_json_dict()}
 
 
-def pool_object() -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL},
-            "spec": {"nodeSelector": {FLEET_LABEL: "yes"}}}
+def pool_object(scheduling: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodeSelector": {FLEET_LABEL: "yes"}}
+    if scheduling:
+        spec["scheduling"] = dict(scheduling)
+    return {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL}, "spec": spec}
 
 
 def pod_object(name: str, resources: dict[str, str], *, node: str = "",

@@ -2,9 +2,10 @@
 
 `WorkloadWindow` holds the request shapes of the last `window` pods a pool was given (pods it
 holds and pods it has held; one sample per pod), as a count per shape updated by `add` in
-O(1). `model()` returns a `FragmentationModel` of the window, built again only after `rebuild_every`
-new samples (a model carries a memo, and every decision cached for the old one is dropped with
-it, so it must not change on every bind).
+O(1). `model()` returns a `FragmentationModel` of the window, looked at again only after `rebuild_every`
+new samples and replaced only when the workload moved (task weights in whole percent): a model
+carries a memo, and every decision cached for the old one is dropped with it, so it must not
+change on every bind.
 
 Until the window holds `prior_pods` samples, a prior is mixed in as pseudo-samples, weighing
 `prior_pods - seen` pods: with nothing seen the model is the prior alone; from `prior_pods`
@@ -37,6 +38,7 @@ WINDOW_PODS = 2000
 PRIOR_PODS = 200
 REBUILD_EVERY = 50
 COVERAGE = 0.95
+WEIGHT_DIGITS = 2
 
 
 @dataclass
@@ -69,8 +71,10 @@ class WorkloadWindow:
         (and while the prior still weighs, when any did: few pods move it a lot then)."""
         stale = self._since_build >= self.rebuild_every or (self._since_build and self.seen <= self.prior_pods)
         if self._model is None or stale:
-            self._model = FragmentationModel(self.workload())
             self._since_build = 0
+            workload = self.workload()
+            if self._model is None or workload != self._model.workload:
+                self._model = FragmentationModel(workload)
         return self._model
 
     def workload(self) -> TypicalWorkload:
@@ -89,4 +93,6 @@ class WorkloadWindow:
                 break
             kept.append((shape, weight))
             covered += weight
-        return TypicalWorkload(tuple(TypicalTask(c, g, s, t, w / covered) for (c, g, s, t), w in kept))
+        # Weights in whole percent: a model that did not move keeps its object, memo and the
+        # decisions cached for it (a new model drops them all).
+        return TypicalWorkload(tuple(TypicalTask(c, g, s, t, round(w / covered, WEIGHT_DIGITS)) for (c, g, s, t), w in kept))

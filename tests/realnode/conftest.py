@@ -76,6 +76,7 @@ def real_node() -> Iterator[RealNode]:
     started = time.monotonic()
     node.up()
     TIMINGS["node Ready"] = time.monotonic() - started
+    TIMINGS.update({f"  of which {name}": seconds for name, seconds in node.step_seconds.items()})
     try:
         yield node
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class RealNode:
         self.node_name = node_name
         self.state: State | None = None
         self.control_plane: ControlPlane | None = None
+        self.step_seconds: dict[str, float] = {}  # how long each part of `up` took
 
     @property
     def logs(self) -> Path:
@@ -80,6 +82,9 @@ class RealNode:
         if self.state_file.exists() or self.ns.exists():
             raise RigError(f"a real node is already recorded in {self.root} or netns {self.ns.name} exists: "
                            "run `make real-node-down` first")
+        if _serving(DEVICE_PLUGIN_DIR / "kubelet.sock"):
+            raise RigError(f"another kubelet serves {DEVICE_PLUGIN_DIR / 'kubelet.sock'} (a real node already up, "
+                           "e.g. `make real-node-up`): one real node at a time on a machine")
         missing = [name for name in IMAGE_ARCHIVES if not (IMAGES_DIR / f"{name}.tar").exists()]
         if missing or not (self.bin_dir / "kubelet").exists():
             raise RigError(f"missing images {missing} or the kubelet: run `make controlplane images` first")
@@ -109,6 +114,7 @@ class RealNode:
         finally:
             self.state.pids.update({f"cp-{name}": pid for name, pid in control_plane.pids.items()})
             self._save()
+        self.step_seconds["control plane"] = time.monotonic() - started
         control_plane.start_scheduler(config_path=self._write_default_scheduler_config(control_plane))
         self.state.pids["cp-kube-scheduler"] = control_plane.pids["kube-scheduler"]
         cni_conf_dir = self.root / "cni"
@@ -117,14 +123,19 @@ class RealNode:
         containerd.write_config(cni_conf_dir=cni_conf_dir)
         self.state.pids["containerd"] = containerd.start(self.ns, self.logs / "containerd.log")
         self._save()
+        step = time.monotonic()
         containerd.import_images([IMAGES_DIR / f"{name}.tar" for name in IMAGE_ARCHIVES])
+        self.step_seconds["image import"] = time.monotonic() - step
         kubelet = self.kubelet
         kubelet.write_files(control_plane, containerd_socket=containerd.socket)
         self.state.pids["kubelet"] = kubelet.start(self.ns, bin_dir=self.bin_dir, log=self.logs / "kubelet.log")
         self._save()
+        step = time.monotonic()
         self._wait_node_ready(timeout_s - (time.monotonic() - started))
+        self.step_seconds["kubelet to node Ready"] = time.monotonic() - step
         changed = sysctls.restore(self.state.sysctls)
-        print(f"real node {self.node_name} Ready in {time.monotonic() - started:.0f} s"
+        parts = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.step_seconds.items())
+        print(f"real node {self.node_name} Ready in {time.monotonic() - started:.0f} s ({parts})"
               f" (restored sysctls the kubelet changed: {', '.join(changed) or 'none'})")
 
     def _write_default_scheduler_config(self, control_plane: ControlPlane) -> Path:
@@ -199,6 +210,19 @@ class RealNode:
         self.state = state
         self.control_plane = ControlPlane(root=self.root / "cluster", ports=Ports(**state.ports), bin_dir=self.bin_dir)
         return self.control_plane
+
+
+def _serving(socket_path: Path) -> bool:
+    """Whether something answers on the unix socket (the kubelet's device-manager socket is a
+    fixed host path, so two real nodes on one machine would take it from each other)."""
+    if not socket_path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(socket_path))
+            return True
+        except OSError:
+            return False
 
 
 def _first_missing(path: Path) -> str | None:

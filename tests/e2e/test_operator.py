@@ -392,13 +392,13 @@ async def test_share_quota_status_and_pods_of_a_pool_that_appears_later(kube: Ku
         assert (status["used"]["memoryMiB"], status["podsTotal"], status["pods"]) == (0, 0, []), status
     await eventually(repaired)
 
-    # The pool goes: the share says so. The share goes: so does its quota.
+    # The pool goes: the share is its namespace's quota, not the pool's, so it holds
+    # (docs/accounting.md). The share goes: so does its quota.
     await kube.delete(pool_path("late"))
-
-    async def pool_lost() -> None:
-        ready = await condition(kube, share_path(namespace, "research"), "Ready")
-        assert ready["reason"] == "PoolNotFound"
-    await eventually(pool_lost)
+    await asyncio.sleep(2)
+    ready = await condition(kube, share_path(namespace, "research"), "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "QuotaApplied")
+    await kube.get(quota_path(namespace, "research"))
     await kube.delete(share_path(namespace, "research"))
     await eventually(lambda: gone(kube, quota_path(namespace, "research")))
     operator.assert_alive()

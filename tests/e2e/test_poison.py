@@ -9,8 +9,8 @@ node (kubelet device manager + agent; the capture copied with a synthetic 64 GiB
 * a pod whose allocation record is valid JSON of the wrong shape (`victim`, rewritten by the
   cluster admin after it ran).
 After the operator restarts (it rebuilds everything from watches), the two pods it cannot read
-keep their node blocked: a new pod waits with UndecodableAllocationRecord, never bound there, and
-`rocshare_unaccountable_pods` counts them; once they are deleted, the node takes the pod. No GPU
+keep their node blocked: a new pod waits with UndecodableAllocationRecord, never bound there,
+`rocshare_unaccountable_pods` counts them and each gets an UnaccountableAllocation event; once they are deleted, the node takes the pod. No GPU
 is handed out twice at any point (the chaos test's own invariants, from every decodable record).
 """
 
@@ -158,6 +158,14 @@ async def test_poisoned_objects_block_their_node_and_nothing_is_booked_twice(fle
     await wait_for(lambda: asyncio.to_thread(
         lambda: metric(operator, "rocshare_unaccountable_pods", namespace=NAMESPACE, node=NODE) == 2),
         timeout_s=30, what="two unaccountable pods on the node in the metrics")
+
+    async def warned(name: str) -> list[str]:
+        events = await kube.list(object_path("v1", "events", namespace=NAMESPACE),
+                                 fieldSelector=f"involvedObject.name={name},reason=UnaccountableAllocation")
+        return [event["message"] for event in events.get("items", [])]
+    for name, why in (("victim", "is invalid"), ("choke-1", "its object cannot be read")):
+        messages = await wait_for(lambda name=name: warned(name), timeout_s=20, what=f"an event on {name}")
+        assert any(why in message and f"node {NODE} takes no new pods" in message for message in messages), messages
 
     await create_pod(kube, pod("intruder"))
     failures = await wait_for(lambda: scheduling_failures(kube, "intruder", NAMESPACE), timeout_s=30,

@@ -87,6 +87,8 @@ class Accounts:
         self.unaccountable: dict[PodKey, tuple[str, str, str]] = {}
         """Pod -> (namespace, node, why): what it holds is unknown."""
         self.on_release: list[Callable[[], None]] = []
+        self.on_unaccountable: list[Callable[[PodKey, str, str, str], None]] = []
+        """Called with (pod, namespace, node, why) when a pod's hold becomes unknown (the server posts an Event)."""
         self._cu_counts = cu_counts
 
     # ---- the pod watch -------------------------------------------------------------------
@@ -128,10 +130,13 @@ class Accounts:
         if key in self.ledger:
             self.unaccountable.pop(key, None)
             return  # accounted from its record (read earlier, or bind's own decision): that still holds
-        if self.unaccountable.get(key, ("", "", ""))[2] != why:
+        changed = self.unaccountable.get(key) != (namespace, node, why)
+        self.unaccountable[key] = (namespace, node, why)
+        if changed:
             log.error("pod %s: %s; node %s takes no new pods and namespace %s no new quota until it ends",
                       key, why, node or "(unknown)", namespace)
-        self.unaccountable[key] = (namespace, node, why)
+            for callback in self.on_unaccountable:
+                callback(key, namespace, node, why)
         if node:
             self.pod_nodes[key] = node
 

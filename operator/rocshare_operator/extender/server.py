@@ -29,6 +29,7 @@ from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
 from rocshare_operator.extender.decisions import filter_nodes, prioritize
 from rocshare_operator.extender.failure_metrics import FailureCollector
+from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.retry import Retrier
@@ -206,6 +207,7 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     watches = [*feed.informers(), *informers]
     metrics = ExtenderMetrics(state)
     metrics.registry.register(FailureCollector(state.accounts, lambda: watches))
+    state.accounts.on_unaccountable.append(PodEvents(kube).unaccountable)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
                               ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers),
                               problems=lambda: _failing(watches))

@@ -1,0 +1,57 @@
+"""Events the extender posts on pods (side effects of the server, never of a decision).
+
+`UnaccountableAllocation` (Warning): the pod's hold cannot be read (its allocation record or
+the pod object), so its node takes no new pod and its namespace no new quota until it ends
+(docs/accounting.md). Posted once per pod and reason, in the background; a failed post is
+logged, never retried in a loop (the metric `rocshare_unaccountable_pods` stays as the record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+
+from rocshare.core.ids import PodKey
+from rocshare.kube.client import ApiError, Kube, object_path
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "rocshare-extender"
+POSTED_MAX = 10_000
+
+
+class PodEvents:
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self._posted: dict[PodKey, str] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def unaccountable(self, key: PodKey, namespace: str, node: str, why: str) -> None:
+        """Called by `Accounts` (synchronously) when a pod's hold becomes unknown."""
+        if self._posted.get(key) == why:
+            return
+        if len(self._posted) >= POSTED_MAX:
+            self._posted.clear()
+        self._posted[key] = why
+        where = f"node {node} takes no new pods" if node else "it holds nothing until it is bound"
+        message = (f"rocshare cannot account for what this pod holds ({why}); {where} and namespace "
+                   f"{namespace} no new quota until it ends or can be read")
+        task = asyncio.get_running_loop().create_task(self._post(key, "UnaccountableAllocation", message[:1024]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _post(self, key: PodKey, reason: str, message: str) -> None:
+        namespace, _, name = key.partition("/")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            await self._kube.create(object_path("v1", "events", namespace=namespace), {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
+                "reason": reason, "message": message, "type": "Warning",
+                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            })
+        except ApiError as error:
+            log.warning("could not post the %s event on pod %s: %s", reason, key, error)

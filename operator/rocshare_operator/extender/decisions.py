@@ -181,14 +181,19 @@ class _Pass:
             found = self._pool_ways[pool] = self._way(*self._way_key(policy_for(self.snap, name, self.request), pool))
         return found
 
-    def _way_key(self, policy: Policy, pool: str | None) -> tuple[Policy, ScoringContext]:
-        """The policy and what it scores with: the pool's fragmentation model where it reads one."""
-        return policy, (self.snap.workloads.context(pool) if reads_model(policy) else DEFAULT_CONTEXT)
+    def _way_key(self, policy: Policy, pool: str | None) -> tuple[Policy, ScoringContext, str | None]:
+        """The policy, what it scores with (the pool's fragmentation model where it reads one), and
+        whose model that is. The memo is keyed by the pool, not the model: when a pool's model is
+        replaced, answers cached for a node stay until the node changes (then it is planned with the
+        new one), so a model update costs no full re-plan of every node in one decision."""
+        if not reads_model(policy):
+            return policy, DEFAULT_CONTEXT, None
+        return policy, self.snap.workloads.context(pool), pool or ""
 
-    def _way(self, policy: Policy, ctx: ScoringContext) -> _Way:
+    def _way(self, policy: Policy, ctx: ScoringContext, model_of: str | None) -> _Way:
         found = self._ways.get((policy, ctx))
         if found is None:
-            memo = self.snap.plans.answers((self._request_key, policy, ctx)) if self.memoised else None
+            memo = self.snap.plans.answers((self._request_key, policy, model_of)) if self.memoised else None
             found = self._ways[(policy, ctx)] = _Way(PodPlanner(self.request, policy, ctx), memo)
         return found
 

@@ -2,9 +2,10 @@
 (rocshare_dev.devcluster.faults) on the real control plane, kube-scheduler and a simulated MI210
 node (kubelet device manager + agent; the capture copied with a synthetic 64 GiB per GPU):
 
-* a handler made to raise: the extender's accounting raises on the first 3 events of pod
+* a handler made to raise: the extender's accounting raises on the first 5 events of pod
   `flaky-1`; the event is retried until it is taken, and meanwhile the failure shows on /readyz
-  (503 naming the pod) and on the metrics (`rocshare_watch_event_failures`);
+  (503 naming the pod), on the metrics (`rocshare_watch_event_failures`) and in the pool's
+  Degraded condition (EventsNotHandled);
 * a pod object the fact decoder chokes on (`choke-1`);
 * a pod whose allocation record is valid JSON of the wrong shape (`victim`, rewritten by the
   cluster admin after it ran).
@@ -48,7 +49,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 NODE = "poison-mi210"
 NAMESPACE = "poison"
-RAISES = 3
+RAISES = 5  # 0.1 + 0.5 + 1 + 2 + 5 s of retries: long enough to see readiness and the pool's condition
 FAULTS = (sys.executable, "-m", "rocshare_dev.devcluster.faults", "--choke-facts", "choke-",
           "--raise", f"flaky-:{RAISES}", "--")
 WRONG_SHAPE = json.dumps({"version": 1, "node": NODE, "containers": "every GPU"})
@@ -125,15 +126,21 @@ async def test_poisoned_objects_block_their_node_and_nothing_is_booked_twice(fle
     # A handler that raises: retried until taken, visible on readiness and metrics meanwhile.
     failures_before = metric(operator, "rocshare_watch_event_failures_total", watch="pods")
     await create_pod(kube, pod("flaky-1"))
-    seen_failing = None
+    seen_failing = seen_condition = None
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and seen_failing is None:
+    while time.monotonic() < deadline and (seen_failing is None or seen_condition is None):
         status, text = readiness(operator)
         if status == 503 and f"{NAMESPACE}/flaky-1" in text:
             seen_failing = text
+        conditions = ((await kube.get(object_path(API_VERSION, "amdgpupools", NODE))).get("status") or {}).get(
+            "conditions") or []
+        for condition in conditions:
+            if condition["type"] == "Degraded" and f"{NAMESPACE}/flaky-1" in condition.get("message", ""):
+                seen_condition = condition
         await asyncio.sleep(0.05)
     assert seen_failing is not None, "readiness never reported the failing handler"
     assert "planted: accounting failed" in seen_failing
+    assert seen_condition is not None and f"{NAMESPACE}/flaky-1" in seen_condition["message"], seen_condition
     await wait_running(kube, "flaky-1", NAMESPACE, timeout_s=60)
     await wait_for(lambda: asyncio.to_thread(lambda: readiness(operator)[0] == 200), timeout_s=30,
                    what="readiness back once the event was taken")

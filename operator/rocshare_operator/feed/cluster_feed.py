@@ -52,19 +52,25 @@ class ClusterFeed:
         self._node_handlers: list[NodeHandler] = []
         self._pod_handlers: list[PodHandler] = []
         self._gpu_node_handlers: list[GpuNodeHandler] = []
+        self._failing_handlers: list[Callable[[], None]] = []
         self._started = False
         self.nodes: Informer[NodeFacts] = Informer(kube, "/api/v1/nodes", self._on_node, name="nodes",
-                                                   decode=node_facts, changed_only=True)
+                                                   decode=node_facts, changed_only=True,
+                                                   on_failing=self._failing_changed)
         self.pods: Informer[PodFacts] = Informer(kube, "/api/v1/pods", self._on_pod, name="pods",
-                                                 decode=pod_facts, changed_only=True)
+                                                 decode=pod_facts, changed_only=True,
+                                                 on_failing=self._failing_changed)
         self.gpu_nodes: Informer[GpuNodeFacts] = Informer(
             kube, object_path(API_VERSION, "amdgpunodes"), self._on_gpu_node, name="amdgpunodes",
-            decode=gpu_node_facts, changed_only=True)
+            decode=gpu_node_facts, changed_only=True, on_failing=self._failing_changed)
 
     def subscribe(self, *, on_node: NodeHandler | None = None, on_pod: PodHandler | None = None,
-                  on_gpu_node: GpuNodeHandler | None = None) -> None:
+                  on_gpu_node: GpuNodeHandler | None = None, on_failing: Callable[[], None] | None = None) -> None:
+        """`on_failing`: told when an object starts or stops failing (see `failing`)."""
         if self._started:
             raise RuntimeError("subscribe to the cluster feed before it runs: a late reader misses the first list")
+        if on_failing is not None:
+            self._failing_handlers.append(on_failing)
         for handlers, handler in ((self._node_handlers, on_node), (self._pod_handlers, on_pod),
                                   (self._gpu_node_handlers, on_gpu_node)):
             if handler is not None:
@@ -72,6 +78,10 @@ class ClusterFeed:
 
     def informers(self) -> tuple[Informer, ...]:
         return (self.nodes, self.gpu_nodes, self.pods)
+
+    def _failing_changed(self) -> None:
+        for handler in self._failing_handlers:
+            handler()
 
     def failing(self) -> dict[str, str]:
         """Objects whose latest event a handler has not taken yet (or that cannot be decoded) -> why."""

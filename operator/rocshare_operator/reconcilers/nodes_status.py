@@ -26,7 +26,8 @@ def subscribe(ctx: OperatorContext) -> None:
     """Have the cluster feed tell the reconcilers about nodes and pods (before the feed runs)."""
     ctx.feed.subscribe(on_node=lambda kind, facts, before: node_changed(ctx, kind, facts, before),
                        on_gpu_node=lambda kind, facts, before: gpu_node_changed(ctx, kind, facts, before),
-                       on_pod=lambda kind, facts, _before: pod_changed(ctx, kind, facts))
+                       on_pod=lambda kind, facts, _before: pod_changed(ctx, kind, facts),
+                       on_failing=lambda: ctx.wakeups.wake_kind("pool"))  # their Degraded shows it
 
 
 def node_changed(ctx: OperatorContext, kind: str, facts: NodeFacts, before: NodeFacts | None) -> None:

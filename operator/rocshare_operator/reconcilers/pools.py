@@ -112,6 +112,7 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
         inventories={node: inventory for node in member_of.members if (inventory := ctx.inventory(node))},
         pods_by_node={node: ctx.slices.on_node(node) for node in member_of.members},
         problem=view.problem, draining=tuple(sorted(draining)),
+        events_failing=tuple(f"{what}: {why}" for what, why in sorted(ctx.feed.failing().items())),
     )
     previous = dict(body.get("status") or {})
     announce_conflicts(body, view, member_of.conflicts, previous.get("conflictingNodes") or [])

@@ -6,7 +6,8 @@ Conditions:
   NoNodes, NoGpusReported or NoHealthyGpus (or InvalidPool when it cannot own nodes).
 * Degraded is True when something needs a look although the pool may work:
   UnhealthyGpus, NodesNotReporting (a member without an AmdGpuNode),
-  UndecodableAllocations, DrainRequired (a member keeps its operating mode until its GPU pods
+  UndecodableAllocations, EventsNotHandled (a watch event the operator's handlers have not
+  taken yet: it is retried), DrainRequired (a member keeps its operating mode until its GPU pods
   are gone), NodeConflicts. The first reason in that order is the
   condition's reason; the message lists them all.
 """
@@ -48,6 +49,7 @@ class PoolFacts:
     pods_by_node: Mapping[str, Sequence[PodSlices]]
     problem: str | None = None  # the pool cannot own nodes, and why
     draining: Sequence[str] = ()  # members that keep their operating mode until their GPU pods are gone
+    events_failing: Sequence[str] = ()  # watch events the operator's handlers have not taken yet (retrying)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ def _degraded(facts: PoolFacts, totals: _Totals) -> ConditionState:
     if totals.undecodable:
         issues.append(("UndecodableAllocations", f"{totals.undecodable} pod(s) whose allocation cannot be read"
                                                    " (their nodes take no new pods until they end)"))
+    if facts.events_failing:
+        issues.append(("EventsNotHandled", f"{len(facts.events_failing)} watch event(s) not handled yet, retrying: "
+                                           + "; ".join(list(facts.events_failing)[:5])))
     if facts.draining:
         issues.append(("DrainRequired", f"{len(facts.draining)} node(s) hold GPU pods and switch operating mode "
                                         "once drained: " + ", ".join(list(facts.draining)[:10])))

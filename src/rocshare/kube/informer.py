@@ -73,7 +73,8 @@ def object_key(obj: dict[str, Any]) -> str:
 class Informer(Generic[V]):
     def __init__(self, kube: Kube, path: str, handler: Handler, *, name: str = "",
                  label_selector: str | None = None, field_selector: str | None = None,
-                 decode: Callable[[dict[str, Any]], Any] = slim, changed_only: bool = False) -> None:
+                 decode: Callable[[dict[str, Any]], Any] = slim, changed_only: bool = False,
+                 on_failing: Callable[[], None] | None = None) -> None:
         self._kube = kube
         self._path = path
         self._handler = handler
@@ -85,6 +86,8 @@ class Informer(Generic[V]):
         self.store: dict[str, V] = {}
         self.synced = asyncio.Event()
         self.failing: dict[str, Failure] = {}
+        self._on_failing = on_failing
+        """Called when an object starts or stops failing (status writers show it)."""
         self.failures_total = 0
         self._retry_wake = asyncio.Event()
 
@@ -167,7 +170,7 @@ class Informer(Generic[V]):
             return self._decode(obj)
         except Exception as error:  # one bad object must not stop the cache
             self.failures_total += 1
-            self.failing[key] = Failure(None, None, f"cannot decode: {error!r}", 1, float("inf"))
+            self._failed(key, Failure(None, None, f"cannot decode: {error!r}", 1, float("inf")))
             log.exception("%s: cannot decode %s", self.name, key)
             return None
 
@@ -203,16 +206,24 @@ class Informer(Generic[V]):
             attempts += 1
             self.failures_total += 1
             delay = HANDLER_BACKOFF_S[min(attempts, len(HANDLER_BACKOFF_S)) - 1]
-            self.failing[key] = Failure(kind, value, repr(error), attempts, time.monotonic() + delay)
+            self._failed(key, Failure(kind, value, repr(error), attempts, time.monotonic() + delay))
             self._retry_wake.set()
             log.exception("%s: handler failed on %s %s (attempt %d); retrying in %.1f s",
                           self.name, kind, key, attempts, delay)
             return False
         return True
 
+    def _failed(self, key: str, failure: Failure) -> None:
+        new = key not in self.failing
+        self.failing[key] = failure
+        if new and self._on_failing is not None:
+            self._on_failing()
+
     def _settled(self, key: str) -> None:
         if self.failing.pop(key, None) is not None:
             log.info("%s: %s is handled again", self.name, key)
+            if self._on_failing is not None:
+                self._on_failing()
 
     async def _retry_failed(self) -> None:
         """Hand failed events to the handler again when due (a newer event may have replaced them)."""

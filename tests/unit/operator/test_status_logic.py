@@ -114,6 +114,15 @@ def test_undecodable_records_degrade_the_pool_and_are_not_summed() -> None:
     assert "1 pod(s) whose allocation cannot be read" in status["conditions"][1]["message"]
 
 
+def test_events_not_handled_yet_degrade_the_pool() -> None:
+    status = pool_status(facts(inventories={"n1": inventory("n1", ("g1", 104, 65520, True))},
+                               members=["n1"], pods_by_node={},
+                               events_failing=["pods ns/p: RuntimeError('bug')"]), previous_conditions=None, now=T0)
+    degraded = status["conditions"][1]
+    assert (degraded["status"], degraded["reason"]) == ("True", "EventsNotHandled")
+    assert "1 watch event(s) not handled yet, retrying: pods ns/p: RuntimeError('bug')" in degraded["message"]
+
+
 def test_unchanged_pool_status_is_identical_so_nothing_is_written() -> None:
     first = pool_status(facts(), previous_conditions=None, now=T0)
     assert pool_status(facts(), previous_conditions=first["conditions"], now=T1) == first

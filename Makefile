@@ -6,14 +6,24 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The Kubernetes version of the control plane, kubelet and kubelet peer (make test K8S_VERSION=1.37.2).
+# Empty: controlplane/k8s/default-version. Every version with controlplane/k8s/<version>/go.mod is
+# supported; each is built into .cache/k8s/<version>/bin. Scripts and tests read K8S_VERSION too.
+K8S_VERSION ?=
+ifneq ($(strip $(K8S_VERSION)),)
+export K8S_VERSION
+endif
+K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
-.PHONY: help venv controlplane crds lint unit e2e test chaos bench cluster-up cluster-down demo demo-down clean \
+.PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
 	real-node-deps images real-node-up real-node-down observability-deps
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
 	@echo "make demo-down    stop everything make demo started"
 	@echo "make test         lint, unit, integration and e2e tests (builds the control plane once, cached)"
+	@echo "                  K8S_VERSION=1.37.2 picks the Kubernetes version (default $$(cat controlplane/k8s/default-version))"
+	@echo "make test-matrix  make test on every supported version ($(K8S_VERSIONS)); summary in run/test-matrix"
 	@echo "make bench        benchmarks -> docs/benchmarks.json, docs/benchmarks.md"
 	@echo "make chaos        the long chaos run"
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
@@ -28,8 +38,9 @@ $(STAMP): pyproject.toml dev/pyproject.toml constraints.txt
 
 venv: $(STAMP)
 
-# kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd v1.35 and the kubelet peer,
-# built from Go modules into .cache/bin (cached by a stamp; a second run does nothing).
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, the kubelet, the kubelet peer
+# and pause at K8S_VERSION, built from Go modules into .cache/k8s/<version>/bin (cached by a stamp; a
+# second run does nothing).
 controlplane:
 	@controlplane/build.sh
 
@@ -48,6 +59,10 @@ e2e: $(STAMP) controlplane observability-deps
 
 test: $(STAMP) controlplane lint images observability-deps
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
+
+# The suite on every supported Kubernetes version, one after the other (CI runs the default only).
+test-matrix: $(STAMP)
+	@dev/test-matrix.sh $(K8S_VERSIONS)
 
 # Prometheus (tests/e2e/test_dashboards.py) and libdrm's amdgpu.ids (GPU names): Debian packages
 # when missing.

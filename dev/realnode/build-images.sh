@@ -4,7 +4,7 @@
 #   localhost/rocshare/pause:dev          controlplane/cmd/pause (static), from scratch
 #   localhost/rocshare/operator:dev       images/operator.Dockerfile on the local base
 #   localhost/rocshare/node-agent:dev     images/agent.Dockerfile on the local base
-#   localhost/rocshare/kube-scheduler:v1.35.4   the control plane's own kube-scheduler binary
+#   localhost/rocshare/kube-scheduler:v<K8S_VERSION>   the control plane's own kube-scheduler binary
 #   localhost/rocshare/workload:dev       the local base, for the tests' slice pods
 # Each ends as a docker-archive in .cache/images/<name>.tar (what the rig imports into
 # containerd), cached by a content stamp: a second run with unchanged inputs does nothing.
@@ -14,7 +14,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 cache=.cache/images
-bin=${ROCSHARE_BIN_DIR:-$root/.cache/bin}
+# The control plane version (make ... K8S_VERSION=1.37.2; default controlplane/k8s/default-version).
+k8s_version=${K8S_VERSION:-$(cat controlplane/k8s/default-version)}
+k8s_version=${k8s_version#v}
+bin=${ROCSHARE_BIN_DIR:-$root/.cache/k8s/$k8s_version/bin}
 mkdir -p "$cache"
 buildah() { command buildah --root "$root/.cache/containers/storage" --runroot "$root/.cache/containers/run" --storage-driver overlay "$@"; }
 
@@ -66,9 +69,10 @@ sched_stamp=$(stamp "$bin/kube-scheduler" "$cache/base.stamp")
 if ! fresh kube-scheduler "$sched_stamp"; then
   c=$(buildah from "$base")
   buildah copy --quiet --chmod 0755 "$c" "$bin/kube-scheduler" /usr/local/bin/kube-scheduler >/dev/null
-  buildah config --entrypoint '["/usr/local/bin/kube-scheduler"]' --cmd '' --user 65532:65532 "$c"
-  buildah commit --quiet --rm "$c" localhost/rocshare/kube-scheduler:v1.35.4 >/dev/null
-  save localhost/rocshare/kube-scheduler:v1.35.4 kube-scheduler "$sched_stamp"
+  buildah config --cmd '[]' "$c"  # the base's /bin/bash, cleared first, or it becomes an argument
+  buildah config --entrypoint '["/usr/local/bin/kube-scheduler"]' --user 65532:65532 "$c"
+  buildah commit --quiet --rm "$c" localhost/rocshare/kube-scheduler:v$k8s_version >/dev/null
+  save localhost/rocshare/kube-scheduler:v$k8s_version kube-scheduler "$sched_stamp"
 fi
 
 # ---- workload: what the tests' slice pods run -------------------------------------------

@@ -16,6 +16,7 @@ import yaml
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
 from rocshare.core.cumask import render_hsa_cu_mask
+from rocshare_dev.devcluster.controlplane import k8s_version
 from rocshare_dev.realnode import deploy
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
 from tests.realnode.conftest import HOOK_STAND_IN, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, wait_for
@@ -50,7 +51,8 @@ def test_operator_pod_runs_both_containers_unprivileged_without_restarts(deploye
     for name, status in statuses.items():
         assert status["ready"] and status["restartCount"] == 0, (name, status)
     assert statuses["operator"]["image"].endswith("localhost/rocshare/operator:dev")
-    assert statuses["kube-scheduler"]["image"].endswith("localhost/rocshare/kube-scheduler:v1.35.4")
+    # The scheduler image is the control plane's own build (make images), tagged with its version.
+    assert statuses["kube-scheduler"]["image"].endswith(f"localhost/rocshare/kube-scheduler:v{k8s_version()}")
     uid = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator", "--", "id", "-u")
     assert uid.stdout.strip() == "65532"
     logs = deployed.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator").stdout

@@ -6,7 +6,7 @@ package main
 // Lease), sharing one API client. The only difference is where each device manager listens:
 // the exported constructor hard-codes /var/lib/kubelet/device-plugins/kubelet.sock, so this mode
 // reaches the package's own unexported constructor, which takes the socket path, through
-// go:linkname (built with -ldflags=-checklinkname=0, see build.sh). Node i is named
+// go:linkname (devicemanager.go; built with -ldflags=-checklinkname=0, see build.sh). Node i is named
 // <prefix><i, 4 digits> and listens on <plugin-root>/<name>/kubelet.sock; its agent (or the
 // baseline plugin of baseline.go) registers there.
 
@@ -20,19 +20,11 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	_ "unsafe" // go:linkname
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
-	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
-
-//go:linkname newManagerImpl k8s.io/kubernetes/pkg/kubelet/cm/devicemanager.newManagerImpl
-func newManagerImpl(logger klog.Logger, socketPath string, topology []cadvisorapi.Node,
-	topologyAffinityStore topologymanager.Store) (*devicemanager.ManagerImpl, error)
 
 type multiOptions struct {
 	nodeCount    int
@@ -107,7 +99,7 @@ func runOneOfMany(ctx context.Context, client kubernetes.Interface, o options, d
 		return err
 	}
 	socket := filepath.Join(o.pluginDir, "kubelet.sock")
-	devices, err := newManagerImpl(klog.Background(), socket, nil, topology)
+	devices, err := newDeviceManager(socket, topology)
 	if err != nil {
 		return fmt.Errorf("creating the device manager: %w", err)
 	}

@@ -17,11 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/component-base/version"
 	"k8s.io/klog/v2"
 )
 
 const (
-	kubeletVersion     = "v1.35.4"
 	heartbeatInterval  = 10 * time.Second
 	leaseDurationS     = 40
 	nodeLeaseNamespace = "kube-node-lease"
@@ -99,7 +99,7 @@ func (p *peer) updateNodeStatus(ctx context.Context) (v1.ResourceList, error) {
 		node.Status.Conditions = p.nodeConditions(metav1.Now())
 		node.Status.Addresses = []v1.NodeAddress{
 			{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: p.nodeName}}
-		node.Status.NodeInfo = v1.NodeSystemInfo{KubeletVersion: kubeletVersion, OperatingSystem: "linux",
+		node.Status.NodeInfo = v1.NodeSystemInfo{KubeletVersion: kubeletVersion(), OperatingSystem: "linux",
 			Architecture: "amd64", ContainerRuntimeVersion: "kubelet-peer://0", OSImage: "kubelet-peer"}
 		node.Status.DaemonEndpoints.KubeletEndpoint.Port = 10250
 		_, err = p.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
@@ -180,4 +180,10 @@ func baseResources(o options) (v1.ResourceList, error) {
 		list[name] = quantity
 	}
 	return list, nil
+}
+
+// kubeletVersion is the Kubernetes version this peer was built from (build.sh sets it with
+// -ldflags -X k8s.io/component-base/version.gitVersion), as a kubelet reports its own.
+func kubeletVersion() string {
+	return version.Get().GitVersion
 }

@@ -79,7 +79,7 @@ func newPeer(client kubernetes.Interface, o options) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	devices, err := devicemanager.NewManagerImpl(nil, topology)
+	devices, err := newDeviceManager(kubeletSocket, topology)
 	if err != nil {
 		return nil, fmt.Errorf("creating the device manager: %w", err)
 	}

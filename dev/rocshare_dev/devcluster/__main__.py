@@ -24,7 +24,7 @@ def _up(root: Path) -> int:
     bin_dir = control_plane.bin_dir
     print(f"control plane up: {control_plane.server_url()} (logs in {control_plane.logs})")
     print(f"  export KUBECONFIG={control_plane.kubeconfig}")
-    print(f"  export PATH={bin_dir}:$PATH   # kubectl v1.35 matching the server")
+    print(f"  export PATH={bin_dir}:$PATH   # kubectl matching the server")
     print("  kubectl get amdgpupools,amdgpunodes,amdgpushares")
     return 0
 

@@ -1,5 +1,6 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver,
-kube-controller-manager and kube-scheduler (v1.35, built by controlplane/build.sh).
+kube-controller-manager and kube-scheduler, built by controlplane/build.sh for the Kubernetes
+version K8S_VERSION names (default: controlplane/k8s/default-version) into .cache/k8s/<version>/bin.
 
 Used by the e2e tests (one per test session, in a temp folder, free ports), by
 `make cluster-up` / `make demo` (in ./run/cluster, fixed ports) and by the benchmarks.
@@ -28,7 +29,32 @@ import yaml
 from rocshare_dev.devcluster import certs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_BIN_DIR = Path(os.environ.get("ROCSHARE_BIN_DIR", PROJECT_ROOT / ".cache" / "bin"))
+VERSIONS_DIR = PROJECT_ROOT / "controlplane" / "k8s"
+DEFAULT_K8S_VERSION = (VERSIONS_DIR / "default-version").read_text().strip()
+
+
+def k8s_version() -> str:
+    """The Kubernetes version the control plane is built at: K8S_VERSION (as `make ... K8S_VERSION=1.37.2`
+    passes it down), else the default; "1.37.2" form, no leading v."""
+    return os.environ.get("K8S_VERSION", "").strip().removeprefix("v") or DEFAULT_K8S_VERSION
+
+
+def supported_k8s_versions() -> list[str]:
+    """Every version with module files in controlplane/k8s (what `make test-matrix` runs), oldest first."""
+    versions = [path.parent.name for path in VERSIONS_DIR.glob("*/go.mod")]
+    return sorted(versions, key=lambda v: tuple(int(part) for part in v.split(".")))
+
+
+def bin_dir(version: str | None = None) -> Path:
+    """Where controlplane/build.sh puts that version's binaries (ROCSHARE_BIN_DIR overrides it): the one
+    place that resolves the bin dir, for the dev harness, the tests and the real-node rig."""
+    override = os.environ.get("ROCSHARE_BIN_DIR")
+    if override:
+        return Path(override)
+    return PROJECT_ROOT / ".cache" / "k8s" / (version or k8s_version()) / "bin"
+
+
+DEFAULT_BIN_DIR = bin_dir()
 SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-config.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 

@@ -22,14 +22,14 @@ from pathlib import Path
 import yaml
 
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
-from rocshare_dev.devcluster.controlplane import PROJECT_ROOT
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, k8s_version
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
 from rocshare_dev.realnode.network import kubernetes_service_ip
 
 DEV_OVERLAY = PROJECT_ROOT / "manifests" / "overlays" / "dev"
 IMAGES = {
     "rocshare/operator": ("localhost/rocshare/operator", "dev"),
-    "registry.k8s.io/kube-scheduler": ("localhost/rocshare/kube-scheduler", "v1.35.4"),
+    "registry.k8s.io/kube-scheduler": ("localhost/rocshare/kube-scheduler", f"v{k8s_version()}"),  # make images
 }
 AGENT_IMAGE = "localhost/rocshare/node-agent:dev"
 WORKLOAD_IMAGE = "localhost/rocshare/workload:dev"

@@ -1,5 +1,5 @@
 """Shared helpers for the manifest tests: render a kustomization with the project's kubectl
-(v1.35, built by `make controlplane`), and validate one object against the schema that
+(the K8S_VERSION build, by `make controlplane`), and validate one object against the schema that
 governs it -- Kubernetes' own (kubernetes-validate, strict), rocshare's CRDs (crds/), or the
 definition shipped beside it (Kopf's peering CRD)."""
 
@@ -14,8 +14,11 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from rocshare_dev.devcluster.controlplane import bin_dir
+
 ROOT = Path(__file__).resolve().parents[3]
-KUBECTL = ROOT / ".cache" / "bin" / "kubectl"
+KUBECTL = bin_dir() / "kubectl"
+# Schemas of the oldest supported minor: manifests valid there are valid on the newer ones.
 KUBERNETES_VERSION = "1.35.0"
 KUSTOMIZATIONS = ("manifests/base", "manifests/overlays/dev", "manifests/overlays/cert-manager",
                   "manifests/observability", "samples")

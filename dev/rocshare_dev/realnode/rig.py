@@ -78,7 +78,7 @@ class RealNode:
 
     # ---- up ----------------------------------------------------------------------------------
 
-    def up(self, *, timeout_s: float = 180.0) -> None:
+    def up(self, *, timeout_s: float = 600.0) -> None:
         if self.state_file.exists() or self.ns.exists():
             raise RigError(f"a real node is already recorded in {self.root} or netns {self.ns.name} exists: "
                            "run `make real-node-down` first")
@@ -88,6 +88,11 @@ class RealNode:
         missing = [name for name in IMAGE_ARCHIVES if not (IMAGES_DIR / f"{name}.tar").exists()]
         if missing or not (self.bin_dir / "kubelet").exists():
             raise RigError(f"missing images {missing} or the kubelet: run `make controlplane images` first")
+        # A fresh folder: etcd data, certificates and kubeconfigs (which name the API server's
+        # port) and logs from an earlier run must not leak into this one.
+        if self.root.exists():
+            unmount_under(self.root)
+            shutil.rmtree(self.root)
         self.logs.mkdir(parents=True, exist_ok=True)
         ports = Ports.free()
         self.state = State(netns=self.ns.name, node_name=self.node_name, ports=asdict(ports),
@@ -149,7 +154,9 @@ class RealNode:
         return path
 
     def _wait_node_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + max(timeout_s, 30)
+        # However long the start took, the kubelet gets two minutes of its own (a loaded machine).
+        timeout_s = max(timeout_s, 120)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not _alive(self.state.pids["kubelet"]):
                 raise RigError(f"the kubelet exited; see {self.logs / 'kubelet.log'}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from rocshare.api.models import GpuInfo
 from rocshare.kube.client import Kube
 from rocshare_agent.deviceplugin.pods import KubePods
-from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginUnit
+from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from rocshare_agent.inventory_loop import run_inventory_loop
 
@@ -85,7 +85,6 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
                                   pod_device_dir=config.pod_device_dir)
-    unit = PluginUnit(service, plugin_dir=config.device_plugin_dir)
     first_inventory = asyncio.Event()
 
     def on_inventory(gpus: list[GpuInfo]) -> None:
@@ -101,7 +100,7 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
         tasks.create_task(pods.run())
         tasks.create_task(_sweep_pod_devices(service, pods))
         await first_inventory.wait()
-        tasks.create_task(unit.run())
+        tasks.create_task(run_plugin_units(service, plugin_dir=config.device_plugin_dir))
 
 
 async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, period_s: float = 30.0) -> None:

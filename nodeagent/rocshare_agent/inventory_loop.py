@@ -29,6 +29,7 @@ from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.discovery import DiscoveryResult, discover
 from rocshare_agent.health import ExporterHealth, apply_exporter_health
 from rocshare_agent.host_groups import read_device_groups
+from rocshare.api.resource_names import named
 from rocshare_agent.publish import NodePublisher, Transition, health_transitions, node_labels
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class InventoryAgent:
         if self._settings_at is None or self.clock() - self._settings_at >= self.settings_interval_s:
             await self.refresh_settings()
         discovery = await self._discover()
-        gpus = await self._with_exporter_health(discovery.gpus)
+        gpus = named(await self._with_exporter_health(discovery.gpus), self.settings.sharing)
         if discovery.product_sources != self.discovery.product_sources:
             _log_names(discovery)
         self.discovery = discovery

@@ -110,6 +110,23 @@ def test_a_share_names_no_pool(cluster) -> None:
     assert 'unknown field "spec.pool"' in result.stderr, result.stderr
 
 
+def test_kubectl_get_amdgpupools_shows_printer_columns(cluster) -> None:
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": "pool-columns"},
+            "spec": {"nodeSelector": {"gpu": "columns"}, "sharing": {"operatingMode": "partition"}}}
+    status = {"status": {"nodes": 2, "gpusTotal": 16, "gpusHealthy": 15, "vramTotalMiB": 1048576,
+                         "vramAllocatedMiB": 53248,
+                         "conditions": [{"type": "Ready", "status": "True", "reason": "GpusAvailable"}]}}
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
+    cluster.kubectl("patch", "amdgpupool", "pool-columns", "--subresource=status", "--type=merge",
+                    "-p", json.dumps(status))
+    try:
+        header, row = cluster.kubectl("get", "amdgpupools", "pool-columns").stdout.splitlines()[:2]
+        assert header.split() == ["NAME", "MODE", "NODES", "GPUS", "HEALTHY", "VRAM-MIB", "ALLOC-MIB", "READY", "AGE"]
+        assert row.split()[:8] == ["pool-columns", "partition", "2", "16", "15", "1048576", "53248", "True"]
+    finally:
+        cluster.kubectl("delete", "amdgpupool", "pool-columns")
+
+
 def test_kubectl_get_shows_printer_columns(cluster) -> None:
     body = share("columns", memoryMiB=20480, coresPercent=300)
     status = {"status": {"used": {"memoryMiB": 4096, "coresPercent": 25}, "podsTotal": 1,

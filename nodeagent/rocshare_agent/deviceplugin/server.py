@@ -24,7 +24,8 @@ import grpc
 from rocshare.kube.client import ApiError
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import deviceplugin_pb2_grpc as pb_grpc
-from rocshare_agent.deviceplugin.inflight import RESOURCE_NAME, Refusal
+from rocshare.api.resource_names import GPU_RESOURCE
+from rocshare_agent.deviceplugin.inflight import Refusal
 from rocshare_agent.deviceplugin.service import DevicePluginService
 
 log = logging.getLogger(__name__)
@@ -39,14 +40,15 @@ REGISTER_DELAYS_S = (0.2, 0.5, 1, 2, 5)
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     """Binds the plain handlers to gRPC and translates their typed errors."""
 
-    def __init__(self, service: DevicePluginService) -> None:
+    def __init__(self, service: DevicePluginService, resource: str = GPU_RESOURCE) -> None:
         self._service = service
+        self._resource = resource
 
     async def GetDevicePluginOptions(self, request, context):  # noqa: N802 (gRPC names)
         return await self._service.get_device_plugin_options(request)
 
     async def ListAndWatch(self, request, context) -> AsyncIterator[pb.ListAndWatchResponse]:  # noqa: N802
-        async for response in self._service.list_and_watch(request):
+        async for response in self._service.list_and_watch(request, self._resource):
             yield response
 
     async def GetPreferredAllocation(self, request, context):  # noqa: N802
@@ -73,12 +75,18 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
+def socket_name_for(resource: str) -> str:
+    """rocshare-amdgpu.sock for amd.com/gpu; rocshare-<kind>.sock for a partition kind."""
+    return DEFAULT_SOCKET_NAME if resource == GPU_RESOURCE else f"rocshare-{resource.removeprefix('amd.com/')}.sock"
+
+
 class PluginUnit:
     def __init__(self, service: DevicePluginService, *, plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
-                 socket_name: str = DEFAULT_SOCKET_NAME, poll_s: float = 0.5) -> None:
+                 resource: str = GPU_RESOURCE, poll_s: float = 0.5) -> None:
         self.service = service
         self.plugin_dir = Path(plugin_dir)
-        self.socket_name = socket_name
+        self.resource = resource
+        self.socket_name = socket_name_for(resource)
         self.poll_s = poll_s
         self.registrations = 0
         self.registered = asyncio.Event()  # set while registered with the current kubelet
@@ -100,7 +108,7 @@ class PluginUnit:
                     self.registrations += 1
                     self.registered.set()
                     log.info("registered %s with the kubelet at %s (registration %d)",
-                             RESOURCE_NAME, self.kubelet_socket, self.registrations)
+                             self.resource, self.kubelet_socket, self.registrations)
                     await self._watch(kubelet)
             finally:
                 self.registered.clear()
@@ -117,7 +125,7 @@ class PluginUnit:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self.service), server)
+        pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self.service, self.resource), server)
         previous = os.umask(0o077)  # the socket file is created by bind(): owner-only from the start
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
@@ -143,7 +151,7 @@ class PluginUnit:
 
     async def _register_once(self) -> None:
         request = pb.RegisterRequest(
-            version=API_VERSION, endpoint=self.socket_name, resource_name=RESOURCE_NAME,
+            version=API_VERSION, endpoint=self.socket_name, resource_name=self.resource,
             options=await self.service.get_device_plugin_options(pb.Empty()))
         async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=10)
@@ -151,3 +159,26 @@ class PluginUnit:
     async def _watch(self, kubelet: tuple[int, int, int]) -> None:
         while _identity(self.kubelet_socket) == kubelet and self.socket_path.exists():
             await asyncio.sleep(self.poll_s)
+
+
+async def run_plugin_units(service: DevicePluginService, *, plugin_dir: Path | str = DEFAULT_PLUGIN_DIR,
+                           poll_s: float = 0.5) -> None:
+    """One PluginUnit per resource name the inventory is offered under (one, amd.com/gpu, unless a
+    pool names partitions by kind), started and stopped as the names change; until cancelled."""
+    units: dict[str, asyncio.Task] = {}
+    changed: asyncio.Future | None = None
+    try:
+        while True:
+            changed = asyncio.ensure_future(service.inventory_changed())  # before reading: no change slips by
+            wanted = set(service.resources)
+            for resource in sorted(set(units) - wanted):
+                log.info("no device is offered as %s any more: its plugin stops", resource)
+                units.pop(resource).cancel()
+            for resource in sorted(wanted - set(units)):
+                unit = PluginUnit(service, plugin_dir=plugin_dir, resource=resource, poll_s=poll_s)
+                units[resource] = asyncio.create_task(unit.run(), name=f"device plugin {resource}")
+            await changed
+    finally:
+        for task in [*units.values(), *([changed] if changed else [])]:
+            task.cancel()
+        await asyncio.gather(*units.values(), return_exceptions=True)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rocshare.api.models import GpuInfo
+from rocshare.api.resource_names import GPU_RESOURCE
 from rocshare.kube.client import ApiError, Conflict
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import dmem
@@ -91,11 +92,20 @@ class DevicePluginService:
     def gpus(self) -> list[GpuInfo]:
         return list(self._gpus)
 
-    def list_response(self) -> pb.ListAndWatchResponse:
+    @property
+    def resources(self) -> list[str]:
+        """The resource names the inventory is offered under (one plugin socket each)."""
+        return sorted({gpu.resource for gpu in self._gpus}) or [GPU_RESOURCE]
+
+    def list_response(self, resource: str = GPU_RESOURCE) -> pb.ListAndWatchResponse:
         devices = [pb.Device(ID=d.id, health=d.health,
                              topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa)]) if d.numa is not None else None)
-                   for d in plugin_devices(self._gpus)]
+                   for d in plugin_devices([gpu for gpu in self._gpus if gpu.resource == resource])]
         return pb.ListAndWatchResponse(devices=devices)
+
+    async def inventory_changed(self) -> None:
+        """Return at the next inventory or health change."""
+        await self._changed.wait()
 
     def reset_progress(self) -> None:
         self._progress.clear()
@@ -109,10 +119,11 @@ class DevicePluginService:
     async def get_device_plugin_options(self, request: pb.Empty) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    async def list_and_watch(self, request: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def list_and_watch(self, request: pb.Empty,
+                             resource: str = GPU_RESOURCE) -> AsyncIterator[pb.ListAndWatchResponse]:
         while True:
             changed = self._changed  # taken before sending, so no change can slip between
-            yield self.list_response()
+            yield self.list_response(resource)
             await changed.wait()
 
     async def get_preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, ALLOCATION_ERROR_ANNOTATION
 from rocshare.api.node_settings import HAMI_POD_DEVICES_ANNOTATION, POOL_LABEL
+from rocshare.api.resource_names import is_partition_resource
 from rocshare.core.request import RequestError, parse_pod
 
 GPU = "amd.com/gpu"
@@ -51,9 +52,10 @@ def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str,
 
 
 def _amd_resources(container: Mapping[str, Any]) -> dict[str, Any]:
+    """The container's amd.com GPU resources: amd.com/gpu*, and partition kinds (mixed naming)."""
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    return {key: value for key, value in merged.items() if key.startswith(AMD_PREFIX)}
+    return {key: value for key, value in merged.items() if key.startswith(AMD_PREFIX) or is_partition_resource(key)}
 
 
 def asks_for_gpus(pod: Mapping[str, Any]) -> bool:
@@ -117,6 +119,8 @@ def _check_container(kind: str, index: int, container: Mapping[str, Any]) -> Non
     resources = _amd_resources(container)
     if not resources:
         return
+    if any(is_partition_resource(key) for key in resources):
+        return  # whole partitions of one kind: parse_pod says what else may not go with them
     where = f"{kind}[{index}] ({container.get('name', '?')})"
     has_gpu = GPU in resources
     for key in (GPU_MEMORY, GPU_CORES):

@@ -3,7 +3,7 @@
 The cluster feed (cluster_feed.py) keeps one of these per object instead of its body,
 and hands the same value to every reader: the extender's `SchedulerState` and the pool
 and share reconcilers. So they hold only what some reader uses:
-* a Node: its `NodeView` (name, labels, the pool marks) and allocatable amd.com/gpu;
+* a Node: its `NodeView` (name, labels, the pool marks) and allocatable devices (amd.com/gpu or partition names);
 * a Pod: where it runs, its phase and scheduler, whether it waits as unschedulable or
   is being deleted, and its allocation record (text; read by readers through
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
@@ -30,10 +30,11 @@ from pydantic import ValidationError
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
+from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.ids import PodKey, pod_key
+from rocshare.core.quantity import QuantityError, whole_quantity
 from rocshare_operator.status.pool_logic import NodeView, marks_of
 
-GPU_RESOURCE = "amd.com/gpu"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _LABEL_PAIRS_MAX = 100_000  # bound on the pair interner: past it, it starts afresh
 
@@ -80,6 +81,7 @@ class GpuFacts:
     render_minor: int | None
     card: int | None
     product: str
+    resource: str
     device_id: str
     gfx_target_version: int
     vram_mib: int | None
@@ -158,8 +160,28 @@ def node_facts(node: Mapping) -> NodeFacts:
     marks = marks_of(labels, meta.get("annotations") or {}, _interned)
     view = NodeView(name=sys.intern(meta.get("name", "")),
                     labels=tuple(_label_pair(key, labels[key]) for key in sorted(labels)), marks=marks)
-    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
-    return NodeFacts(view=view, gpus_allocatable=_interned(None if allocatable is None else str(allocatable)))
+    allocatable = _gpus_allocatable((node.get("status") or {}).get("allocatable") or {})
+    return NodeFacts(view=view, gpus_allocatable=_interned(allocatable))
+
+
+def _gpus_allocatable(allocatable: Mapping) -> str | None:
+    """The node's allocatable devices: amd.com/gpu, or the sum of its partition names (mixed
+    naming). A quantity that cannot be read is kept as written, so the node offers nothing."""
+    values = [str(value) for name, value in allocatable.items() if is_gpu_resource(str(name))]
+    if len(values) <= 1:
+        return values[0] if values else None
+    try:
+        return str(sum(whole_quantity(value, name="allocatable devices", unit="devices") for value in values))
+    except QuantityError:
+        return next(value for value in values if not _readable(value))
+
+
+def _readable(value: str) -> bool:
+    try:
+        whole_quantity(value, name="allocatable devices", unit="devices")
+        return True
+    except QuantityError:
+        return False
 
 
 def pod_facts(pod: Mapping) -> PodFacts:

@@ -31,6 +31,13 @@ class OperatingMode(StrEnum):
     PARTITION = "partition"
 
 
+class ResourceNaming(StrEnum):
+    """How devices are named as extended resources (see rocshare.api.resource_names)."""
+
+    SINGLE = "single"
+    MIXED = "mixed"
+
+
 class OmittedCores(StrEnum):
     """What a slice that omits amd.com/gpucores reserves of its GPU's compute."""
 
@@ -84,6 +91,11 @@ class Sharing(_Model):
     operating_mode: OperatingMode = Field(
         default=OperatingMode.CU, alias="operatingMode",
         description="cu: GPUs are sliced by memory and CU mask. partition: each compute partition is one whole, unshared device.",
+    )
+    resource_naming: ResourceNaming = Field(
+        default=ResourceNaming.SINGLE, alias="resourceNaming",
+        description="single: every device is amd.com/gpu. mixed (partition mode): each partition is offered as "
+                    "amd.com/<compute>_<memory> of its mode, e.g. amd.com/cpx_nps4, as AMD's device plugin names them.",
     )
     omitted_cores: OmittedCores = Field(
         default=OmittedCores.EXCLUSIVE, alias="omittedCores",
@@ -184,6 +196,9 @@ class GpuInfo(_Model):
     render_minor: int | None = Field(default=None, alias="renderMinor", ge=0, description="N of /dev/dri/renderD<N>.")
     card: int | None = Field(default=None, ge=0, description="N of /dev/dri/card<N>.")
     product: str = Field(default="", description="Product name (empty on some Radeon boards).")
+    resource: str = Field(
+        default="amd.com/gpu", description="The extended resource it is offered under: amd.com/gpu, or its partition "
+                                           "kind (amd.com/cpx_nps4 ...) on a pool with mixed resource naming.")
     device_id: str = Field(default="", alias="deviceId", description="PCI device id, hex (e.g. 0x740f).")
     gfx_target_version: int = Field(alias="gfxTargetVersion", ge=0, description="major*10000+minor*100+stepping, e.g. 90402 = gfx942.")
     vram_mib: int | None = Field(default=None, alias="vramMiB", ge=0, description="VRAM in MiB, null when no source has it.")

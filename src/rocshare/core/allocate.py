@@ -61,6 +61,9 @@ class _ContainerFit:
     gpus: int
     needs: tuple[GpuNeed, ...]
     adds: tuple[Load, ...]
+    unoffered: tuple[Reason | None, ...]
+    """Per GPU: CardTypeMismatch where the GPU is not offered under the container's resource
+    name (mixed naming: a partition kind, or amd.com/gpu on a node that names partitions)."""
 
 
 class PodPlanner:
@@ -122,7 +125,7 @@ class PodPlanner:
         reasons: dict[Reason, int] = {}  # GPUs per reason (a plain dict: a Counter costs more to make)
         candidates: list[int] = []
         for pos, spec in enumerate(node.gpus):
-            reason = barred[pos]
+            reason = barred[pos] or fit.unoffered[pos]
             if reason is None:
                 reason = load_reason(spec, loads[pos], fit.needs[pos])
             if reason is None:
@@ -151,7 +154,9 @@ class PodPlanner:
 
 def _container_fit(node: NodeInventory, container: ContainerRequest) -> _ContainerFit:
     needs = tuple(need_for(spec, container, node.omitted_cores) for spec in node.gpus)
-    return _ContainerFit(container.gpus, needs, tuple(need.load(spec) for need, spec in zip(needs, node.gpus)))
+    unoffered = tuple(None if spec.resource == container.resource else Reason.CARD_TYPE_MISMATCH for spec in node.gpus)
+    return _ContainerFit(container.gpus, needs, tuple(need.load(spec) for need, spec in zip(needs, node.gpus)),
+                         unoffered)
 
 
 def _host_failure(node: NodeInventory, usage: NodeUsage, request: PodRequest) -> FitFailure | None:

@@ -19,6 +19,7 @@ from weakref import WeakValueDictionary
 
 from rocshare.api.gfx import effective_memory_scaling, is_rdna
 from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
+from rocshare.api.resource_names import GPU_RESOURCE
 from rocshare.core.ids import GpuId, NodeName
 
 
@@ -70,6 +71,8 @@ class GpuSpec:
     split_count: int = 10
     healthy: bool = True
     partition: bool = False
+    resource: str = GPU_RESOURCE
+    """The extended resource it is offered under (rocshare.api.resource_names)."""
     # Derived once (the fit loop reads them for every GPU of every node it plans):
     product_lower: str = field(default="", compare=False)
     cu_align: int = field(init=False, compare=False, repr=False)
@@ -106,7 +109,7 @@ class NodeInventory:
         object.__setattr__(self, "links", links)
         gpu_shapes = tuple(
             (g.memory_mib, g.cu_count, g.product_lower, g.gfx_target_version, g.cu_per_wgp, g.numa,
-             g.split_count, g.healthy, g.partition)
+             g.split_count, g.healthy, g.partition, g.resource)
             for g in self.gpus
         )
         shape = (gpu_shapes, links, self.omitted_cores, self.cpu_milli, self.memory_mib)
@@ -161,4 +164,5 @@ def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, p
         split_count=info.split_count,
         healthy=info.healthy,
         partition=partition_mode or info.partition is not None,
+        resource=info.resource,  # as the agent names and registers it (rocshare.api.resource_names.named)
     )

@@ -4,7 +4,9 @@ Resources (container limits, falling back to requests; DESIGN.md section 3):
 ``amd.com/gpu`` (GPU count), ``amd.com/gpumem`` (MiB per GPU, wins over the percentage),
 ``amd.com/gpumem-percentage`` (1-100), ``amd.com/gpucores`` (1-100, an integer).
 A container that sets a slice resource without ``amd.com/gpu`` asks for one GPU (the rule
-the admission webhook applies, repeated here so both agree).
+the admission webhook applies, repeated here so both agree). A pool with mixed resource naming
+offers partitions as ``amd.com/<compute>_<memory>`` (rocshare.api.resource_names); a container
+asks for N whole partitions of one kind by that name, alone.
 
 Invariants of the result: every number is a validated int; ``memory_mib`` and
 ``memory_pct`` are never both set (the MiB value wins); init containers come first, in pod
@@ -19,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocshare.api.models import GpuPolicy, NodePolicy
+from rocshare.api.resource_names import GPU_RESOURCE, is_partition_resource
 from rocshare.core.quantity import QuantityError, whole_quantity
 
-RESOURCE_GPU = "amd.com/gpu"
+RESOURCE_GPU = GPU_RESOURCE
 RESOURCE_MEMORY = "amd.com/gpumem"
 RESOURCE_MEMORY_PCT = "amd.com/gpumem-percentage"
 RESOURCE_CORES = "amd.com/gpucores"
@@ -58,6 +61,8 @@ class ContainerRequest:
     sidecar: bool = False
     """An init container with restartPolicy Always (a native sidecar): it runs beside the app
     containers, so Kubernetes counts its resources with theirs (see rocshare.core.holdings)."""
+    resource: str = RESOURCE_GPU
+    """The resource its devices are asked under: amd.com/gpu, or a partition kind (mixed naming)."""
 
     @property
     def whole(self) -> bool:
@@ -113,7 +118,7 @@ class PodRequest:
     @property
     def gpu_key(self) -> tuple:
         """Everything GPU fit and GPU scoring depend on: a memo key for callers' caches."""
-        shapes = tuple((c.init, c.sidecar, c.gpus, c.memory_mib, c.memory_pct, c.cores_pct)
+        shapes = tuple((c.init, c.sidecar, c.gpus, c.memory_mib, c.memory_pct, c.cores_pct, c.resource)
                        for c in self.containers if c.gpus)
         return (shapes, self.selection)
 
@@ -144,6 +149,10 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     # Extended resources must have requests == limits; limits are the usual place.
     values = {**_mapping(resources.get("requests"), f"{where}: requests"),
               **_mapping(resources.get("limits"), f"{where}: limits")}
+    sidecar = init and container.get("restartPolicy") == "Always"
+    partitions = sorted(key for key in values if is_partition_resource(str(key)))
+    if partitions:
+        return _partition_container(name, init, sidecar, values, partitions, where)
     memory_mib = _optional_int(values, RESOURCE_MEMORY, where, low=1, high=None)
     memory_pct = _optional_int(values, RESOURCE_MEMORY_PCT, where, low=1, high=100)
     cores_pct = _optional_int(values, RESOURCE_CORES, where, low=1, high=100)
@@ -157,8 +166,22 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
         raise RequestError(f"{where}: {RESOURCE_GPU} is 0 but a GPU slice is asked ({_asked(values)})")
     if memory_mib is not None:
         memory_pct = None  # the MiB value wins (DESIGN.md section 3)
-    sidecar = init and container.get("restartPolicy") == "Always"
     return ContainerRequest(name, init, gpus, memory_mib, memory_pct, cores_pct, sidecar)
+
+
+def _partition_container(name: str, init: bool, sidecar: bool, values: Mapping, partitions: list[str],
+                         where: str) -> ContainerRequest:
+    """N whole partitions of one kind: alone, since a partition is a whole, unshared device."""
+    others = [key for key in (RESOURCE_GPU, *SLICE_RESOURCES) if key in values]
+    if len(partitions) > 1 or others:
+        raise RequestError(f"{where}: {partitions[0]} asks for whole partitions of one kind; it cannot be combined "
+                           f"with {', '.join([*partitions[1:], *others])} in one container")
+    resource = partitions[0]
+    try:
+        count = whole_quantity(values[resource], name=resource, unit="partitions")
+    except QuantityError as error:
+        raise RequestError(f"{where}: {error}") from None
+    return ContainerRequest(name, init, count, sidecar=sidecar, resource=resource)
 
 
 def _mapping(value: object, what: str) -> Mapping:

@@ -26,11 +26,12 @@ def test_pools_parse_and_cover_the_three_kinds_of_node() -> None:
     assert len(set(selectors)) == len(selectors), "pools must not select the same nodes"
 
 
-def test_share_parses_and_names_a_sample_pool() -> None:
-    share = find(SAMPLES, "AmdGpuShare", "team-demo")
-    spec = AmdGpuShareSpec.model_validate(share["spec"])
-    assert spec.pool in {obj["metadata"]["name"] for obj in SAMPLES if obj["kind"] == "AmdGpuPool"}
-    assert share["metadata"]["namespace"] == "gpu-demo"
+def test_shares_parse_and_live_in_the_samples_namespaces() -> None:
+    """A share is its namespace's quota over every pool (docs/accounting.md): it names no pool."""
+    team = AmdGpuShareSpec.model_validate(find(SAMPLES, "AmdGpuShare", "team-demo")["spec"])
+    small = AmdGpuShareSpec.model_validate(find(SAMPLES, "AmdGpuShare", "small")["spec"])
+    assert team.limits.memory_mib == 131072 and small.limits.memory_mib == 8192
+    assert find(SAMPLES, "AmdGpuShare", "team-demo")["metadata"]["namespace"] == "gpu-demo"
 
 
 @pytest.mark.parametrize(("name", "expected_limits", "annotation"), [

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the pool's policy for the real run: {', '.join(REAL_POLICIES)} (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
     parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
+    parser.add_argument("--twins", action="store_true",
+                        help="also simulate the pipeline as it decides (simulated_as_extender) and with host CPU "
+                             "tracked by the extender (simulated_as_extender_host_cpu); ~2 min more at --scale 0.25")
     parser.add_argument("--decision-timeout-s", type=float, default=120.0, help="per pod (default: %(default)s)")
     parser.add_argument("--chart", default=DEFAULT_CHART, help="chart path ('' for none; default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         print(f"rocshare-dev bench replay: {error}", file=sys.stderr)
         return 2
-    report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only,
+    report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only, twins=args.twins,
                     decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep)
     report.update({"nodes_csv": args.nodes, "pods_csv": args.pods, "scale": args.scale})
     full = RAW_OUT / f"replay-{args.policy}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
@@ -182,6 +185,79 @@ def simulate(subset: Sequence[TraceNode], sequence: Sequence[TracePod], all_pods
             "what": "simulator (bench/simulation.py): the paper's tie rule, typical workload and node CPU in every score"}
 
 
+def simulate_as_extender(subset: Sequence[TraceNode], sequence: Sequence[TracePod], policy: str,
+                         seed: int, *, host_cpu: bool = False) -> dict[str, Any]:
+    """The simulator configured as the pipeline decides today, to tell the pipeline's own
+    faithfulness from what the extender does not model: GPU pods scored with no host CPU in the
+    score (kube-scheduler fits CPU and memory; the extender's inventories carry none) and with the
+    pool's learnt model (WorkloadWindow fed each bound GPU pod, as the pod feed does); exact ties
+    and GPU-less pods (which the extender never sees) to the node with the most CPU and memory
+    used (NodeResourcesFit MostAllocated), then the first in the seed's node order.
+    `host_cpu`: what it would give if the extender tracked host CPU and ranked GPU-less pods too."""
+    from dataclasses import replace
+
+    from rocshare.core.allocate import Plan, plan_pod, record_from_plan
+    from rocshare.core.ids import PodKey
+    from rocshare.core.ledger import Ledger
+    from rocshare.core.policies import ScoringContext
+    from rocshare.core.workload import WorkloadWindow
+    from rocshare_dev.bench import simulation as sim
+
+    full = sim.node_order([sim.build_inventory(node) for node in subset], seed)
+    bare = full if host_cpu else [replace(node, cpu_milli=0, memory_mib=0) for node in full]
+    ledger, window = Ledger(), WorkloadWindow()
+    cpu, mem = [0] * len(full), [0] * len(full)
+    outcome = Outcome(sum(len(node.gpus) for node in full) * 1000)
+    started = time.perf_counter()
+    memo: dict[tuple, Any] = {}  # (node shape, loads, request shape, model) -> plan: nodes alike plan alike
+    ctx = ScoringContext(fragmentation=window.model())
+    for serial, pod in enumerate(sequence):
+        request = sim.pod_request(pod, serial)
+        if window.model() is not ctx.fragmentation:
+            ctx, memo = ScoringContext(fragmentation=window.model()), {}
+
+        def packed(i: int) -> float:
+            return (cpu[i] + request.cpu_milli) / full[i].cpu_milli + (mem[i] + request.memory_mib) / full[i].memory_mib
+
+        best: tuple | None = None
+        for i, node in enumerate(bare):
+            if cpu[i] + request.cpu_milli > full[i].cpu_milli or mem[i] + request.memory_mib > full[i].memory_mib:
+                continue
+            plan = None
+            if request.wants_gpus or host_cpu:
+                usage = ledger.usage(node)
+                key = (node.shape, usage.loads, usage.cpu_milli, usage.memory_mib, request.gpu_key,
+                       request.cpu_milli, request.memory_mib)
+                plan = memo.get(key, memo)
+                if plan is memo:
+                    plan = memo[key] = plan_pod(node, usage, request, sim.POLICIES[policy], ctx)
+            if (request.wants_gpus or host_cpu) and not isinstance(plan, Plan):
+                continue
+            rank = (plan.score if plan is not None else 0.0, packed(i), -i)
+            if best is None or rank > best[0]:
+                best = (rank, i, plan)
+        chosen = None
+        if best is not None:
+            _, i, plan = best
+            key = PodKey(f"{request.namespace}/{request.name}")
+            cpu_held = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib} if host_cpu else {}
+            if request.wants_gpus:
+                record = record_from_plan(bare[i], ledger.usage(bare[i]), request, plan)
+                ledger.apply(record, key, **cpu_held)
+                window.add((request.cpu_milli if host_cpu else 0, pod.num_gpu,
+                            max(10, min(1000, round(pod.gpu_milli / 10) * 10)), ()))
+            elif host_cpu:
+                ledger.add_host(bare[i].name, key, **cpu_held)
+                window.add((request.cpu_milli, 0, 0, ()))
+            cpu[i] += request.cpu_milli
+            mem[i] += request.memory_mib
+            chosen = str(full[i].name)
+        outcome.add(pod, chosen)
+    return {"policy": policy, **outcome.summary(), "wall_s": round(time.perf_counter() - started, 1),
+            "what": "simulator as the extender decides: no host CPU in GPU scores, the learnt model, "
+                    "MostAllocated for ties and GPU-less pods"}
+
+
 def sequence_for(subset: Sequence[TraceNode], pods: Sequence[TracePod], seed: int) -> list[TracePod]:
     """The simulator's arrival order for the subset's capacity, cut where the next pod would push
     requested GPU past 130 % of it: on a sample of the nodes, the shuffled trace alone already
@@ -203,6 +279,7 @@ def sequence_for(subset: Sequence[TraceNode], pods: Sequence[TracePod], seed: in
 
 
 def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str, seed: int, real: bool = True,
+           twins: bool = False,
            decision_timeout_s: float = 120.0, work_dir: Path | None = None, keep: bool = False) -> dict[str, Any]:
     sequence = sequence_for(subset, pods, seed)
     report: dict[str, Any] = {
@@ -220,6 +297,9 @@ def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str
             result = simulate(subset, sequence, pods, name, seed)
             report[f"simulated_{name.replace('-', '_')}"] = result
     report["simulated"] = report[f"simulated_{policy.replace('-', '_')}"]
+    if twins:
+        report["simulated_as_extender"] = simulate_as_extender(subset, sequence, policy, seed)
+        report["simulated_as_extender_host_cpu"] = simulate_as_extender(subset, sequence, policy, seed, host_cpu=True)
     if real:
         from rocshare_dev.bench.replay_cluster import run_real
 
@@ -242,6 +322,8 @@ def table(report: dict[str, Any]) -> str:
     rows = [(f"real pipeline ({report['policy']})", report.get("real"))]
     rows += [(f"simulator ({name})", report[f"simulated_{name.replace('-', '_')}"])
              for name in dict.fromkeys((report["policy"], *SIMULATED))]
+    rows += [("simulator as the extender decides", report.get("simulated_as_extender")),
+             ("  same, extender tracking host CPU", report.get("simulated_as_extender_host_cpu"))]
     for label, result in rows:
         if result:
             ratio = result["allocation_ratio"]
@@ -263,6 +345,10 @@ def draw_chart(report: dict[str, Any], path: Path) -> None:
         series.append((f"real pipeline: {report['policy']}", report["real"], "-", 2.2))
     for name in dict.fromkeys((report["policy"], *SIMULATED)):
         series.append((f"simulator: {name}", report[f"simulated_{name.replace('-', '_')}"], "--", 1.2))
+    for key, label in (("simulated_as_extender", "simulator as the extender decides"),
+                       ("simulated_as_extender_host_cpu", "same, extender tracking host CPU")):
+        if report.get(key):
+            series.append((label, report[key], ":", 1.2))
     for label, result, style, width in series:
         xs, ys = zip(*result["curve"]) if result["curve"] else ((), ())
         axes.plot(xs, ys, style, linewidth=width, label=f"{label} ({result['allocation_ratio']['130']:.2f} @130 %)")

@@ -205,7 +205,8 @@ class GpuMetricsCollector(Collector):
         yield from (used, limit, busy)
 
     def _usage(self, result: DiscoveryResult) -> dict[tuple[ContainerName, str], _ContainerUsage]:
-        gpu_by_kfd_id = {result.kfd_gpu_ids[gpu.id]: gpu for gpu in result.gpus if gpu.id in result.kfd_gpu_ids}
+        # KFD gpu_id 0 is "none" (CPU nodes; captures without the gpu_id file): never attributed.
+        gpu_by_kfd_id = {result.kfd_gpu_ids[gpu.id]: gpu for gpu in result.gpus if result.kfd_gpu_ids.get(gpu.id)}
         gpus_by_id = {gpu.id: gpu for gpu in result.gpus}
         pods = _pods_by_uid(self._pods())
         usage: dict[tuple[ContainerName, str], _ContainerUsage] = defaultdict(_ContainerUsage)

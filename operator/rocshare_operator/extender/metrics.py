@@ -20,7 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocshare.core.fit import Reason
+from rocshare.core.holdings import slice_cores_pct
 from rocshare.core.inventory import GpuSpec
+from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY
 from rocshare_operator.extender.state import SchedulerState
 
 MIB = 1024 * 1024
@@ -53,11 +56,14 @@ class ExtenderMetrics:
                                  ["verb", "outcome"], registry=self.registry)
         self.node_rejections = Counter("rocshare_extender_node_rejections_total",
                                        "Nodes filtered out, by reason.", ["reason"], registry=self.registry)
-        # Every verb's series exist from the first scrape (at 0), so rate() sees the first requests.
+        # Every verb's and reason's series exist from the first scrape (at 0), so rate() sees the
+        # first requests (a counter born at 1 shows no increase).
         for verb, outcomes in VERB_OUTCOMES.items():
             self.latency.labels(verb)
             for outcome in outcomes:
                 self.decisions.labels(verb, outcome)
+        for reason in [*(reason.value for reason in Reason), NO_INVENTORY, BLOCKED]:
+            self.node_rejections.labels(reason)
         self.registry.register(_LedgerCollector(state))
 
 
@@ -128,7 +134,10 @@ class _LedgerCollector(Collector):
                 for device in container.devices:
                     labels = [namespace, record.node, name, str(index), device.gpu_id, ZONE]
                     memory.add_metric(labels, device.memory_mib * MIB)
-                    cores.add_metric(labels, core_percent(device.cu_count, cu_totals.get((record.node, device.gpu_id), 0)))
+                    held_pct = slice_cores_pct(device)  # what the container holds, as quota counts it
+                    if held_pct is None:  # a record older than coresPct: from its CU ranges
+                        held_pct = core_percent(device.cu_count, cu_totals.get((record.node, device.gpu_id), 0))
+                    cores.add_metric(labels, float(held_pct))
         yield from (memory, cores)
 
     def _quota_families(self) -> Iterator[GaugeMetricFamily]:

@@ -639,7 +639,7 @@ def extender_memory(port: int) -> dict[tuple[str, str], float]:
     for line in text.splitlines():
         if line.startswith("hami_gpu_memory_allocated_bytes{"):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-            series[(labels["nodeid"], labels["deviceuuid"])] = float(line.rsplit(" ", 1)[1])
+            series[(labels["node"], labels["device_uuid"])] = float(line.rsplit(" ", 1)[1])
     return series
 
 

@@ -42,6 +42,11 @@ FLEET = (
 )
 
 
+METRICS_PORT = 31993
+MONITOR_PORTS = {name: 39394 + position for position, (name, _capture, _class) in enumerate(FLEET)}
+"""Loopback ports of the agents' monitors in `make demo` (the tests give theirs free ports)."""
+
+
 def _step(text: str) -> float:
     print(f"==> {text}", flush=True)
     return time.monotonic()
@@ -101,6 +106,9 @@ def up() -> int:
     _save(cluster, pids)
     _show(cluster)
     print(f"\nkubectl: export KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH")
+    print(f"metrics: extender 127.0.0.1:{METRICS_PORT}, agents 127.0.0.1:{min(MONITOR_PORTS.values())}-"
+          f"{max(MONITOR_PORTS.values())}; `prometheus --config.file={_write_prometheus_config()}` scrapes them "
+          "for the dashboards (docs/metrics.md)")
     print("stop everything: make demo-down")
     return 0
 
@@ -115,10 +123,11 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
 
     started = _step("starting the operator (reconcilers, scheduler extender, admission webhook), applying "
                     "samples/ and starting the simulated nodes")
-    operator = OperatorProcess(cluster, metrics_port=31993, webhook_port=39443)
+    operator = OperatorProcess(cluster, metrics_port=METRICS_PORT, webhook_port=39443)
     nodes: list[SimulatedNode] = []
     try:
-        start_samples_fleet(cluster, operator, RUN, nodes, announce=lambda text: print(f"    {text}", flush=True))
+        start_samples_fleet(cluster, operator, RUN, nodes, announce=lambda text: print(f"    {text}", flush=True),
+                            node_setup=_with_monitor)
     finally:
         pids["operator"] = operator.pid
         for node in nodes:
@@ -130,6 +139,22 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
     _wait_running(cluster, timeout_s=180)
     _wait_pools_counted(cluster, timeout_s=60)
     _done(started)
+
+
+def _with_monitor(name: str, sysfs_root: Path) -> tuple[Path, tuple[str, ...]]:
+    """Each agent's monitor on its own loopback port, so a Prometheus can scrape the demo."""
+    return sysfs_root, (f"--monitor-port={MONITOR_PORTS[name]}", "--monitor-addr=127.0.0.1")
+
+
+def _write_prometheus_config() -> Path:
+    """A scrape configuration for the demo (the labels as manifests/observability's ServiceMonitors give them)."""
+    config = {"global": {"scrape_interval": "15s"}, "scrape_configs": [
+        {"job_name": "rocshare-operator", "static_configs": [{"targets": [f"127.0.0.1:{METRICS_PORT}"]}]},
+        {"job_name": "rocshare-node-agent", "honor_labels": True, "static_configs": [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"node": name}} for name, port in MONITOR_PORTS.items()]}]}
+    path = RUN / "prometheus.yml"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
 
 
 def _wait_running(cluster: ControlPlane, *, timeout_s: float) -> None:

@@ -39,6 +39,7 @@ CERTIFICATE = _top("cert-manager.io/v1", "Certificate", _closed({
 
 _ENDPOINT = _closed({
     "port": STRING, "path": STRING, "interval": {"type": "string", "pattern": r"^\d+(s|m)$"},
+    "honorLabels": {"type": "boolean"},
     "relabelings": {"type": "array", "items": _closed({"sourceLabels": STRINGS, "targetLabel": STRING,
                                                          "action": STRING, "regex": STRING, "replacement": STRING})},
 }, ("port",))

@@ -82,10 +82,14 @@ def test_webhook_refuses_a_bad_gpu_pod_through_its_service(deployed: Deployed) -
 
 
 def test_agent_registered_on_the_real_kubelet_and_the_node_advertises_gpus(deployed: Deployed) -> None:
-    node = wait_for("amd.com/gpu on the node", lambda: deployed.json("get", "node", deployed.node.node_name)
-                    if deployed.json("get", "node", deployed.node.node_name)["status"]["allocatable"].get("amd.com/gpu")
-                    else None, timeout_s=120, explain=lambda: describe(deployed.cluster, f"node {deployed.node.node_name}"))
-    assert int(node["status"]["allocatable"]["amd.com/gpu"]) > 0
+    def advertised() -> dict | None:
+        # The kubelet shows 0 between the plugin's registration and its first device list.
+        node = deployed.json("get", "node", deployed.node.node_name)
+        return node if int(node["status"]["allocatable"].get("amd.com/gpu", "0")) > 0 else None
+
+    node = wait_for("amd.com/gpu on the node", advertised, timeout_s=120,
+                    explain=lambda: describe(deployed.cluster, f"node {deployed.node.node_name}"))
+    assert int(node["status"]["allocatable"]["amd.com/gpu"]) == 8 * 8  # 8 MI210s, splitCount 8
     assert (DEVICE_PLUGIN_DIR / "kubelet.sock").is_socket()
     assert [path for path in DEVICE_PLUGIN_DIR.iterdir() if path.name != "kubelet.sock" and path.is_socket()]
     gpu_node = deployed.json("get", "amdgpunode", deployed.node.node_name)

@@ -15,6 +15,8 @@ from pathlib import Path
 from rocshare_dev.realnode.netns import NetNamespace
 
 BRIDGE = "cni0"
+NETWORK_NAME = "rocshare-realnode"
+CNI_CACHE = Path("/var/lib/cni/results")  # libcni's cache, a host path containerd 1.6 does not let us move
 BRIDGE_ADDRESS = "10.244.0.1"
 POD_SUBNET = "10.244.0.0/24"
 
@@ -24,13 +26,15 @@ def kubernetes_service_ip(service_cidr: str) -> str:
     return str(next(ipaddress.ip_network(service_cidr).hosts()))
 
 
-def conflist(service_cidr: str) -> dict:
+def conflist(service_cidr: str, *, ipam_dir: Path) -> dict:
     return {
         "cniVersion": "0.4.0",
-        "name": "rocshare-realnode",
+        "name": NETWORK_NAME,
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False, "hairpinMode": True,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET, "gateway": BRIDGE_ADDRESS}]],
+             # host-local keeps its leases in /var/lib/cni by default, across runs: ours go with the run.
+             "ipam": {"type": "host-local", "dataDir": str(ipam_dir),
+                      "ranges": [[{"subnet": POD_SUBNET, "gateway": BRIDGE_ADDRESS}]],
                       "routes": [{"dst": service_cidr, "gw": BRIDGE_ADDRESS}]}},
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
@@ -49,7 +53,8 @@ def set_up(ns: NetNamespace, *, cni_conf_dir: Path, service_cidr: str, apiserver
     ns.run("sysctl", "-q", "-w", f"net.ipv4.conf.{BRIDGE}.route_localnet=1")
     ns.run("iptables", "-t", "nat", "-A", *_dnat_rule(kubernetes_service_ip(service_cidr), apiserver_port))
     cni_conf_dir.mkdir(parents=True, exist_ok=True)
-    (cni_conf_dir / "10-rocshare-realnode.conflist").write_text(json.dumps(conflist(service_cidr), indent=2))
+    config = conflist(service_cidr, ipam_dir=cni_conf_dir.parent / "cni-ipam")
+    (cni_conf_dir / "10-rocshare-realnode.conflist").write_text(json.dumps(config, indent=2))
 
 
 # The chains the kubelet adds (real-node.md, trap 3), in the tables it adds them to.
@@ -70,3 +75,21 @@ def tear_down(ns: NetNamespace, *, service_cidr: str, apiserver_port: int) -> No
             ns.run(tool, "-t", table, "-F", chain, check=False)
             ns.run(tool, "-t", table, "-X", chain, check=False)
     ns.run("ip", "link", "delete", BRIDGE, check=False)
+
+
+def remove_cni_cache() -> list[Path]:
+    """Drop libcni's cached results of our pods' interfaces (`<network>-<sandbox>-eth0` and the
+    same sandbox's `cni-loopback-<sandbox>-lo`), then the cache folders if nothing else is left."""
+    if not CNI_CACHE.is_dir():
+        return []
+    sandboxes = {path.name[len(NETWORK_NAME) + 1:].rsplit("-", 1)[0] for path in CNI_CACHE.glob(f"{NETWORK_NAME}-*")}
+    removed = [path for path in CNI_CACHE.iterdir() if path.name.startswith(f"{NETWORK_NAME}-")
+               or any(path.name == f"cni-loopback-{sandbox}-lo" for sandbox in sandboxes)]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    for folder in (CNI_CACHE, CNI_CACHE.parent):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+    return removed

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from rocshare_dev.realnode.netns import NetNamespace, RigError
 
 IMAGES_DIR = PROJECT_ROOT / ".cache" / "images"
 IMAGE_ARCHIVES = ("pause", "operator", "node-agent", "kube-scheduler", "workload")
+CONTAINERD_ROOT = PROJECT_ROOT / ".cache" / "realnode-containerd"  # kept between runs: see containerd.py
 # Pods here reach the API server through the DNAT (no kube-proxy); webhooks are called on their
 # endpoints, and the API server reaches the kubelet (logs, exec) on the node's InternalIP.
 APISERVER_FLAGS = ("--enable-aggregator-routing=true", "--kubelet-preferred-address-types=InternalIP")
@@ -70,7 +72,7 @@ class RealNode:
 
     @property
     def containerd(self) -> Containerd:
-        return Containerd(self.root / "containerd")
+        return Containerd(self.root / "containerd", root=CONTAINERD_ROOT)
 
     @property
     def kubelet(self) -> Kubelet:
@@ -129,7 +131,7 @@ class RealNode:
         self.state.pids["containerd"] = containerd.start(self.ns, self.logs / "containerd.log")
         self._save()
         step = time.monotonic()
-        containerd.import_images([IMAGES_DIR / f"{name}.tar" for name in IMAGE_ARCHIVES])
+        containerd.import_images({IMAGES_DIR / f"{name}.tar": _image_and_stamp(name) for name in IMAGE_ARCHIVES})
         self.step_seconds["image import"] = time.monotonic() - step
         kubelet = self.kubelet
         kubelet.write_files(control_plane, containerd_socket=containerd.socket)
@@ -172,7 +174,6 @@ class RealNode:
     def down(self) -> None:
         state = self.state or self._load()
         if state is None:
-            shutil.rmtree(self.root / "containerd", ignore_errors=True)
             return
         pids = dict(state.pids)
         if "kubelet" in pids:
@@ -188,12 +189,11 @@ class RealNode:
         unmount_under(self.root)
         remove_kubepods_cgroups()
         network.tear_down(self.ns, service_cidr=SERVICE_CIDR, apiserver_port=state.ports["apiserver"])
+        network.remove_cni_cache()
         self.ns.delete()
         if state.created_dir:
             shutil.rmtree(state.created_dir, ignore_errors=True)
         sysctls.restore(state.sysctls)
-        # containerd's root holds unpacked images (read-only trees); the next `up` starts afresh.
-        shutil.rmtree(self.root / "containerd", ignore_errors=True)
         self.state_file.unlink(missing_ok=True)
         (self.root / "cluster" / "state.json").unlink(missing_ok=True)
         self.state = None
@@ -217,6 +217,13 @@ class RealNode:
         self.state = state
         self.control_plane = ControlPlane(root=self.root / "cluster", ports=Ports(**state.ports), bin_dir=self.bin_dir)
         return self.control_plane
+
+
+def _image_and_stamp(archive: str) -> tuple[str, str]:
+    """The image name a docker archive of `make images` holds, and its content stamp."""
+    with tarfile.open(IMAGES_DIR / f"{archive}.tar") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    return manifest[0]["RepoTags"][0], (IMAGES_DIR / f"{archive}.stamp").read_text().strip()
 
 
 def _serving(socket_path: Path) -> bool:

@@ -7,10 +7,11 @@ capacity per process), named ``rp<class>-<n>``, and one agents process for all o
 (`devcluster.multiagent --sysfs-map`), each node reading a resized MI210 capture with its GPU
 count and its model's VRAM (`devcluster.captures.mi210_resized`).
 
-Pods: created in the sequence's order; the next is created once the watch shows this one's
-decision: bound (spec.nodeName) or Unschedulable (condition PodScheduled False, reason
+Pods: created in the sequence's order; the next is created once this one's decision is read
+(the pod is polled, see `_decided`): bound (spec.nodeName) or Unschedulable (condition PodScheduled False, reason
 Unschedulable, whose message carries the extender's per-node reasons). Pods that fit nowhere
-stay Pending, as a user's would (kube-scheduler keeps retrying them). At the end the pods are
+stay Pending, as a user's would (kube-scheduler keeps retrying them, with the longer backoff
+of `_scheduler_config`). At the end the pods are
 listed afresh: the figure counts every pod bound by then (`late_binds`: pods first reported
 unschedulable and bound later; with no departures there should be none).
 """
@@ -21,6 +22,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import ApiError, Kube, Unavailable, object_path
@@ -46,17 +50,24 @@ def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, polic
     root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-replay-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops what the run started
     try:
         result = asyncio.run(_run(root, subset, sequence, scheduling, decision_timeout_s))
     except BaseException:
         print(f"rocshare-dev bench replay: failed; logs kept in {root}", file=sys.stderr)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     result.update({"policy": policy, "wall_s": round(time.monotonic() - started, 1),
                    "what": "real kube-apiserver, kube-scheduler (manifests' profile) and extender; "
                            "kubelet-peer nodes and rocshare agents"})
     return result
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 async def _run(root: Path, subset: Sequence[TraceNode], sequence: Sequence[TracePod], scheduling: dict[str, str],
@@ -73,7 +84,7 @@ async def _run(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Trace
         async with await Kube.connect(cluster.kubeconfig) as kube:
             await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
             await kube.create(object_path(API_VERSION, "amdgpupools"), _pool(scheduling))
-            cluster.start_scheduler()
+            cluster.start_scheduler(config_path=_scheduler_config(cluster))
             setup_started = time.monotonic()
             fleet.start()
             await _wait_inventories(kube, fleet, deadline_s=300)
@@ -85,6 +96,17 @@ async def _run(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Trace
         fleet.stop()
         operator.stop()
         cluster.stop()
+
+
+def _scheduler_config(cluster: ControlPlane) -> Path:
+    """The manifests' profile with longer retry backoffs (60 s, at most 600 s): with no departures
+    a pod that found no room never finds it later, and hundreds of Pending pods retried every 1-10 s
+    kept kube-scheduler from the next arrival for minutes. Scoring is the profile's, unchanged."""
+    config = yaml.safe_load(cluster._write_scheduler_config().read_text())
+    config.update(podInitialBackoffSeconds=60, podMaxBackoffSeconds=600)
+    path = cluster.root / "kube-scheduler-replay.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 def _pool(scheduling: dict[str, str]) -> dict[str, Any]:
@@ -203,7 +225,6 @@ class _Decisions:
     def __init__(self) -> None:
         self.bound: dict[str, str] = {}
         self.unschedulable: dict[str, str] = {}
-        self.waiting: dict[str, asyncio.Event] = {}
 
     def see(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -215,71 +236,61 @@ class _Decisions:
                 if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                         and condition.get("reason") == "Unschedulable"):
                     self.unschedulable.setdefault(name, condition.get("message") or "")
-        if name in self.waiting and (name in self.bound or name in self.unschedulable):
-            self.waiting.pop(name).set()
-
-    def expect(self, name: str) -> asyncio.Event:
-        event = self.waiting[name] = asyncio.Event()
-        if name in self.bound or name in self.unschedulable:
-            event.set()
-        return event
 
 
-async def _watch(kube: Kube, version: str, decisions: _Decisions) -> None:
-    path = object_path("v1", "pods", namespace=NAMESPACE)
-    while True:
-        try:
-            async for event in kube.watch(path, resource_version=version):
-                if event.type in ("ADDED", "MODIFIED", "BOOKMARK"):
-                    version = event.object["metadata"]["resourceVersion"]
-                if event.type in ("ADDED", "MODIFIED"):
-                    decisions.see(event.object)
-                elif event.type == "ERROR":
-                    break
-        except (ApiError, TimeoutError):
-            pass
-        listed = await kube.list(path)
-        for pod in listed.get("items", []):
-            decisions.see(pod)
-        version = listed["metadata"]["resourceVersion"]
 
-
-async def _submit(kube: Kube, fleet: TraceFleet, sequence: Sequence[TracePod],
-                  decision_timeout_s: float) -> dict[str, Any]:
+async def _submit(kube: Kube, fleet: TraceFleet, sequence: Sequence[TracePod], decision_timeout_s: float,
+                  *, start: int = 0) -> dict[str, Any]:
     capacity = sum(node.gpus for node in fleet.nodes.values()) * 1000
     outcome = Outcome(capacity)
     decisions = _Decisions()
     path = object_path("v1", "pods", namespace=NAMESPACE)
-    listed = await kube.list(path)
-    watcher = asyncio.create_task(_watch(kube, listed["metadata"]["resourceVersion"], decisions))
+    if start:  # resuming: the decisions of pods created before
+        for pod in (await kube.list(path)).get("items", []):
+            decisions.see(pod)
+        for serial in range(start):
+            node = decisions.bound.get(f"p{serial:05d}")
+            outcome.add(sequence[serial], fleet.nodes[node].name if node in fleet.nodes else None)
     latencies: list[float] = []
     started = time.monotonic()
-    try:
-        for serial, pod in enumerate(sequence):
-            body = pod_object(pod, serial)
-            name = body["metadata"]["name"]
-            event = decisions.expect(name)
-            begun = time.monotonic()
-            await _create(kube, path, body)
-            try:
-                await asyncio.wait_for(event.wait(), decision_timeout_s)
-            except TimeoutError:
-                fleet.check_alive()
-                raise RuntimeError(f"pod {name} (serial {serial}): no decision within {decision_timeout_s:.0f} s") from None
-            latencies.append(time.monotonic() - begun)
-            node = decisions.bound.get(name)
-            outcome.add(pod, fleet.nodes[node].name if node in fleet.nodes else None)
-            if serial % 250 == 0:
-                print(f"replay: {serial}/{len(sequence)} pods, {time.monotonic() - started:.0f} s, "
-                      f"allocated {100.0 * outcome.allocated / capacity:.2f} %", file=sys.stderr, flush=True)
-        replay_s = time.monotonic() - started
-        await asyncio.sleep(5.0)  # late binds, if any, show up in the final list
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+    for serial in range(start, len(sequence)):
+        pod = sequence[serial]
+        body = pod_object(pod, serial)
+        name = body["metadata"]["name"]
+        begun = time.monotonic()
+        await _create(kube, path, body)
+        await _decided(kube, fleet, decisions, name, serial, decision_timeout_s)
+        latencies.append(time.monotonic() - begun)
+        node = decisions.bound.get(name)
+        outcome.add(pod, fleet.nodes[node].name if node in fleet.nodes else None)
+        if serial % 250 == 0:
+            print(f"replay: {serial}/{len(sequence)} pods, {time.monotonic() - started:.0f} s, "
+                  f"allocated {100.0 * outcome.allocated / capacity:.2f} %", file=sys.stderr, flush=True)
+    replay_s = time.monotonic() - started
+    await asyncio.sleep(5.0)  # late binds, if any, show up in the final list
     return {**outcome.summary(), **_final(sequence, await kube.list(path), decisions, capacity),
-            "replay_s": round(replay_s, 1), "pods_per_s": round(len(sequence) / replay_s, 1),
+            "replay_s": round(replay_s, 1), "pods_per_s": round((len(sequence) - start) / replay_s, 1),
             "decision_ms": _percentiles(latencies)}
+
+
+async def _decided(kube: Kube, fleet: TraceFleet, decisions: _Decisions, name: str, serial: int,
+                   timeout_s: float) -> None:
+    """Poll the pod until it is bound or Unschedulable. Not a namespace watch: once hundreds of
+    pods wait, kube-scheduler rewrites their status on every retry, and a watch of the namespace
+    falls minutes behind that stream."""
+    path = object_path("v1", "pods", name, namespace=NAMESPACE)
+    deadline, pause = time.monotonic() + timeout_s, 0.01
+    while time.monotonic() < deadline:
+        try:
+            decisions.see(await kube.get(path))
+        except (ApiError, TimeoutError):
+            pass
+        if name in decisions.bound or name in decisions.unschedulable:
+            return
+        await asyncio.sleep(pause)
+        pause = min(0.2, pause * 1.5)
+    fleet.check_alive()
+    raise RuntimeError(f"pod {name} (serial {serial}): no decision within {timeout_s:.0f} s")
 
 
 async def _create(kube: Kube, path: str, body: dict[str, Any]) -> None:

@@ -324,11 +324,16 @@ def _final(sequence: Sequence[TracePod], listed: dict[str, Any], decisions: _Dec
 
 
 def _reason(message: str) -> str:
-    """kube-scheduler's message without node counts: "0/304 nodes are available: 12 Insufficient
-    cpu, 292 ..." -> "Insufficient cpu, ..." (the kinds of reasons, for a summary)."""
-    _, _, detail = message.partition(": ")
-    words = [part.strip().split(" ", 1)[-1].rstrip(".") for part in detail.split(",") if part.strip()]
-    return ", ".join(sorted(set(words))) or message[:120]
+    """The kinds of reasons in kube-scheduler's message, counts left out: "0/304 nodes are
+    available: 170 Insufficient cpu, 34 2/2 ExclusiveDeviceAllocateConflict, ... preemption: ..."
+    -> "ExclusiveDeviceAllocateConflict, Insufficient cpu" (for a summary by kind)."""
+    detail = message.split(": ", 1)[-1].split(". preemption:", 1)[0].split(". no new claims", 1)[0]
+    kinds = set()
+    for part in detail.replace(".", ",").split(","):
+        words = [word for word in part.split() if not word[0].isdigit()]
+        if words:
+            kinds.add(" ".join(words))
+    return ", ".join(sorted(kinds)) or message[:120]
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:

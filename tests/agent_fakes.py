@@ -3,6 +3,8 @@ integration tests of the gRPC handlers: the pods are a plain list; marks are rec
 
 from __future__ import annotations
 
+from rocshare_agent.hook import HookCheck, hook_library_path
+
 from rocshare.api.allocation import ALLOCATED_ANNOTATION
 
 
@@ -11,6 +13,7 @@ class MemoryPods:
         self.pods = pods if pods is not None else []
         self.allocated: list[str] = []
         self.refused: list[tuple[str, str]] = []
+        self.warnings: list[tuple[str, str, str]] = []
 
     def cached(self):
         return self.pods
@@ -29,3 +32,11 @@ class MemoryPods:
 
     async def mark_refused(self, ref, reason):
         self.refused.append((ref.name, reason))
+
+    async def warn(self, ref, reason, message):
+        self.warnings.append((ref.name, reason, message))
+
+
+def hook_present(hook_dir: str) -> HookCheck:
+    """The device plugin's hook check on a node that has the library (hook.py)."""
+    return HookCheck(hook_library_path(hook_dir))

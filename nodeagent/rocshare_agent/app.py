@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocshare.api.models import GpuInfo
+from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.kube.client import Kube
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
@@ -35,6 +35,7 @@ class AgentConfig:
     dev_root: Path = Path("/dev")
     device_plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     hook_path: str = "/usr/local/vgpu"
+    hook_missing: HookMissing = HookMissing.REFUSE
     group_file: Path | None = None
     pod_device_dir: Path | None = None
     exporter_url: str | None = None
@@ -48,11 +49,14 @@ class AgentConfig:
 def _start_monitor(config: AgentConfig, pods: KubePods):
     if config.monitor_port <= 0:
         return None
+    from rocshare_agent.hook import HookCollector
     from rocshare_agent.monitor import start_monitor
 
     server, _thread = start_monitor(sysfs_root=config.sysfs_root, proc_root=config.proc_root,
                                     port=config.monitor_port, addr=config.monitor_addr,
-                                    node_name=config.node_name, pods=lambda: _snapshot(pods))
+                                    node_name=config.node_name, pods=lambda: _snapshot(pods),
+                                    extra_collectors=[HookCollector(node_name=config.node_name,
+                                                                    hook_dir=config.hook_path)])
     log.info("monitor serving /metrics on %s:%d", config.monitor_addr, config.monitor_port)
     return server
 
@@ -83,6 +87,7 @@ def _snapshot(pods: KubePods) -> list:
 
 async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
+                                  hook_missing=config.hook_missing,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
                                   pod_device_dir=config.pod_device_dir)
     first_inventory = asyncio.Event()
@@ -95,7 +100,8 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
                                              dev_root=config.dev_root, exporter_url=config.exporter_url,
-                                             group_file=config.group_file,
+                                             group_file=config.group_file, hook_dir=config.hook_path,
+                                             hook_missing=config.hook_missing,
                                              interval_s=config.health_interval_s, on_inventory=on_inventory))
         tasks.create_task(pods.run())
         tasks.create_task(_sweep_pod_devices(service, pods))

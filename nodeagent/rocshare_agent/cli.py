@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder holding kubelet.sock (default /var/lib/kubelet/device-plugins)")
     parser.add_argument("--hook-path", default="/usr/local/vgpu",
                         help="host folder holding libamvgpu.so, mounted read-only into slice containers")
+    parser.add_argument("--hook-missing", default="Refuse", choices=["Refuse", "RunWithoutLimit"],
+                        help="what a memory slice gets when the hook library is missing: Refuse (Allocate fails "
+                             "naming the file) or RunWithoutLimit (no LD_AUDIT, a Warning event on the pod)")
     parser.add_argument("--group-file", type=Path, default=Path("/etc/group"),
                         help="the host's group file (mounted in the agent), for the video and render group ids")
     parser.add_argument("--pod-device-dir", type=Path, default=Path("/var/lib/rocshare/pod-devices"),
@@ -40,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rocshare.api.models import HookMissing
     from rocshare_agent.app import AgentConfig, main
 
     if not args.node_name:
@@ -47,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, sysfs_root=args.sysfs_root, dev_root=args.dev_root,
-        device_plugin_dir=args.device_plugin_dir, hook_path=args.hook_path, exporter_url=args.exporter_url,
+        device_plugin_dir=args.device_plugin_dir, hook_path=args.hook_path,
+        hook_missing=HookMissing(args.hook_missing), exporter_url=args.exporter_url,
         group_file=args.group_file,
         pod_device_dir=None if str(args.pod_device_dir) == "none" else args.pod_device_dir,
         health_interval_s=args.health_interval_s,

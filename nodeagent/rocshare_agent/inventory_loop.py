@@ -7,8 +7,10 @@ and, when the inventory or any GPU's health changed, calls `on_inventory` with t
 emits Events for the transitions and re-publishes. Without changes it re-publishes every
 `heartbeat_s` (lastHeartbeatTime). The pool settings the operator writes on the Node
 (annotation rocshare.io/pool-settings) are re-read every `settings_interval_s`; missing or
-undecodable settings mean defaults (logged with why). A failed publish is logged and
-retried on the next check; nothing here ends the loop but cancellation.
+undecodable settings mean defaults (logged with why). Each pass also checks the memory hook
+library (hook.py): the MemoryHook condition beside Ready, and a Node event when it appears or
+goes. A failed publish is logged and retried on the next check; nothing here ends the loop but
+cancellation.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rocshare.api.models import AmdGpuNodeStatus, Condition, GpuInfo, HealthSource, HealthSourceKind, Sharing
+from rocshare.api.models import (AmdGpuNodeStatus, Condition, GpuInfo, HealthSource, HealthSourceKind, HookMissing,
+                                 Sharing)
 from rocshare.api.hami import encode_node_register
 from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, SettingsError, decode_settings
 from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.discovery import DiscoveryResult, discover
 from rocshare_agent.health import ExporterHealth, apply_exporter_health
+from rocshare_agent.hook import HookCheck, check_hook, hook_condition, hook_transition
 from rocshare_agent.host_groups import read_device_groups
 from rocshare.api.resource_names import named
 from rocshare_agent.publish import NodePublisher, Transition, health_transitions, node_labels
@@ -68,8 +72,11 @@ class InventoryAgent:
                  exporter_url: str | None = None, on_inventory: InventoryCallback | None = None,
                  heartbeat_s: float = DEFAULT_HEARTBEAT_S, settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
                  exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 group_file: Path | None = None) -> None:
+                 group_file: Path | None = None, hook_dir: str | None = None,
+                 hook_missing: HookMissing = HookMissing.REFUSE) -> None:
         self.publisher = NodePublisher(kube, node_name)
+        self.hook_dir, self.hook_missing = hook_dir, hook_missing
+        self.hook: HookCheck | None = None
         self.sysfs_root, self.dev_root = Path(sysfs_root), (Path(dev_root) if dev_root else None)
         self.exporter_url_override = exporter_url
         self.group_file = group_file
@@ -84,7 +91,7 @@ class InventoryAgent:
         self._settings_at: float | None = None
         self._exporter: ExporterHealth | None = None
         self._published = _Published()
-        self._ready: Condition | None = None
+        self._conditions: dict[str, Condition] = {}  # by type, as last published
 
     # -- settings -----------------------------------------------------------------------------
 
@@ -127,7 +134,19 @@ class InventoryAgent:
             self.gpus = gpus
             await self._notify(gpus)
             await self._emit(transitions)
+        await self._check_hook()
         await self._publish(gpus)
+
+    async def _check_hook(self) -> None:
+        if self.hook_dir is None:
+            return
+        hook = check_hook(self.hook_dir)
+        transition = hook_transition(self.hook, hook, self.hook_missing)
+        if hook != self.hook:
+            (log.info if hook.present else log.warning)("memory hook: %s", hook_condition(hook, self.hook_missing).message)
+        self.hook = hook
+        if transition is not None:
+            await self._emit([transition])
 
     async def _discover(self) -> DiscoveryResult:
         sharing = self.settings.sharing
@@ -169,17 +188,23 @@ class InventoryAgent:
             gpus=gpus, problems=self.discovery.problems, operating_mode=self.settings.sharing.operating_mode,
             device_memory_scaling=self.settings.sharing.device_memory_scaling, agent_version=AGENT_VERSION,
             device_groups=read_device_groups(self.group_file),
-            conditions=[self._ready_condition(gpus)],
+            conditions=[self._stamped(condition) for condition in self._conditions_now(gpus)],
         )
 
-    def _ready_condition(self, gpus: list[GpuInfo]) -> Condition:
-        condition = ready_condition(gpus)
-        previous = self._ready
+    def _conditions_now(self, gpus: list[GpuInfo]) -> list[Condition]:
+        conditions = [ready_condition(gpus)]
+        if self.hook is not None:
+            conditions.append(hook_condition(self.hook, self.hook_missing))
+        return conditions
+
+    def _stamped(self, condition: Condition) -> Condition:
+        """The condition with its transition time: now when its status changed, else kept."""
+        previous = self._conditions.get(condition.type)
         if previous is None or previous.status != condition.status:
             condition = condition.model_copy(update={"last_transition_time": _now_rfc3339()})
         else:
             condition = condition.model_copy(update={"last_transition_time": previous.last_transition_time})
-        self._ready = condition
+        self._conditions[condition.type] = condition
         return condition
 
     async def _publish(self, gpus: list[GpuInfo]) -> None:
@@ -236,7 +261,8 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
                              exporter_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
                              heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                              settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
-                             on_inventory: InventoryCallback | None = None, group_file: Path | None = None) -> None:
+                             on_inventory: InventoryCallback | None = None, group_file: Path | None = None,
+                             hook_dir: str | None = None, hook_missing: HookMissing = HookMissing.REFUSE) -> None:
     """Discover, check health and publish for `node_name` until cancelled.
 
     `on_inventory(gpus)` (sync or async) is called with the full list of `GpuInfo` on the
@@ -246,7 +272,8 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
     """
     agent = InventoryAgent(kube, node_name=node_name, sysfs_root=sysfs_root, dev_root=dev_root,
                            exporter_url=exporter_url, on_inventory=on_inventory, heartbeat_s=heartbeat_s,
-                           settings_interval_s=settings_interval_s, group_file=group_file)
+                           settings_interval_s=settings_interval_s, group_file=group_file, hook_dir=hook_dir,
+                           hook_missing=hook_missing)
     while True:
         started = time.monotonic()
         try:

@@ -319,10 +319,13 @@ def _first_hwmon(device_dir: Path) -> Path | None:
 
 def start_monitor(*, sysfs_root: Path, proc_root: Path = Path("/proc"), port: int = MONITOR_PORT,
                   addr: str = "0.0.0.0", node_name: str = "", pods: PodsSource = lambda: (),
-                  discovery: Callable[[], DiscoveryResult] | None = None):
+                  discovery: Callable[[], DiscoveryResult] | None = None, extra_collectors: Sequence[Collector] = ()):
     """Serve /metrics in a background thread; returns (server, thread): `server.shutdown()` stops it.
-    `pods` is called from that thread: it must return a snapshot (a new list), never a live view."""
+    `pods` is called from that thread: it must return a snapshot (a new list), never a live view.
+    `extra_collectors` join the registry (the agent's memory-hook gauge, hook.py)."""
     registry = CollectorRegistry()
     registry.register(GpuMetricsCollector(sysfs_root=sysfs_root, proc_root=proc_root, node_name=node_name,
                                           pods=pods, discovery=discovery))
+    for collector in extra_collectors:
+        registry.register(collector)
     return start_http_server(port, addr=addr, registry=registry)

@@ -79,10 +79,7 @@ class Transition:
     reason: str
     gpu_id: str
     message: str
-
-    @property
-    def event_type(self) -> str:
-        return "Normal" if self.reason == REASON_RECOVERED else "Warning"
+    event_type: str = "Warning"
 
 
 def health_transitions(previous: Sequence[GpuInfo] | None, current: Sequence[GpuInfo]) -> list[Transition]:
@@ -104,7 +101,7 @@ def _transition(before: GpuInfo | None, gpu: GpuInfo, *, first_check: bool) -> T
         return Transition(REASON_UNHEALTHY, gpu.id, f"GPU {gpu.id} ({gpu.pci_bdf}) is unhealthy: {gpu.health_reason}")
     if gpu.healthy and (not was_healthy or (before is None and not first_check)):
         # A GPU that comes back after it went missing counts as recovered too.
-        return Transition(REASON_RECOVERED, gpu.id, f"GPU {gpu.id} ({gpu.pci_bdf}) is healthy again")
+        return Transition(REASON_RECOVERED, gpu.id, f"GPU {gpu.id} ({gpu.pci_bdf}) is healthy again", "Normal")
     return None
 
 

@@ -158,11 +158,12 @@ AGENT_NEEDS = [
     ("get", "nodes"), ("patch", "nodes"), ("create", "amdgpunodes.rocshare.io"),
     ("patch", "amdgpunodes.rocshare.io", None, None, "status"),
     ("list", "pods"), ("watch", "pods"), ("patch", "pods"), ("create", "events", "default"),
+    ("create", "events", "gpu-team"),  # NoMemoryLimit on a slice pod, narrowed by the policy
 ]
 AGENT_MUST_NOT = [
     ("create", "nodes"), ("delete", "nodes"), ("list", "nodes"), ("patch", "nodes", None, None, "status"),
     ("delete", "amdgpunodes.rocshare.io"), ("patch", "amdgpunodes.rocshare.io"), ("get", "pods"),
-    ("delete", "pods"), ("create", "pods", None, None, "binding"), ("create", "events", NAMESPACE),
+    ("delete", "pods"), ("create", "pods", None, None, "binding"), ("patch", "events", NAMESPACE),
     ("list", "secrets"), ("patch", "amdgpupools.rocshare.io"), ("list", "amdgpupools.rocshare.io"),
 ]
 
@@ -324,6 +325,21 @@ async def test_agent_posts_events_about_its_own_node_only(agent_on_a: Kube) -> N
     with pytest.raises(Forbidden) as refused:
         await agent_on_a.create(object_path("v1", "events", namespace="default"), node_event(NODE_B))
     assert f"of node {NODE_B}" in refused.value.message
+
+
+def pod_event(reason: str, host: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "slice.", "namespace": NAMESPACE},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "slice", "namespace": NAMESPACE},
+            "reason": reason, "message": "test", "type": "Warning",
+            "source": {"component": "rocshare-agent", "host": host}}
+
+
+async def test_agent_warns_on_pods_only_of_a_missing_memory_hook_from_its_own_node(agent_on_a: Kube) -> None:
+    events = object_path("v1", "events", namespace=NAMESPACE)
+    await agent_on_a.create(events, pod_event("NoMemoryLimit", NODE_A))
+    for reason, host in (("NoMemoryLimit", NODE_B), ("Evicted", NODE_A)):
+        with pytest.raises(Forbidden):
+            await agent_on_a.create(events, pod_event(reason, host))
 
 
 async def test_token_not_bound_to_a_node_writes_nothing(cluster: ControlPlane, kube: Kube, node_objects,

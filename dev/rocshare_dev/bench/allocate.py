@@ -83,9 +83,11 @@ def _pod(name: str, namespace: str, record: str) -> dict:
 
 async def bench_allocate(kubeconfig: str | None, *, pods: int = 200, gpu_count: int = 8) -> dict:
     from rocshare_agent.deviceplugin.service import DevicePluginService
+    from rocshare_dev.devcluster.multiagent import simulated_hook
 
     source, binder, cleanup = await _pod_source(kubeconfig, pods, gpu_count)
-    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/usr/local/vgpu")
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/usr/local/vgpu",
+                                  hook_check=simulated_hook)
     service.set_inventory(_inventory(gpu_count, split_count=-(-pods // gpu_count)))
     try:
         rpc_ms, marked_ms = await _burst(service, binder, pods)

@@ -36,6 +36,7 @@ from rocshare_agent.app import run_until_signalled
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.hook import HookCheck, hook_library_path
 from rocshare_agent.inventory_loop import run_inventory_loop
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,16 @@ class FleetConfig:
         return self.sysfs_roots.get(node_name, self.sysfs_root)
 
 
+def simulated_hook(hook_dir: str) -> HookCheck:
+    """Every simulated node of a fleet has the memory hook (the fleet shares no host folder)."""
+    return HookCheck(hook_library_path(hook_dir))
+
+
 async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
     """One node's agent parts until cancelled (app._run_parts, with the fleet's periods)."""
     pods = KubePods(kube, node_name)
     service = DevicePluginService(node_name=node_name, pods=pods, hook_host_dir=config.hook_path,
-                                  dev_root=str(config.dev_root), cgroup_root=None)
+                                  dev_root=str(config.dev_root), cgroup_root=None, hook_check=simulated_hook)
     unit = PluginUnit(service, plugin_dir=config.plugin_dir(node_name), poll_s=config.plugin_poll_s)
     first_inventory = asyncio.Event()
 

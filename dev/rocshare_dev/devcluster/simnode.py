@@ -68,6 +68,7 @@ class SimulatedNode:
         self.root.mkdir(parents=True, exist_ok=True)
         self.plugin_dir.mkdir(exist_ok=True)
         self._make_dev_tree()
+        self._make_hook()
         self.start_kubelet()
         self._wait_for_node(timeout_s)
         if self.settings is not None:
@@ -108,6 +109,15 @@ class SimulatedNode:
         self.start_agent()
 
     # ---- simulated hardware ------------------------------------------------------------
+
+    def _make_hook(self) -> None:
+        """A GPU node with the memory hook installed, unless the test made the folder itself
+        (a node without the hook: an existing, empty folder). The agent only checks that the
+        library is a readable file; no container here loads it."""
+        if self.hook_dir.exists():
+            return
+        self.hook_dir.mkdir(parents=True)
+        (self.hook_dir / "libamvgpu.so").write_bytes(b"rocshare simulated node: stand-in for libamvgpu.so\n")
 
     def set_gpu_healthy(self, render_minor: int, healthy: bool) -> None:
         node = self.dev_root / "dri" / f"renderD{render_minor}"

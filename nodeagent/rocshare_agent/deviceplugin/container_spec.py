@@ -9,7 +9,9 @@ A pure function of the allocation record's container entry and the node's invent
   record's device list, which is also ``HIP_VISIBLE_DEVICES`` order.
 * A whole GPU gets no memory limit; a container holding only whole GPUs gets no hook, no limit
   and no ``HIP_OVERSUBSCRIBE``. Any slice brings the hook: ``LD_AUDIT`` plus the library
-  mounted read-only.
+  mounted read-only -- unless the node has no hook and its pool runs slices without one
+  (``memory_hook=False``): then no hook and no ``HIP_DEVICE_MEMORY_LIMIT_<i>`` either, since
+  nothing would enforce it (the caller says so in an event; see hook.py).
 * On an oversubscribed pool (deviceMemoryScaling > 1), a slice whose GPUs can all oversubscribe
   (XNACK-capable: CDNA and the other gfx9 parts) gets ``HIP_OVERSUBSCRIBE=true`` and
   ``HSA_XNACK=1``, since hipMalloc then allocates from managed memory, which needs XNACK. An RDNA
@@ -64,7 +66,7 @@ class ContainerSpec:
 
 
 def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, GpuInfo], *, oversubscribed: bool,
-                     hook_host_dir: str, dev_root: str = "/dev") -> ContainerSpec:
+                     hook_host_dir: str, memory_hook: bool = True, dev_root: str = "/dev") -> ContainerSpec:
     """The spec for `container`; raises SpecError when a committed GPU is not on this node."""
     gpus = [_gpu_for(device, gpus_by_id, container.name) for device in container.devices]
     has_slice = any(not device.whole for device in container.devices)
@@ -77,9 +79,10 @@ def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, Gp
         envs["HSA_CU_MASK"] = cu_mask
     mounts: list[Mount] = []
     if has_slice:
-        envs.update(_memory_limits(container.devices))
-        envs["LD_AUDIT"] = HOOK_CONTAINER_PATH
-        mounts.append(Mount(str(PurePosixPath(hook_host_dir) / HOOK_LIBRARY), HOOK_CONTAINER_PATH))
+        if memory_hook:
+            envs.update(_memory_limits(container.devices))
+            envs["LD_AUDIT"] = HOOK_CONTAINER_PATH
+            mounts.append(Mount(str(PurePosixPath(hook_host_dir) / HOOK_LIBRARY), HOOK_CONTAINER_PATH))
         if oversubscribed and all(xnack_capable(gpu.gfx_target_version) for gpu in gpus):
             envs["HIP_OVERSUBSCRIBE"] = "true"
             envs["HSA_XNACK"] = "1"

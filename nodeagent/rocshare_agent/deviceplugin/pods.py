@@ -62,6 +62,25 @@ class KubePods:
         except ApiError as error:  # the refusal itself still reaches the kubelet
             log.warning("could not record the refusal on pod %s: %s", pod, error)
 
+    async def warn(self, pod: PodRef, reason: str, message: str) -> None:
+        """A Warning event on the pod, from this node (the node-agent policy admits it by
+        source.host); a failure is logged, never raised: the container starts regardless."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                               "uid": pod.uid},
+            "reason": reason, "message": message, "type": "Warning",
+            "source": {"component": "rocshare-agent", "host": self._node_name},
+            "reportingComponent": "rocshare-agent", "reportingInstance": self._node_name,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self._kube.create(object_path("v1", "events", namespace=pod.namespace), event)
+        except ApiError as error:
+            log.warning("could not post %s on pod %s: %s", reason, pod, error)
+
     async def _annotate(self, pod: PodRef, annotations: dict[str, str | None]) -> dict[str, Any]:
         patch = {"metadata": {"uid": pod.uid, "annotations": annotations}}
         return await self._kube.merge_patch(object_path("v1", "pods", pod.name, namespace=pod.namespace), patch)

@@ -15,6 +15,10 @@ visible, the pod is remembered as served, so it never counts as in flight again;
 is retried with backoff until it lands or the pod is gone. Progress through a
 pod's containers lives in memory only: an agent restart drops its socket, so the kubelet fails
 a half-served pod anyway, and `reset_progress` is called when the kubelet restarts.
+
+A container with a memory slice needs the hook library (hook.py), checked on each such
+Allocate: when it is missing, the pool's `agent.hookMissing` decides: Refuse (the refusal names
+the file) or RunWithoutLimit (no hook, no limit, and a Warning event on the pod says so).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from rocshare.api.models import GpuInfo
+from rocshare.api.allocation import ContainerAllocation
+from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.api.resource_names import GPU_RESOURCE
 from rocshare.kube.client import ApiError, Conflict
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
@@ -36,6 +41,7 @@ from rocshare_agent.deviceplugin.devices import plugin_devices
 from rocshare_agent.deviceplugin.inflight import InFlightPod, PodRef, Refusal, find_in_flight, next_container
 from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
 from rocshare_agent.deviceplugin.preferred import preferred_ids
+from rocshare_agent.hook import HookCheck, check_hook, missing_message, unlimited_message
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +62,19 @@ class PodSource(Protocol):
     async def fresh(self) -> Sequence[Mapping[str, Any]]: ...
     async def mark_allocated(self, pod: PodRef) -> None: ...
     async def mark_refused(self, pod: PodRef, reason: str) -> None: ...
+    async def warn(self, pod: PodRef, reason: str, message: str) -> None: ...
 
 
 class DevicePluginService:
     def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
                  dev_root: str = "/dev", cgroup_root: Path | None = None,
-                 pod_device_dir: Path | None = None) -> None:
+                 pod_device_dir: Path | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
+                 hook_check: Callable[[str], HookCheck] = check_hook) -> None:
         self.node_name = node_name
         self._pods = pods
         self._hook_host_dir = hook_host_dir
+        self._hook_missing = hook_missing
+        self._hook_check = hook_check
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
         self._pod_devices = PodDeviceDir(pod_device_dir) if pod_device_dir is not None else None
@@ -156,9 +166,11 @@ class DevicePluginService:
         uid = in_flight.pod.uid
         served = self._progress.get(uid, 0)
         container = next_container(in_flight, served, device_count)
+        memory_hook = self._memory_hook(container, in_flight.pod)
         try:
             spec = render_container(container, self._gpus_by_id, oversubscribed=in_flight.record.oversubscribed,
-                                    hook_host_dir=self._hook_host_dir, dev_root=self._dev_root)
+                                    hook_host_dir=self._hook_host_dir, memory_hook=memory_hook,
+                                    dev_root=self._dev_root)
             spec = await self._for_its_user(spec, in_flight.pod, container.name)
         except SpecError as error:
             raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
@@ -172,6 +184,21 @@ class DevicePluginService:
             self._cap_vram(in_flight)
         log.info("Allocate: pod %s container %s (%d devices)", in_flight.pod, container.name, device_count)
         return to_response(spec)
+
+    def _memory_hook(self, container: ContainerAllocation, pod: PodRef) -> bool:
+        """Whether a slice container gets the hook; raises Refusal when it needs it and the pool
+        refuses slices without it. A container of whole GPUs needs none (nothing is checked)."""
+        if all(device.whole for device in container.devices):
+            return True
+        check = self._hook_check(self._hook_host_dir)
+        if check.present:
+            return True
+        if self._hook_missing == HookMissing.REFUSE:
+            raise Refusal(f"pod {pod}: {missing_message(check, node=self.node_name)}", pod)
+        message = unlimited_message(check, container=container.name)
+        log.warning("pod %s: %s", pod, message)
+        self._in_background(self._pods.warn(pod, "NoMemoryLimit", message))
+        return False
 
     async def _for_its_user(self, spec: ContainerSpec, pod: PodRef, container: str) -> ContainerSpec:
         """Device files the container's user can open (pod_devices.py); unchanged for root."""

@@ -57,6 +57,13 @@ class GpuPolicy(StrEnum):
     FRAGMENTATION_AWARE = "fragmentation-aware"
 
 
+class HookMissing(StrEnum):
+    """What a memory slice gets on a node whose hook library (agent.hookPath) is missing."""
+
+    REFUSE = "Refuse"
+    RUN_WITHOUT_LIMIT = "RunWithoutLimit"
+
+
 class HealthSourceKind(StrEnum):
     DEVICE_FILES = "deviceFiles"
     METRICS_EXPORTER = "metricsExporter"
@@ -138,6 +145,12 @@ class AgentSettings(_Model):
     hook_path: str = Field(
         default="/usr/local/vgpu", alias="hookPath",
         description="Host folder holding libamvgpu.so, mounted read-only into slice containers.",
+    )
+    hook_missing: HookMissing = Field(
+        default=HookMissing.REFUSE, alias="hookMissing",
+        description="When libamvgpu.so is missing or unreadable on a node, a memory slice there is refused "
+                    "(Refuse: the kubelet's Allocate fails naming the file) or runs with no memory limit, "
+                    "said in a Warning event on the pod (RunWithoutLimit). Whole-GPU pods never need the hook.",
     )
     group_file: str = Field(
         default="/etc/group", alias="groupFile",

@@ -18,7 +18,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2_grpc as pb_grpc
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from tests.integration.deviceplugin.test_plugin_socket import FakeKubelet, wait_for
-from tests.agent_fakes import MemoryPods
+from tests.agent_fakes import MemoryPods, hook_present
 
 NODE = "n"
 
@@ -43,7 +43,7 @@ async def stub(tmp_path: Path):
     kubelet = FakeKubelet(tmp_path)
     await kubelet.start()
     pods = MemoryPods()
-    service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu")
+    service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu", hook_check=hook_present)
     service.set_inventory([gpu(0), gpu(1)])
     unit = PluginUnit(service, plugin_dir=tmp_path, poll_s=0.1)
     task = asyncio.create_task(unit.run())

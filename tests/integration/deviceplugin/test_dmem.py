@@ -9,6 +9,7 @@ from pathlib import Path
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.api.models import GpuInfo, Partition
 from rocshare_agent.deviceplugin import dmem
+from tests.agent_fakes import hook_present
 
 MIB = 1 << 20
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -108,7 +109,8 @@ async def test_allocate_caps_the_served_pod(tmp_path: Path):
         async def mark_refused(self, ref, reason):
             raise AssertionError(reason)
 
-    service = DevicePluginService(node_name="n", pods=OnePod(), hook_host_dir="/h", cgroup_root=tmp_path)
+    service = DevicePluginService(node_name="n", pods=OnePod(), hook_host_dir="/h", cgroup_root=tmp_path,
+                                  hook_check=hook_present)
     service.set_inventory(list(GPUS.values()))
     await service.allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])]))
     await service.settle()

@@ -17,6 +17,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import deviceplugin_pb2_grpc as pb_grpc
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from tests.agent_fakes import hook_present
 
 
 class FakeKubelet(pb_grpc.RegistrationServicer):
@@ -84,7 +85,7 @@ async def wait_for(predicate, timeout_s: float) -> float:
 async def plugin(tmp_path: Path):
     kubelet = FakeKubelet(tmp_path)
     await kubelet.start()
-    service = DevicePluginService(node_name="n", pods=NoPods(), hook_host_dir="/opt/vgpu")
+    service = DevicePluginService(node_name="n", pods=NoPods(), hook_host_dir="/opt/vgpu", hook_check=hook_present)
     service.set_inventory([gpu(0), gpu(1)])
     unit = PluginUnit(service, plugin_dir=tmp_path, poll_s=0.1)
     task = asyncio.create_task(unit.run())

@@ -13,7 +13,7 @@ from rocshare.api.models import GpuInfo
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin.inflight import Refusal
 from rocshare_agent.deviceplugin.service import DevicePluginService
-from tests.agent_fakes import MemoryPods
+from tests.agent_fakes import MemoryPods, hook_present
 
 NODE = "node-a"
 
@@ -36,7 +36,7 @@ def committed_pod(name: str, containers: dict[str, list[str]]) -> dict:
 
 def make(pods: list[dict]) -> tuple[DevicePluginService, MemoryPods]:
     source = MemoryPods(pods)
-    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu")
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu", hook_check=hook_present)
     service.set_inventory([gpu(0), gpu(1), gpu(2)])
     return service, source
 
@@ -130,7 +130,8 @@ class LaggingWatch(MemoryPods):
 
 async def test_preferred_allocation_finds_the_pod_the_watch_has_not_shown_yet():
     pods = [committed_pod("p", {"a": ["GPU-0000000000000002", "GPU-0000000000000000"]})]
-    service = DevicePluginService(node_name=NODE, pods=LaggingWatch(pods), hook_host_dir="/opt/vgpu")
+    service = DevicePluginService(node_name=NODE, pods=LaggingWatch(pods), hook_host_dir="/opt/vgpu",
+                                  hook_check=hook_present)
     service.set_inventory([gpu(0), gpu(1), gpu(2)])
     available = [f"GPU-{i:016x}::{k}" for i in range(3) for k in range(2)]
     reply = await service.get_preferred_allocation(pb.PreferredAllocationRequest(container_requests=[

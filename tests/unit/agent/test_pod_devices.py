@@ -17,7 +17,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin.pod_devices import Identity, PodDeviceDir, container_identity, owner_and_mode
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from rocshare_agent.host_groups import parse_device_groups
-from tests.agent_fakes import MemoryPods
+from tests.agent_fakes import MemoryPods, hook_present
 
 NODE = "node-a"
 RENDER_GID = 992
@@ -73,7 +73,7 @@ def _pod(security: dict) -> dict:
 
 async def _allocate(pod: dict, dev_root: Path, pod_device_dir: Path) -> pb.ContainerAllocateResponse:
     source = MemoryPods([pod])
-    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu", dev_root=str(dev_root),
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu", hook_check=hook_present, dev_root=str(dev_root),
                                   pod_device_dir=pod_device_dir)
     service.set_inventory([GpuInfo(id="GPU-0000000000000000", index=0, render_minor=128, gfx_target_version=90010,
                                    cu_count=104, pci_bdf="0000:00:00.0", split_count=2, healthy=True)])

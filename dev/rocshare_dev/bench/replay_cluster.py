@@ -199,10 +199,14 @@ async def _wait_inventories(kube: Kube, fleet: TraceFleet, *, deadline_s: float)
     wanted = {name: node.gpus for name, node in fleet.nodes.items()}
     while time.monotonic() < deadline:
         fleet.check_alive()
-        nodes = (await kube.list(object_path("v1", "nodes"), labelSelector=_selector())).get("items", [])
+        try:
+            nodes = (await kube.list(object_path("v1", "nodes"), labelSelector=_selector())).get("items", [])
+            items = (await kube.list(object_path(API_VERSION, "amdgpunodes"))).get("items", [])
+        except (Unavailable, TimeoutError):  # hundreds of agents registering at once: a busy server
+            await asyncio.sleep(2.0)
+            continue
         allocatable = {n["metadata"]["name"] for n in nodes
                        if int((n.get("status", {}).get("allocatable") or {}).get("amd.com/gpu", "0")) > 0}
-        items = (await kube.list(object_path(API_VERSION, "amdgpunodes"))).get("items", [])
         published = {i["metadata"]["name"] for i in items
                      if len((i.get("status") or {}).get("gpus") or []) == wanted.get(i["metadata"]["name"], -1)}
         if set(wanted) <= allocatable & published:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
-from rocshare.core.holdings import Held, read_record, record_holding
+from rocshare.core.holdings import Held, Holding, read_hami, read_record, record_holding
 from rocshare.core.ids import PodKey
 from rocshare.core.ledger import Ledger
 from rocshare_operator.feed.cluster_facts import PodFacts
@@ -90,6 +90,8 @@ class Accounts:
         self.on_unaccountable: list[Callable[[PodKey, str, str, str], None]] = []
         """Called with (pod, namespace, node, why) when a pod's hold becomes unknown (the server posts an Event)."""
         self._cu_counts = cu_counts
+        self.hami_seen: dict[PodKey, tuple[object, str]] = {}
+        """Pod -> (HAMi placement, node) last accounted, for pods HAMi placed."""
 
     # ---- the pod watch -------------------------------------------------------------------
 
@@ -101,13 +103,15 @@ class Accounts:
         if pod.problem is not None:
             self.hold_unknown(key, pod.namespace, pod.node, pod.problem)
             return
-        if pod.allocation is None:
+        if pod.allocation is None and pod.hami is None:
             if key in self.unaccountable and key not in self.ledger:
                 self.forget(key)  # read again, and it holds nothing yet
             # Bind writes the record and the node in one Binding, and nothing removes a record from
             # a live pod: an event without one predates the Binding (the watch lags behind bind).
             return
-        if key not in self.ledger:
+        if pod.allocation is None:
+            self._account_hami(key, pod)
+        elif key not in self.ledger:
             self._account(key, pod.namespace, pod.allocation, pod.node)
         node = self.pod_nodes.get(key)
         if node and not awaiting_allocation(pod):
@@ -124,6 +128,32 @@ class Accounts:
             return
         self.unaccountable.pop(key, None)
         self.commit(key, namespace, record)
+
+    def _account_hami(self, key: PodKey, pod: PodFacts) -> None:
+        """A pod HAMi placed holds what HAMi says (holdings.read_hami). Unlike rocshare's record,
+        HAMi's may be rewritten (its scheduler filters again after a failed bind): read it anew
+        whenever it or the pod's node changes."""
+        seen = (pod.hami, pod.node)
+        if self.hami_seen.get(key) == seen:
+            return
+        self.hami_seen[key] = seen
+        record, holding = read_hami(pod.hami, pod.node)
+        if record is not None and (unlisted := self._unlisted_gpus(record)):
+            record, holding = None, Holding(record.node, problem=f"its HAMi allocation names GPU(s) "
+                                            f"{', '.join(unlisted)} that node {record.node} does not list")
+        if key in self.ledger:
+            self._uncount(key)
+            self.ledger.release(key)
+        if record is None:
+            self.hold_unknown(key, pod.namespace, holding.node, holding.problem or "")
+            return
+        self.unaccountable.pop(key, None)
+        self.commit(key, pod.namespace, record)
+
+    def _unlisted_gpus(self, record: AllocationRecord) -> list[str]:
+        """GPU ids of the record that its node's inventory lacks (none known yet: cannot tell)."""
+        listed = self._cu_counts(record.node)
+        return [gpu for gpu in record.gpu_ids() if listed and gpu not in listed]
 
     def hold_unknown(self, key: PodKey, namespace: str, node: str, why: str) -> None:
         """What the pod holds cannot be known: its node and its namespace's quota stay blocked."""
@@ -142,6 +172,7 @@ class Accounts:
 
     def forget(self, key: PodKey) -> None:
         self.unaccountable.pop(key, None)
+        self.hami_seen.pop(key, None)
         node = self.pod_nodes.pop(key, None)
         self._uncount(key)
         released = key in self.ledger and self.ledger.release(key) is not None

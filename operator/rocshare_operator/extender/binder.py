@@ -26,8 +26,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record, encode_record
-from rocshare.api.hami import encode_pod_devices
-from rocshare.api.node_settings import HAMI_POD_DEVICES_ANNOTATION
+from rocshare.api.hami import companion_annotations
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
 from rocshare.core.ids import PodKey, pod_key
@@ -232,11 +231,12 @@ def _existing_record(pod: dict) -> AllocationRecord | None:
 
 
 def _record_annotations(pod: dict, record: AllocationRecord, device_types: dict[str, str]) -> dict[str, str]:
+    """The record, and what a HAMi scheduler needs to count the pod (rocshare.api.hami)."""
     spec = pod.get("spec", {})
     names = [c["name"] for c in spec.get("initContainers", [])] + [c["name"] for c in spec.get("containers", [])]
     return {
         ALLOCATION_ANNOTATION: encode_record(record),
-        HAMI_POD_DEVICES_ANNOTATION: encode_pod_devices(record, device_types=device_types, container_names=names),
+        **companion_annotations(record, device_types=device_types, container_names=names, now_s=int(time.time())),
     }
 
 

@@ -8,6 +8,7 @@ and share reconcilers. So they hold only what some reader uses:
   is being deleted, and its allocation record (text; read by readers through
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
+  a pod HAMi placed (no rocshare record) carries HAMi's decision instead (`HamiPlacement`);
 * an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
   models (a tenth of their size), or why its status was refused; pool and share status
   read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION
+from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.ids import PodKey, pod_key
@@ -61,6 +63,7 @@ class PodFacts:
     allocated: bool  # the node agent marked the allocation served
     allocation: str | None  # the allocation record as written on the pod
     problem: str | None = None  # the pod could not be read: it holds unknown GPUs on `node`
+    hami: HamiPlacement | None = None  # HAMi's decision, on a pod without rocshare's record (holdings.read_hami)
 
     @property
     def key(self) -> PodKey:
@@ -204,6 +207,7 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         phase=sys.intern(status.get("phase") or "Pending"), deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=_unschedulable(status), allocated=ALLOCATED_ANNOTATION in annotations,
         allocation=annotations.get(ALLOCATION_ANNOTATION),
+        hami=None if ALLOCATION_ANNOTATION in annotations else hami_placement(annotations, spec),
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rocshare.core.holdings import Held, Holding, text_holding
+from rocshare.core.holdings import Held, Holding, read_hami, text_holding
 from rocshare_operator.feed.cluster_facts import (
     GpuSummary,
     PodFacts,
@@ -67,8 +67,10 @@ def slices_of(pod: PodFacts) -> PodSlices | None:
     if pod.problem is not None:
         # Unbound (no node could be read), it holds nothing; bound, it may hold anything there.
         return PodSlices(pod.namespace, pod.name, Holding(pod.node, problem=pod.problem)) if pod.node else None
-    if pod.allocation is None or pod.finished:
+    if (pod.allocation is None and pod.hami is None) or pod.finished:
         return None
+    if pod.allocation is None:
+        return PodSlices(pod.namespace, pod.name, read_hami(pod.hami, pod.node)[1])  # a pod HAMi placed
     return PodSlices(pod.namespace, pod.name, text_holding(pod.allocation, pod.node))
 
 

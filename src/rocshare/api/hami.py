@@ -10,11 +10,27 @@ them only so that HAMi-aware tooling and migrations keep working (DESIGN.md sect
   holds `pciBDF`, `cuPerWGP`, `xgmiPeers`, `computeQueues` (same omission rule).
 * Pod annotation `hami.io/amd-devices-allocated`: `UUID,Type,MemMiB,CUcount:` per device;
   each container's devices end with `;`; init containers come first.
+
+Reading pods HAMi placed (HAMi 4707fb0: pkg/scheduler/scheduler.go onAddPod, pkg/device/devices.go
+DecodePodDevices; HAMi's AMD device plugin, Project-HAMi/amd-device-plugin internal/pkg/plugin):
+* HAMi's scheduler writes `hami.io/vgpu-node` (the node it chose) and `hami.io/vgpu-time` with
+  `hami.io/amd-devices-allocated` (and `hami.io/amd-devices-to-allocate`) before it binds; its
+  usage rebuild counts only pods with `hami.io/vgpu-node`, per device id in the devices annotation.
+* HAMi's AMD plugin names a GPU by its AMD SMI UUID (`amdsmi_get_gpu_device_uuid`), laid out by
+  amd_smi_lib's `amdsmi_uuid_gen` as `SSFFDDDD-0000-1000-80TT-UUUUWWWWWWWW`: DDDD the PCI device
+  id, FF the partition index (0xff, or 0 on an unpartitioned GPU), and the GPU's 64-bit unique_id
+  spread over SS (byte 7), TT (byte 6), UUUU (bytes 5-4), WWWWWWWW (bytes 3-0). The unique_id is
+  what rocshare's ids carry (`GPU-<16 hex>`), so `rocshare_gpu_id` maps one to the other without
+  the node's inventory. Ids in rocshare's own form (a HAMi scheduler reading rocshare's
+  registration) are kept as they are.
+* The plugin records the CUs it pinned, per pod and device, in `hami.io/amd-cu-allocated`: a JSON
+  object `{device id: "0-3,8,10-12"}` (HSA's CU id list).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +39,13 @@ from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, OperatingMode
 
 DEVICE_VENDOR = "AMD"
+VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
+"""The node HAMi's scheduler chose; its usage rebuild skips pods without it."""
+VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
+"""When HAMi's scheduler chose it (Unix seconds)."""
+POD_DEVICES_ANNOTATION = "hami.io/amd-devices-allocated"
+CU_ALLOCATED_ANNOTATION = "hami.io/amd-cu-allocated"
+"""Written by HAMi's AMD plugin at Allocate: the CUs it pinned, per device id."""
 _FIELD_SEPARATORS = str.maketrans({",": "-", ":": "-", ";": "-"})
 
 
@@ -147,3 +170,92 @@ def _decode_device(part: str) -> HamiContainerDevice:
         return HamiContainerDevice(fields[0], fields[1], int(fields[2]), int(fields[3]))
     except ValueError:
         raise HamiFormatError(f"device {part!r} has a non-integer memory or CU count") from None
+
+
+# ---- GPU ids ----------------------------------------------------------------------------------
+
+_AMD_SMI_UUID = re.compile(
+    r"^(?P<b7>[0-9a-f]{2})(?P<fcn>[0-9a-f]{2})(?P<did>[0-9a-f]{4})-0000-1000-80(?P<b6>[0-9a-f]{2})-"
+    r"(?P<b54>[0-9a-f]{4})(?P<b30>[0-9a-f]{8})$", re.IGNORECASE)
+_NO_PARTITION = (0xFF, 0)
+
+
+def rocshare_gpu_id(hami_id: str) -> str:
+    """The rocshare id of a GPU named by HAMi: an AMD SMI UUID becomes ``GPU-<16 hex of unique_id>``
+    (``-p<k>`` for partition k >= 1); any other id is kept (rocshare's own ids, as a HAMi scheduler
+    reading rocshare's registration writes them)."""
+    found = _AMD_SMI_UUID.match(hami_id)
+    if found is None:
+        return hami_id
+    unique_id = int(found["b7"] + found["b6"] + found["b54"] + found["b30"], 16)
+    partition = int(found["fcn"], 16)
+    suffix = "" if partition in _NO_PARTITION else f"-p{partition}"
+    return f"GPU-{unique_id:016x}{suffix}"
+
+
+def decode_cu_allocated(text: str) -> dict[str, list[tuple[int, int]]]:
+    """`hami.io/amd-cu-allocated`: per rocshare GPU id, the inclusive CU ranges; raises HamiFormatError."""
+    try:
+        entries = json.loads(text)
+    except (json.JSONDecodeError, TypeError) as error:
+        raise HamiFormatError(f"{CU_ALLOCATED_ANNOTATION} is not JSON: {error}") from None
+    if not isinstance(entries, dict) or not all(isinstance(value, str) for value in entries.values()):
+        raise HamiFormatError(f"{CU_ALLOCATED_ANNOTATION} must be a JSON object of CU id lists")
+    return {rocshare_gpu_id(gpu): _cu_ranges(ids) for gpu, ids in entries.items()}
+
+
+def _cu_ranges(ids: str) -> list[tuple[int, int]]:
+    ranges = []
+    for part in (part.strip() for part in ids.split(",")):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise HamiFormatError(f"CU id list {ids!r}: {part!r} is not an id or a range") from None
+        if first < 0 or last < first:
+            raise HamiFormatError(f"CU id list {ids!r}: {part!r} is not a valid range")
+        ranges.append((first, last))
+    return ranges
+
+
+# ---- pods HAMi placed, and what rocshare writes for HAMi's scheduler ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HamiPlacement:
+    """What a pod carries of HAMi's decision (texts as written; decoded by rocshare.core.holdings)."""
+
+    node: str
+    """`hami.io/vgpu-node`, or "" when absent."""
+    devices: str
+    """`hami.io/amd-devices-allocated` as written."""
+    cu_allocated: str | None
+    """`hami.io/amd-cu-allocated` as written, None until HAMi's plugin has served the pod."""
+    containers: tuple[tuple[str, bool, bool], ...]
+    """(name, init, sidecar) of the pod's containers, init containers first, in pod order."""
+
+
+def hami_placement(annotations: Mapping[str, str], spec: Mapping) -> HamiPlacement | None:
+    """HAMi's decision on a pod, or None when it carries none (no devices annotation)."""
+    devices = annotations.get(POD_DEVICES_ANNOTATION)
+    if devices is None:
+        return None
+    containers = tuple((str(c.get("name", "")), True, c.get("restartPolicy") == "Always")
+                       for c in spec.get("initContainers") or ()) + \
+        tuple((str(c.get("name", "")), False, False) for c in spec.get("containers") or ())
+    return HamiPlacement(str(annotations.get(VGPU_NODE_ANNOTATION) or ""), devices,
+                         annotations.get(CU_ALLOCATED_ANNOTATION), containers)
+
+
+def companion_annotations(record: AllocationRecord, *, device_types: Mapping[str, str],
+                          container_names: Sequence[str], now_s: int) -> dict[str, str]:
+    """What HAMi's scheduler reads of a pod to count it (onAddPod): the node, the time, the devices.
+    Not `hami.io/bind-phase`, `hami.io/bind-time` or `hami.io/amd-devices-to-allocate`: those are
+    HAMi's handshake with its own device plugin, which must never try to serve rocshare's pods."""
+    return {
+        VGPU_NODE_ANNOTATION: record.node,
+        VGPU_TIME_ANNOTATION: str(now_s),
+        POD_DEVICES_ANNOTATION: encode_pod_devices(record, device_types=device_types, container_names=container_names),
+    }

@@ -23,6 +23,13 @@ with them.
 A record that cannot be decoded gives a `Holding` with a ``problem`` and no GPUs: what it
 holds is unknown, and every reader must treat it as holding everything it might (the
 extender blocks its node, quota and status say the namespace cannot be accounted for).
+
+A pod HAMi placed (no rocshare record, HAMi's ``hami.io/amd-devices-allocated``; see
+rocshare.api.hami) holds what HAMi says, read into the same record form (`read_hami`): per
+container and GPU its MiB; the CUs HAMi's plugin pinned (``hami.io/amd-cu-allocated``), or,
+before the plugin wrote them, every CU of the GPU (where its CUs will be is unknown) counted as
+100 % of cores. A pod with both records holds what rocshare's says. A HAMi record that cannot
+be decoded, or names another node than the pod's, holds unknown GPUs, like a rocshare one.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from rocshare.api.allocation import AllocationError, AllocationRecord, DeviceSlice, decode_record
+from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
+from rocshare.api.hami import HamiFormatError, HamiPlacement, decode_cu_allocated, decode_pod_devices, rocshare_gpu_id
 from rocshare.api.models import OmittedCores
 from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.request import PodRequest
@@ -219,3 +227,58 @@ def asked_devices(request: PodRequest) -> list[tuple[str, int]]:
 def committed_devices(record: AllocationRecord) -> list[tuple[str, int]]:
     """(container, GPU count) the record commits, in the same order as `asked_devices`."""
     return [(c.name, len(c.devices)) for c in record.containers]
+
+
+UNKNOWN_CUS_RANGE = (0, 4095)
+"""Every CU a GPU could have: what a HAMi slice reserves before HAMi's plugin says which CUs it
+pinned. Readers clip masks to the GPU's real CU count (`Ledger.usage`)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def read_hami(placement: HamiPlacement, node: str) -> tuple[AllocationRecord | None, Holding]:
+    """A pod HAMi placed, bound to `node` ("" while unbound: then HAMi's chosen node), as a record
+    and its hold; an undecodable one holds unknown GPUs (``problem``). Memoised like `read_record`."""
+    where = node or placement.node
+    if placement.node and node and placement.node != node:
+        return None, Holding(node, problem=f"its hami.io/vgpu-node names {placement.node} but it is bound to {node}")
+    try:
+        record = _hami_record(placement, where)
+    except (HamiFormatError, AllocationError, ValueError) as error:
+        return None, Holding(where, problem=f"its HAMi allocation cannot be read: {error}")
+    return record, record_holding(record)
+
+
+def _hami_record(placement: HamiPlacement, node: str) -> AllocationRecord:
+    if not node:
+        raise HamiFormatError("it names no node (no hami.io/vgpu-node and not bound)")
+    pinned = decode_cu_allocated(placement.cu_allocated) if placement.cu_allocated is not None else None
+    containers = []
+    seen: set[str] = set()
+    for index, devices in enumerate(decode_pod_devices(placement.devices)):
+        if not devices:
+            continue
+        name, init, sidecar = (placement.containers[index] if index < len(placement.containers)
+                               else (f"hami-container-{index}", False, False))
+        slices = [_hami_slice(rocshare_gpu_id(device.uuid), device.memory_mib, device.cu_count, pinned, seen)
+                  for device in devices]
+        containers.append(ContainerAllocation(name=name or f"hami-container-{index}", init=init, sidecar=sidecar,
+                                              devices=slices))
+    if not containers:
+        raise HamiFormatError("hami.io/amd-devices-allocated names no device")
+    return AllocationRecord(node=node, containers=containers)
+
+
+def _hami_slice(gpu_id: str, memory_mib: int, cu_count: int, pinned: dict[str, list[tuple[int, int]]] | None,
+                seen: set[str]) -> DeviceSlice:
+    if memory_mib < 0 or cu_count < 0:
+        raise HamiFormatError(f"device {gpu_id}: negative memory or CU count")
+    first = gpu_id not in seen
+    seen.add(gpu_id)
+    if pinned is not None and gpu_id in pinned:
+        # The plugin records CUs per pod and GPU: the pod's first slice there carries them (masks are OR-ed).
+        return DeviceSlice(gpu_id=gpu_id, memory_mib=memory_mib, cu_count=cu_count,
+                           cu_ranges=pinned[gpu_id] if first else [])
+    # Not served yet (or the plugin recorded nothing for this GPU): its CUs could be any, so it holds
+    # them all -- no CU is ever handed out twice.
+    return DeviceSlice(gpu_id=gpu_id, memory_mib=memory_mib, cu_count=cu_count, cu_ranges=[UNKNOWN_CUS_RANGE],
+                       cores_pct=WHOLE_PCT)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
+from rocshare.core.cumask import full_mask
 from rocshare.core.holdings import GpuHold, record_holding
 from rocshare.core.ids import GpuId, NodeName, PodKey
 from rocshare.core.inventory import NodeInventory
@@ -195,7 +196,8 @@ class Ledger:
         if cached is not None and cached[0] == version and cached[1] is node:
             return cached[2]
         cpu, mem = self._node_host.get(node.name, (0, 0))
-        usage = NodeUsage(tuple(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU) for g in node.gpus), cpu, mem)
+        usage = NodeUsage(tuple(_clipped(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU), g.cu_count)
+                                for g in node.gpus), cpu, mem)
         self._usage_cache[node.name] = (version, node, usage)
         return usage
 
@@ -215,3 +217,11 @@ class Ledger:
     @property
     def is_empty(self) -> bool:
         return not self._records and not self._host_only and not self._gpu and not self._node_host
+
+
+def _clipped(usage: GpuUsage, cu_count: int) -> GpuUsage:
+    """Usage with its CU mask cut to the GPU's CUs: a hold whose CUs are unknown (a pod HAMi placed,
+    not yet served by HAMi's plugin) reserves every CU a GPU could have (holdings.UNKNOWN_CUS_RANGE)."""
+    if usage.cu_mask >> cu_count == 0:
+        return usage
+    return GpuUsage(usage.memory_mib, usage.slices, usage.cu_mask & full_mask(cu_count), usage.whole)

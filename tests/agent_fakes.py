@@ -1,17 +1,16 @@
 """An in-memory stand-in for the device plugin's pod source (`KubePods`), for unit and
-integration tests of the gRPC handlers: the pods are a plain list; marks are recorded."""
+integration tests of the gRPC handlers: the pods are a plain list; refusals are recorded.
+Serving a pod writes nothing (the kubelet's own status write releases it); `admit` plays
+that write: status.startTime set, as the kubelet does after allocating a pod's devices."""
 
 from __future__ import annotations
 
 from rocshare_agent.hook import HookCheck, hook_library_path
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION
-
 
 class MemoryPods:
     def __init__(self, pods: list[dict] | None = None) -> None:
         self.pods = pods if pods is not None else []
-        self.allocated: list[str] = []
         self.refused: list[tuple[str, str]] = []
         self.warnings: list[tuple[str, str, str]] = []
 
@@ -24,11 +23,11 @@ class MemoryPods:
     async def fresh(self):
         return self.pods
 
-    async def mark_allocated(self, ref):
-        self.allocated.append(ref.name)
+    def admit(self, name: str) -> None:
+        """The kubelet's first status write after admitting the pod."""
         for pod in self.pods:
-            if pod["metadata"]["uid"] == ref.uid:
-                pod["metadata"].setdefault("annotations", {})[ALLOCATED_ANNOTATION] = "now"
+            if pod["metadata"]["name"] == name:
+                pod.setdefault("status", {})["startTime"] = "2026-01-01T00:00:00Z"
 
     async def mark_refused(self, ref, reason):
         self.refused.append((ref.name, reason))

@@ -2,7 +2,7 @@
 caches) and the pod admission webhook, both reading one `SchedulerState`.
 
 `run_operator(..., extra_tasks=[extender_task(settings, state)])` runs the extender beside
-Kopf; `register_webhook(settings, state)` adds the admission handlers to Kopf's registry
+Kopf (and `admission_params_task` keeps the pod-defaults admission policy's parameters written); `register_webhook(settings, state)` adds the admission handlers to Kopf's registry
 and `configure_admission(kopf_settings, webhook_settings)` points Kopf's webhook server
 at our TLS certificate. With `--webhook-tls-secret` the operator owns that certificate
 (admission/tls_secret.py): made or renewed before anything serves, kept fresh beside Kopf.
@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 
 import kopf
 
-from rocshare_operator.admission import tls_secret, webhook
+from rocshare_operator.admission import policy_params, tls_secret, webhook
 from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
@@ -58,7 +58,20 @@ def prepare(args, kopf_settings: kopf.OperatorSettings) -> list:
     extender = ExtenderSettings(host=args.extender_host, port=args.extender_port, metrics_port=args.metrics_port,
                                 tls_cert=args.extender_tls_cert, tls_key=args.extender_tls_key,
                                 bind_wait_s=args.bind_wait_s)
-    return [*tasks, extender_task(extender, state)]
+    tasks.append(extender_task(extender, state))
+    if not args.no_webhook:
+        tasks.append(admission_params_task(args.namespace, state, scheduler_name=args.scheduler_name))
+    return tasks
+
+
+def admission_params_task(namespace: str, state: SchedulerState, *, scheduler_name: str):
+    """Keeps the pod-defaults policy's parameters written (admission/policy_params.py), from the
+    pools the extender's state knows."""
+    def publish(context: OperatorContext) -> Awaitable[None]:
+        return policy_params.keep_published(
+            context.kube, namespace, lambda: policy_params.admission_params(state.pools, scheduler_name=scheduler_name))
+
+    return publish
 
 
 def own_certificate(args, settings: webhook.WebhookSettings):

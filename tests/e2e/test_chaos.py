@@ -700,7 +700,8 @@ async def test_restarted_operator_keeps_one_pod_in_flight_per_node(fleet: Fleet,
     yet served by its agent is still in flight afterwards, so a second pod is not bound to its node
     until the first is served (before the fix the restarted extender bound it at once, and the
     agent then refused both pods: two records in flight). A node without a kubelet keeps the
-    first pod unserved for as long as the test needs; the test plays the agent's mark."""
+    first pod unadmitted for as long as the test needs; the test plays the kubelet's first status
+    write (status.startTime), which is what releases the gate since issue 18."""
     node = "chaos-inflight"
     chaos = Chaos(kube, None, fleet)
     await chaos.wait_fleet_ready()
@@ -727,9 +728,9 @@ async def test_restarted_operator_keeps_one_pod_in_flight_per_node(fleet: Fleet,
         await asyncio.sleep(8)
         second = await kube.get(object_path("v1", "pods", "second", namespace="chaos-c"))
         assert not second["spec"].get("nodeName"), "bound while the first pod was still in flight on the node"
-        # The agent serves the first pod: the gate opens and the second is bound.
-        await kube.merge_patch(object_path("v1", "pods", "first", namespace="chaos-c"),
-                               {"metadata": {"annotations": {"rocshare.io/allocated": "2026-01-01T00:00:00Z"}}})
+        # The kubelet admits the first pod (its status write): the gate opens and the second is bound.
+        await kube.merge_patch(object_path("v1", "pods", "first", namespace="chaos-c") + "/status",
+                               {"status": {"startTime": "2026-01-01T00:00:00Z"}})
         await _wait_pod(kube, "second", lambda pod: pod["spec"].get("nodeName") == node, "second bound", timeout_s=60)
     finally:
         for name in ("first", "second"):

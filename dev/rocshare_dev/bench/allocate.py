@@ -6,9 +6,9 @@ at a time and the extender keeps one pod in flight per node, so a burst reaches 
 the pod), then immediately calls Allocate over the plugin's real unix socket with a real
 grpcio client, as the kubelet does when it sees the binding. Timed: the Allocate RPC, which
 includes finding the pod (watch cache, or a fresh list when the watch lags the binding) and
-rendering the container (``allocate_*``, the target); and, separately, until the pod's
-allocated mark is written to the API server in the background (``until_marked_*``), which
-gates the extender's next bind on that node.
+rendering the container (``allocate_*``, the target). Serving writes nothing to the API
+server (since issue 18 the extender's next bind on the node waits for the kubelet's own
+status write, not for an agent mark), so there is no second figure.
 
 With --kubeconfig the pods live in that API server; without it a throw-away control plane is
 started (etcd + kube-apiserver from .cache/bin). --in-memory measures the plugin alone.
@@ -90,11 +90,11 @@ async def bench_allocate(kubeconfig: str | None, *, pods: int = 200, gpu_count: 
                                   hook_check=simulated_hook)
     service.set_inventory(_inventory(gpu_count, split_count=-(-pods // gpu_count)))
     try:
-        rpc_ms, marked_ms = await _burst(service, binder, pods)
+        rpc_ms = await _burst(service, binder, pods)
     finally:
         await cleanup()
     return {"pods": pods, "api_server": kubeconfig is not None, **_summary(rpc_ms, "allocate"),
-            **_summary(marked_ms, "until_marked"), "p99_ms": _summary(rpc_ms, "")["_p99_ms"], "target_p99_ms": 20.0}
+            "p99_ms": _summary(rpc_ms, "")["_p99_ms"], "target_p99_ms": 20.0}
 
 
 def _summary(timings_ms: list[float], prefix: str) -> dict:
@@ -117,7 +117,7 @@ async def _burst(service, binder, pods: int) -> list[float]:
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(service), server)
         server.add_insecure_port(f"unix://{socket_path}")
         await server.start()
-        rpc_ms, marked_ms = [], []
+        rpc_ms = []
         try:
             async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
                 stub = pb_grpc.DevicePluginStub(channel)
@@ -128,11 +128,9 @@ async def _burst(service, binder, pods: int) -> list[float]:
                     started = time.perf_counter()
                     await stub.Allocate(request, timeout=10)
                     rpc_ms.append((time.perf_counter() - started) * 1000)
-                    await service.settle()  # the extender binds the next pod once the mark is visible
-                    marked_ms.append((time.perf_counter() - started) * 1000)
         finally:
             await server.stop(grace=None)
-    return rpc_ms, marked_ms
+    return rpc_ms
 
 
 async def _pod_source(kubeconfig: str | None, pods: int, gpu_count: int):
@@ -142,8 +140,6 @@ async def _pod_source(kubeconfig: str | None, pods: int, gpu_count: int):
 
 
 def _memory_source(pods: int, gpu_count: int):
-    from rocshare.api.allocation import ALLOCATED_ANNOTATION
-
     items = []
     for i in range(pods):
         pod = _pod(f"p{i}", "bench", _record(i, gpu_count))
@@ -160,9 +156,6 @@ def _memory_source(pods: int, gpu_count: int):
 
         async def fresh(self):
             return items
-
-        async def mark_allocated(self, ref):
-            items[int(ref.name[1:])]["metadata"]["annotations"][ALLOCATED_ANNOTATION] = "now"
 
         async def mark_refused(self, ref, reason):
             raise RuntimeError(reason)

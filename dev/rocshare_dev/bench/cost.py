@@ -13,7 +13,7 @@ Agent: one simulated node (simnode.py: kubelet peer + ``rocshare agent``) on the
 capture with synthetic 64 GiB VRAM (devcluster.captures) and splitCount 25, so 200 slices fit
 at once. Idle: CPU (utime + stime from /proc/<pid>/stat) and RSS over a quiet window. Burst:
 200 pods of 2 GiB / 3 % of cores (4 CUs), bound one after the other as the extender's in-flight gate
-releases them (each once the previous one runs), until all run and carry the agent's allocated mark.
+releases them (each once the previous one runs), until all run.
 """
 
 from __future__ import annotations
@@ -369,7 +369,6 @@ async def _published_status(kube, name: str, timeout_s: float = 60):
 
 
 async def _agent_burst(kube, node, status, sharing) -> dict:
-    from rocshare.api.allocation import ALLOCATED_ANNOTATION
     from rocshare_dev.bench.fleet import pod_object
     from rocshare.core.allocate import allocate
     from rocshare.core.fit import FitFailure
@@ -394,11 +393,9 @@ async def _agent_burst(kube, node, status, sharing) -> dict:
         pod = pod_object(request.name, BURST_POD, node=node.name,
                          record=record)
         pod["metadata"]["namespace"] = "agent-bench"
-        del pod["metadata"]["annotations"][ALLOCATED_ANNOTATION]  # the agent writes it
         await kube.create("/api/v1/namespaces/agent-bench/pods", pod)
         await _wait_running(kube, request.name)
         peak = max(peak, rss_mib(pid))
-    await _wait_all_marked(kube)
     wall = time.monotonic() - started
     return {"pods": AGENT_BURST_PODS, "wall_s": round(wall, 1),
             "cpu_pct": round(100 * (cpu_s(pid) - cpu_before) / wall, 1),
@@ -406,25 +403,12 @@ async def _agent_burst(kube, node, status, sharing) -> dict:
             "peak_rss_mib": round(max(peak, rss_mib(pid, "VmHWM")), 1), "rss_after_mib": round(rss_mib(pid), 1)}
 
 
-async def _wait_all_marked(kube, timeout_s: float = 30) -> None:
-    """Every burst pod carries the agent's allocated mark (written just after it answers Allocate)."""
-    from rocshare.api.allocation import ALLOCATED_ANNOTATION
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pods = (await kube.list("/api/v1/namespaces/agent-bench/pods"))["items"]
-        if all(ALLOCATED_ANNOTATION in (p["metadata"].get("annotations") or {}) for p in pods):
-            return
-        await asyncio.sleep(0.2)
-    raise RuntimeError("the agent did not mark every burst pod as allocated")
-
-
 async def _wait_running(kube, name: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         pod = await kube.get(f"/api/v1/namespaces/agent-bench/pods/{name}")
         phase = pod.get("status", {}).get("phase")
-        if phase == "Running":  # the kubelet peer got the agent's Allocate answer
+        if phase == "Running":  # the kubelet peer got the agent's Allocate answer (and set startTime)
             return
         if phase == "Failed":
             raise RuntimeError(f"burst pod {name} failed: {pod['status'].get('message')}")

@@ -165,7 +165,7 @@ def feed_workload(state, name: str, record) -> None:
 
     state.workloads.on_pod("ADDED", PodFacts(namespace=NAMESPACE, name=name, node=record.node,
                                              scheduler_name="rocshare-scheduler", phase="Running", deleting=False,
-                                             unschedulable=None, allocated=True, allocation=encode_record(record)))
+                                             unschedulable=None, started=True, allocation=encode_record(record)))
 
 
 def occupancy_of(state) -> float:

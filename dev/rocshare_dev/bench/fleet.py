@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationRecord, encode_record
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
 from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION, POOL_LABEL, POOL_SETTINGS_ANNOTATION, NodeSettings, encode_settings)
@@ -152,8 +152,7 @@ def pod_object(name: str, resources: dict[str, str], *, node: str = "",
     if node:
         spec["nodeName"] = node
     if record is not None:
-        metadata["annotations"] = {ALLOCATION_ANNOTATION: encode_record(record),
-                                   ALLOCATED_ANNOTATION: "2026-01-01T00:00:00Z"}
+        metadata["annotations"] = {ALLOCATION_ANNOTATION: encode_record(record)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 

@@ -69,6 +69,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+MUTATING_ADMISSION_POLICY_ARGS = ("--feature-gates=MutatingAdmissionPolicy=true",
+                                  "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
+"""What kube-apiserver 1.34-1.35 needs to serve MutatingAdmissionPolicy (admissionregistration/v1beta1)."""
+
+
 @dataclass
 class Ports:
     etcd_client: int
@@ -229,6 +234,10 @@ class ControlPlane:
             # New nodes get the not-ready taint from this plugin and lose it through the node-lifecycle
             # controller, which is off here (see the module docstring); simulated nodes report Ready.
             "--disable-admission-plugins=TaintNodesByCondition",
+            # MutatingAdmissionPolicy (manifests/components/pod-defaults-policy) is beta and off by
+            # default in 1.34-1.35 (GA from 1.36): served here so the pod defaults can be set without
+            # a webhook call. Nothing uses it unless that policy is installed.
+            *MUTATING_ADMISSION_POLICY_ARGS,
             *self.extra_apiserver_args,
         ]
 

@@ -1,7 +1,10 @@
 """The rocshare operator as a local process, wired to a local control plane: the
 extender on the port kube-scheduler's configuration names, the admission webhook on
 loopback with a certificate from the cluster's CA, and the webhook configurations
-from manifests/ rewritten to reach it by URL instead of through a Service.
+from manifests/ rewritten to reach it by URL instead of through a Service. On request
+(`install_webhooks(admission_policies=True)`) also the pod admission policies: the
+ValidatingAdmissionPolicy and, where the API server serves it, the pod-defaults
+MutatingAdmissionPolicy (issue 18); they are removed again by `stop()`.
 
 Used by the e2e tests (which kill and restart it) and by `make demo`.
 """
@@ -27,6 +30,8 @@ from rocshare_dev.devcluster import certs
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, free_port, stop_process
 
 WEBHOOKS = PROJECT_ROOT / "manifests" / "base" / "webhook" / "webhooks.yaml"
+POD_POLICY = PROJECT_ROOT / "manifests" / "base" / "policy" / "pods.yaml"
+POD_DEFAULTS_POLICY = PROJECT_ROOT / "manifests" / "components" / "pod-defaults-policy" / "pod-defaults.yaml"
 TRUSTED_USERS_CONDITION = "not-from-rocshare"
 """The webhook matchCondition listing rocshare's own users, whose writes skip the validating webhook."""
 
@@ -41,6 +46,8 @@ class OperatorProcess:
     """How to run `rocshare`: this interpreter's by default; an installed one's entry point to test
     what users install (tests/e2e/test_runtime_install.py)."""
     pid: int | None = None
+    policies: tuple[str, ...] = ()
+    """The admission policies `install_webhooks` created ("kind/name" for kubectl), removed by `stop`."""
 
     @property
     def log_path(self) -> Path:
@@ -73,10 +80,16 @@ class OperatorProcess:
         if self.pid:
             stop_process(self.pid, "operator")
             self.pid = None
+        if self.policies:
+            self.cluster.kubectl("delete", *self.policies, "--ignore-not-found", check=False)
+            self.policies = ()
 
-    def install_webhooks(self) -> None:
+    def install_webhooks(self, *, admission_policies: bool = False) -> None:
         """Create the manifests' webhook configurations, pointed at this process, which runs as
-        the control plane's admin user (so that user is trusted as rocshare's accounts are)."""
+        the control plane's admin user (so that user is trusted as rocshare's accounts are);
+        with `admission_policies`, the pod admission policies too (see the module docstring)."""
+        if admission_policies:
+            self.install_admission_policies()
         ca_bundle = base64.b64encode((self.cluster.pki / "ca.crt").read_bytes()).decode()
         documents = []
         for document in yaml.safe_load_all(WEBHOOKS.read_text()):
@@ -90,6 +103,26 @@ class OperatorProcess:
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                              input_text=yaml.safe_dump_all(documents))
         self.wait_webhook_serving()
+
+    def install_admission_policies(self) -> None:
+        """The ValidatingAdmissionPolicy (admin user trusted as in the webhooks), and the pod-defaults
+        MutatingAdmissionPolicy when the API server serves it (controlplane.py turns it on)."""
+        documents = list(yaml.safe_load_all(POD_POLICY.read_text()))
+        for document in documents:
+            for variable in document["spec"].get("variables", []):
+                if variable["name"] == "trusted":
+                    variable["expression"] = variable["expression"].replace("[", f"['{_admin_user()}', ", 1)
+        if self.serves_mutating_admission_policy():
+            documents += list(yaml.safe_load_all(POD_DEFAULTS_POLICY.read_text()))
+        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                             input_text=yaml.safe_dump_all(documents))
+        self.policies = tuple(f"{document['kind'].lower()}.{document['apiVersion'].split('/')[0]}/"
+                              f"{document['metadata']['name']}" for document in documents)
+
+    def serves_mutating_admission_policy(self) -> bool:
+        result = self.cluster.kubectl("api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name",
+                                      check=False)
+        return "mutatingadmissionpolicies.admissionregistration.k8s.io" in result.stdout
 
     def wait_webhook_serving(self, timeout_s: float = 30.0) -> None:
         """start() returns once the extender answers; Kopf's webhook server may need a moment

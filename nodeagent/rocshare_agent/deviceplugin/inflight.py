@@ -1,8 +1,8 @@
 """Which pod and container a kubelet Allocate call is for (DESIGN.md section 2, rule 3).
 
 The kubelet's Allocate carries device IDs but no pod. The extender keeps at most one pod in
-flight per node (bound, record committed, not yet marked allocated), so the call belongs to
-that pod; the kubelet serves a pod's containers in order, init containers first, which is
+flight per node (bound, record committed, not yet admitted by the kubelet: no
+status.startTime, not Failed), so the call belongs to that pod; the kubelet serves a pod's containers in order, init containers first, which is
 also the record's order. Everything here is pure: pods are the API server's dicts.
 
 Invariants: a request is served only when exactly one pod is in flight, its record decodes,
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocshare.api.allocation import (
-    ALLOCATED_ANNOTATION,
     ALLOCATION_ANNOTATION,
     AllocationRecord,
     ContainerAllocation,
@@ -70,11 +69,12 @@ def pod_gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 
 def awaiting_allocation(pod: Mapping[str, Any], node_name: str) -> bool:
-    """Bound here, alive, not started and not yet marked allocated."""
+    """Bound here, alive, and not yet admitted by the kubelet: the kubelet allocates a pod's
+    devices while admitting it and then writes its first status, which sets startTime (or
+    phase Failed). The extender releases its in-flight gate on the same facts."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     return ((pod.get("spec") or {}).get("nodeName") == node_name and not meta.get("deletionTimestamp")
-            and status.get("phase", "Pending") == "Pending"
-            and ALLOCATED_ANNOTATION not in (meta.get("annotations") or {}))
+            and status.get("phase", "Pending") == "Pending" and not status.get("startTime"))
 
 
 def _asks_gpus(pod: Mapping[str, Any]) -> bool:

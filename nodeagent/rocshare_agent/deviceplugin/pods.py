@@ -1,10 +1,10 @@
-"""The node's pods, from the API server: a list+watch cache and the agent's two annotations.
+"""The node's pods, from the API server: a list+watch cache and the agent's refusal annotation.
 
 The cache holds every pod bound to this node (field selector ``spec.nodeName``), rebuilt from
 a fresh list whenever the watch breaks or expires, so a restarted agent knows the same as a
 running one. Writes are merge patches with the pod's uid as precondition (a namesake created
-after a delete is never marked). After marking a pod allocated the cache is updated at once,
-so the next Allocate does not see the pod in flight before the watch event arrives.
+after a delete is never marked). Serving a pod writes nothing: the kubelet's own status
+write says it was admitted (inflight.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ERROR_ANNOTATION
+from rocshare.api.allocation import ALLOCATION_ERROR_ANNOTATION
 from rocshare.kube.client import ApiError, Kube, object_path
 from rocshare_agent.deviceplugin.inflight import PodRef
 
@@ -50,11 +50,6 @@ class KubePods:
         reply = await self._kube.list(object_path("v1", "pods"), fieldSelector=self._selector)
         self._replace(reply.get("items") or [])
         return self.cached()
-
-    async def mark_allocated(self, pod: PodRef) -> None:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        patched = await self._annotate(pod, {ALLOCATED_ANNOTATION: now, ALLOCATION_ERROR_ANNOTATION: None})
-        self._store(patched)
 
     async def mark_refused(self, pod: PodRef, reason: str) -> None:
         try:

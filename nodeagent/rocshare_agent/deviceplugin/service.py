@@ -7,14 +7,14 @@ and `kube.ApiError` (the API server could not be read or written); the gRPC adap
 to status codes once.
 
 Invariants: Allocate calls are served one at a time (the kubelet admits pods serially, and
-container progress must not interleave); a pod is marked allocated only after its last GPU
-container was served; a refusal marks nothing but the reason annotation. The allocated mark
-is written in the background, right after the answer: the kubelet must not wait on the API
-server (an etcd write, tens of ms under load) to start a container. Until the mark is
-visible, the pod is remembered as served, so it never counts as in flight again; the write
-is retried with backoff until it lands or the pod is gone. Progress through a
-pod's containers lives in memory only: an agent restart drops its socket, so the kubelet fails
-a half-served pod anyway, and `reset_progress` is called when the kubelet restarts.
+container progress must not interleave). Serving a pod writes nothing to the API server
+(DESIGN.md section 2): the pod stops being in flight when the kubelet, having admitted it,
+writes its first status (status.startTime). Until the watch shows that write, a pod whose
+last GPU container was served is remembered as served, so it never counts as in flight
+again. A refusal writes the reason annotation (off the per-pod path: refusals only).
+Progress through a pod's containers lives in memory only: an agent restart drops its socket,
+so the kubelet fails a half-served pod anyway, and `reset_progress` is called when the
+kubelet restarts.
 
 A container with a memory slice needs the hook library (hook.py), checked on each such
 Allocate: when it is missing, the pool's `agent.hookMissing` decides: Refuse (the refusal names
@@ -33,7 +33,6 @@ from typing import Any, Protocol
 from rocshare.api.allocation import ContainerAllocation
 from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.api.resource_names import GPU_RESOURCE
-from rocshare.kube.client import ApiError, Conflict
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import dmem
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
@@ -50,17 +49,15 @@ WATCH_GRACE_S = 0.25
 the watch event usually arrives within milliseconds, and a list of every pod on a busy node
 costs more than waiting for it."""
 
-MARK_RETRY_DELAYS_S = (0.2, 0.5, 1, 2, 5, 10)
-SERVED_MEMORY = 4096  # fully served pod uids remembered until their mark is surely visible
+SERVED_MEMORY = 4096  # fully served pod uids remembered until the kubelet's status write is surely visible
 
 
 class PodSource(Protocol):
-    """The node's pods (API server dicts) and the two annotations the agent writes."""
+    """The node's pods (API server dicts) and the refusal the agent writes."""
 
     def cached(self) -> Sequence[Mapping[str, Any]]: ...
     async def next_event(self, timeout_s: float) -> bool: ...
     async def fresh(self) -> Sequence[Mapping[str, Any]]: ...
-    async def mark_allocated(self, pod: PodRef) -> None: ...
     async def mark_refused(self, pod: PodRef, reason: str) -> None: ...
     async def warn(self, pod: PodRef, reason: str, message: str) -> None: ...
 
@@ -78,7 +75,7 @@ class DevicePluginService:
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
         self._pod_devices = PodDeviceDir(pod_device_dir) if pod_device_dir is not None else None
-        self._background: set[asyncio.Task] = set()  # allocated marks and dmem writers in progress
+        self._background: set[asyncio.Task] = set()  # dmem writers in progress
         self._gpus: list[GpuInfo] = []
         self._gpus_by_id: dict[str, GpuInfo] = {}
         self._changed = asyncio.Event()  # set and replaced on every inventory change
@@ -121,7 +118,7 @@ class DevicePluginService:
         self._progress.clear()
 
     async def settle(self) -> None:
-        """Wait for the background work started so far (allocated marks, dmem writes)."""
+        """Wait for the background work started so far (dmem writes)."""
         await asyncio.gather(*list(self._background), return_exceptions=True)
 
     # ---- handlers --------------------------------------------------------------------
@@ -180,7 +177,6 @@ class DevicePluginService:
         if served + 1 == len(in_flight.record.containers):
             self._progress.pop(uid, None)
             self._remember_served(uid)
-            self._in_background(self._mark_allocated(in_flight.pod))
             self._cap_vram(in_flight)
         log.info("Allocate: pod %s container %s (%d devices)", in_flight.pod, container.name, device_count)
         return to_response(spec)
@@ -240,19 +236,6 @@ class DevicePluginService:
         self._served[uid] = None
         while len(self._served) > SERVED_MEMORY:
             self._served.popitem(last=False)
-
-    async def _mark_allocated(self, pod: PodRef) -> None:
-        for attempt, delay_s in enumerate((*MARK_RETRY_DELAYS_S, None), start=1):
-            try:
-                await self._pods.mark_allocated(pod)
-                return
-            except ApiError as error:
-                if not error.temporary or delay_s is None or isinstance(error, Conflict):
-                    log.error("could not mark pod %s allocated (attempt %d, giving up): %s", pod, attempt, error)
-                    return
-                log.warning("marking pod %s allocated failed (attempt %d): %s; retrying in %.1f s",
-                            pod, attempt, error, delay_s)
-                await asyncio.sleep(delay_s)
 
     def _in_background(self, work) -> None:
         task = asyncio.create_task(work)

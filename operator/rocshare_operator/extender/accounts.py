@@ -8,8 +8,10 @@ quota figures) and the in-flight gate. Rebuilt from the pod watch, never the sou
   not be read, or reading it failed -- is `unaccountable`: its node is blocked (no new pod
   goes there, DESIGN.md section 2 rule 5) and its namespace, when it has a quota, takes no
   new pod (its use is unknown). Never "free". It stays so until the pod ends or is read.
-* The `InFlightGate`: per node at most one pod bound but not yet served by the node's agent
-  (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it.
+* The `InFlightGate`: per node at most one pod bound but not yet admitted by the node's kubelet
+  (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it when the kubelet's
+  own first status write after binding shows (`status.startTime` set, or phase Failed with its
+  rejection), or the pod goes. No write of ours is on that path.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ class Accounts:
             self.gate.release(node, key)
         elif node and pod.node == node and node not in self.gate:
             # Bound before this process started (or its bind's own mark was lost): still in
-            # flight, so no second pod may be bound to the node until the agent serves this one.
+            # flight, so no second pod may be bound to the node until the kubelet admits this one.
             self.gate.acquire(node, key)
 
     def _account(self, key: PodKey, namespace: str, text: str, node: str) -> None:
@@ -217,6 +219,7 @@ class Accounts:
 
 
 def awaiting_allocation(pod: PodFacts) -> bool:
-    """Not yet served by the node's agent: the agent's own test (nodeagent inflight.py). A pod the
-    kubelet started (Running) was served even when the agent's mark never landed."""
-    return not pod.allocated and not pod.deleting and pod.phase == "Pending"
+    """Not yet admitted by the node's kubelet: the agent's own test (nodeagent inflight.py). The
+    kubelet allocates every container's devices while it admits a pod, and its first status
+    write after that sets status.startTime (or phase Failed, when it rejects the pod: finished)."""
+    return not pod.started and not pod.deleting and pod.phase == "Pending"

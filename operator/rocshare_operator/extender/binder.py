@@ -2,8 +2,8 @@
 
 For one pod and the node kube-scheduler chose:
 0. start from the pod as kube-scheduler sent it to filter (kept by `saw`), else read it;
-1. wait (bounded) until the node has no pod in flight -- bound but not yet allocated by
-   its agent -- so the agent can never confuse two pods' Allocate calls;
+1. wait (bounded) until the node has no pod in flight -- bound but not yet admitted by
+   its kubelet -- so the agent can never confuse two pods' Allocate calls;
 2. decide GPUs and CU ranges from the current ledger, account them in the ledger and
    mark the pod in flight;
 3. create the Binding carrying the record as annotations, with the pod's uid and
@@ -14,7 +14,8 @@ For one pod and the node kube-scheduler chose:
    nothing was written: take the decision back and decide again from a fresh read. If
    the outcome is unknown (timeout, server error), read the pod to learn it; until a read
    answers, the slice stays accounted (blocked, never double-booked).
-The in-flight mark is released by the pod watch (allocated, ended or deleted).
+The in-flight mark is released by the pod watch: the kubelet's first status write after
+binding (status.startTime, or phase Failed), or the pod deleted.
 """
 
 from __future__ import annotations

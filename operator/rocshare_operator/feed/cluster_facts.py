@@ -4,8 +4,8 @@ The cluster feed (cluster_feed.py) keeps one of these per object instead of its 
 and hands the same value to every reader: the extender's `SchedulerState` and the pool
 and share reconcilers. So they hold only what some reader uses:
 * a Node: its `NodeView` (name, labels, the pool marks) and allocatable devices (amd.com/gpu or partition names);
-* a Pod: where it runs, its phase and scheduler, whether it waits as unschedulable or
-  is being deleted, and its allocation record (text; read by readers through
+* a Pod: where it runs, its phase and scheduler, whether the kubelet has started it
+  (status.startTime), whether it waits as unschedulable or is being deleted, and its allocation record (text; read by readers through
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
   a pod HAMi placed (no rocshare record) carries HAMi's decision instead (`HamiPlacement`);
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION
+from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
@@ -60,7 +60,7 @@ class PodFacts:
     phase: str
     deleting: bool
     unschedulable: str | None  # PodScheduled's message while its reason is Unschedulable, else None
-    allocated: bool  # the node agent marked the allocation served
+    started: bool  # status.startTime is set: the kubelet admitted the pod (its devices were allocated)
     allocation: str | None  # the allocation record as written on the pod
     problem: str | None = None  # the pod could not be read: it holds unknown GPUs on `node`
     hami: HamiPlacement | None = None  # HAMi's decision, on a pod without rocshare's record (holdings.read_hami)
@@ -205,7 +205,7 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""),
         node=sys.intern(spec.get("nodeName") or ""), scheduler_name=sys.intern(spec.get("schedulerName") or ""),
         phase=sys.intern(status.get("phase") or "Pending"), deleting=bool(meta.get("deletionTimestamp")),
-        unschedulable=_unschedulable(status), allocated=ALLOCATED_ANNOTATION in annotations,
+        unschedulable=_unschedulable(status), started=bool(status.get("startTime")),
         allocation=annotations.get(ALLOCATION_ANNOTATION),
         hami=None if ALLOCATION_ANNOTATION in annotations else hami_placement(annotations, spec),
     )
@@ -219,7 +219,7 @@ def _unreadable_pod(pod: object, problem: str) -> PodFacts:
         return value if isinstance(value, str) else ""
     return PodFacts(namespace=text("metadata", "namespace"), name=text("metadata", "name"),
                     node=text("spec", "nodeName"), scheduler_name=text("spec", "schedulerName"),
-                    phase="Pending", deleting=False, unschedulable=None, allocated=False, allocation=None,
+                    phase="Pending", deleting=False, unschedulable=None, started=False, allocation=None,
                     problem=problem)
 
 

@@ -103,9 +103,6 @@ async def test_allocate_caps_the_served_pod(tmp_path: Path):
         async def fresh(self):
             return [pod]
 
-        async def mark_allocated(self, ref):
-            pod["metadata"]["annotations"]["rocshare.io/allocated"] = "now"
-
         async def mark_refused(self, ref, reason):
             raise AssertionError(reason)
 

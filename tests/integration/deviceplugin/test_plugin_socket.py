@@ -59,9 +59,6 @@ class NoPods:
     async def fresh(self):
         return []
 
-    async def mark_allocated(self, ref):
-        raise AssertionError("nothing is in flight")
-
     async def mark_refused(self, ref, reason):
         raise AssertionError("no pod to blame")
 

@@ -52,42 +52,39 @@ async def test_options_advertise_preferred_allocation():
     assert options.get_preferred_allocation_available and not options.pre_start_required
 
 
-async def test_allocate_serves_each_container_then_marks_the_pod_once():
+async def test_allocate_serves_each_container_and_writes_nothing():
     service, source = make([committed_pod("p", {"a": ["GPU-0000000000000002"], "b": ["GPU-0000000000000000", "GPU-0000000000000001"]})])
     first = await service.allocate(request(1))
-    assert source.allocated == []
     assert first.container_responses[0].envs["ROCR_VISIBLE_DEVICES"] == "GPU-0000000000000002"
     second = await service.allocate(request(2))
-    await service.settle()  # the mark is written right after the answer, in the background
+    await service.settle()
     envs = second.container_responses[0].envs
     assert envs["HIP_VISIBLE_DEVICES"] == "0,1" and envs["HSA_CU_MASK"] == "0:0-51;1:0-51"
     assert envs["HIP_DEVICE_MEMORY_LIMIT_1"] == "2048m"
     assert [d.container_path for d in second.container_responses[0].devices] == [
         "/dev/kfd", "/dev/dri/renderD128", "/dev/dri/renderD129"]
     assert second.container_responses[0].mounts[0].read_only
-    assert source.allocated == ["p"] and source.refused == []
+    assert source.refused == [] and set(source.pods[0]["metadata"]["annotations"]) == {ALLOCATION_ANNOTATION}
 
 
-async def test_a_served_pod_is_not_in_flight_even_before_its_mark_is_visible():
+async def test_a_served_pod_is_not_in_flight_even_before_the_kubelets_status_write_is_visible():
     service, source = make([committed_pod("p", {"a": ["GPU-0000000000000000"]})])
-    answered = asyncio.Event()
-
-    async def slow_mark(ref):  # the API server has not answered yet
-        await answered.wait()
-
-    source.mark_allocated = slow_mark
     await service.allocate(request(1))
+    with pytest.raises(Refusal, match="no pod in flight"):  # the pod still looks unadmitted
+        await service.allocate(request(1))
+
+
+async def test_a_pod_the_kubelet_started_is_not_in_flight():
+    service, source = make([committed_pod("p", {"a": ["GPU-0000000000000000"]})])
+    source.admit("p")  # e.g. served by an agent before this one restarted
     with pytest.raises(Refusal, match="no pod in flight"):
         await service.allocate(request(1))
-    answered.set()
-    await service.settle()
 
 
 async def test_refusal_marks_nothing_but_the_reason():
     service, source = make([committed_pod("p", {"a": ["GPU-0000000000000000"]})])
     with pytest.raises(Refusal, match="kubelet asks 2"):
         await service.allocate(request(2))
-    assert source.allocated == []
     assert source.refused and source.refused[0][0] == "p" and "committed 1" in source.refused[0][1]
 
 
@@ -95,7 +92,6 @@ async def test_a_committed_gpu_missing_from_the_node_is_refused():
     service, source = make([committed_pod("p", {"a": ["GPU-00000000000000ff"]})])
     with pytest.raises(Refusal, match="not on this node"):
         await service.allocate(request(1))
-    assert source.allocated == []
 
 
 async def test_list_and_watch_sends_now_and_on_every_health_change():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from rocshare.api.allocation import (
-    ALLOCATED_ANNOTATION,
     ALLOCATION_ANNOTATION,
     AllocationRecord,
     ContainerAllocation,
@@ -25,12 +24,10 @@ def record(*containers: tuple[str, int], node: str = NODE) -> AllocationRecord:
 
 
 def pod(name: str, gpus: dict[str, int], *, rec: AllocationRecord | str | None = None, node: str = NODE,
-        phase: str = "Pending", allocated: bool = False, deleting: bool = False, init: dict[str, int] | None = None) -> dict:
+        phase: str = "Pending", started: bool = False, deleting: bool = False, init: dict[str, int] | None = None) -> dict:
     annotations = {}
     if rec is not None:
         annotations[ALLOCATION_ANNOTATION] = rec if isinstance(rec, str) else encode_record(rec)
-    if allocated:
-        annotations[ALLOCATED_ANNOTATION] = "2026-01-01T00:00:00Z"
     meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": annotations}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -39,11 +36,12 @@ def pod(name: str, gpus: dict[str, int], *, rec: AllocationRecord | str | None =
         return [{"name": c, "resources": {"limits": {"amd.com/gpu": str(n)}} if n else {}} for c, n in spec.items()]
 
     return {"metadata": meta, "spec": {"nodeName": node, "containers": containers(gpus),
-                                       "initContainers": containers(init or {})}, "status": {"phase": phase}}
+                                       "initContainers": containers(init or {})},
+            "status": {"phase": phase, **({"startTime": "2026-01-01T00:00:00Z"} if started else {})}}
 
 
 def test_the_one_committed_pod_is_in_flight():
-    pods = [pod("done", {"c": 1}, rec=record(("c", 1)), allocated=True),
+    pods = [pod("admitted", {"c": 1}, rec=record(("c", 1)), started=True),
             pod("running", {"c": 1}, rec=record(("c", 1)), phase="Running"),
             pod("elsewhere", {"c": 1}, rec=record(("c", 1)), node="node-b"),
             pod("cpu-only", {"c": 0}),

@@ -174,3 +174,22 @@ def test_webhook_skips_exactly_the_users_the_operator_trusts() -> None:
     listed = re.findall(r"'([^']+)'", expression)
     assert set(listed) == set(WebhookSettings().trusted_users)
     assert re.findall(r"'([^']+)'", _also_trusting(expression, "admin")) == ["admin", *listed]
+
+
+def test_pod_policy_trusts_exactly_the_users_the_operator_trusts() -> None:
+    """The pod ValidatingAdmissionPolicy (policy/pods.yaml) lets the same users write allocation
+    annotations as the webhook does; it ships in the base, and the pod-defaults policy is a
+    component (only where the API server serves MutatingAdmissionPolicy)."""
+    from rocshare_operator.admission.webhook import WebhookSettings
+
+    rendered = render("manifests/base")
+    policy = find(rendered, "ValidatingAdmissionPolicy", "rocshare-pods")
+    trusted = next(v["expression"] for v in policy["spec"]["variables"] if v["name"] == "trusted")
+    assert set(re.findall(r"'([^']+)'", trusted)) == set(WebhookSettings().trusted_users)
+    assert find(rendered, "ValidatingAdmissionPolicyBinding", "rocshare-pods")["spec"]["validationActions"] == ["Deny"]
+    assert not [obj for obj in rendered if obj["kind"].startswith("MutatingAdmissionPolicy")]
+    component = list(yaml.safe_load_all(
+        (ROOT / "manifests/components/pod-defaults-policy/pod-defaults.yaml").read_text()))
+    binding = find(component, "MutatingAdmissionPolicyBinding", "rocshare-pod-defaults")
+    assert binding["spec"]["paramRef"] == {"name": "rocshare-admission", "namespace": "rocshare-system",
+                                           "parameterNotFoundAction": "Allow"}

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 import pytest
 
-from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationRecord, encode_record
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
 from rocshare.api.models import API_VERSION, GpuInfo
 from rocshare.api.node_settings import POOL_LABEL
 from rocshare.kube.client import WatchEvent, object_path
@@ -78,13 +78,13 @@ def record(node_name: str, gpu: str = "GPU-1", memory_mib: int = 1024) -> str:
 
 
 def pod(name: str, *, node_name: str = "n1", namespace: str = "ns", phase: str = "Pending",
-        allocation: str | None = None, allocated: bool = False, ticks: int = 0) -> dict:
+        allocation: str | None = None, started: bool = False, ticks: int = 0) -> dict:
     annotations = {ALLOCATION_ANNOTATION: allocation} if allocation else {}
-    if allocated:
-        annotations[ALLOCATED_ANNOTATION] = "t"
+    status = {"phase": phase, "containerStatuses": [{"restartCount": ticks}]}
+    if started:
+        status["startTime"] = "2026-01-01T00:00:00Z"
     return {"metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-            "spec": {"nodeName": node_name, "schedulerName": "rocshare-scheduler"},
-            "status": {"phase": phase, "containerStatuses": [{"restartCount": ticks}]}}
+            "spec": {"nodeName": node_name, "schedulerName": "rocshare-scheduler"}, "status": status}
 
 
 async def settle() -> None:
@@ -153,7 +153,7 @@ def test_pod_facts_compare_equal_when_no_reader_can_tell_the_difference() -> Non
     assert pod_facts(unschedulable("0/3 nodes")) != pod_facts(unschedulable("0/4 nodes"))
     assert pod_facts(pod("p")).unschedulable is None
     for changed in (pod("p", allocation=record("n1"), phase="Running"),
-                    pod("p", allocation=record("n1"), allocated=True),
+                    pod("p", allocation=record("n1"), started=True),
                     pod("p", allocation=record("n1", memory_mib=2048)), pod("p", node_name="n2",
                                                                              allocation=record("n1"))):
         assert pod_facts(changed) != base
@@ -375,7 +375,7 @@ async def test_pods_wake_their_nodes_pool_and_their_namespaces_shares_only_when_
         assert woken(states) == set()
         await fed.push(PODS, "ADDED", pod("a", allocation=record("n1")))
         assert woken(states) == {pool_key("p"), share_key("ns", "s")}
-        await fed.push(PODS, "MODIFIED", pod("a", allocation=record("n1"), allocated=True))  # served: same slice
+        await fed.push(PODS, "MODIFIED", pod("a", allocation=record("n1"), started=True))  # admitted: same slice
         assert woken(states) == set()
         await fed.push(PODS, "MODIFIED", pod("a", allocation=record("n1"), phase="Succeeded"))  # released
         assert woken(states) == {pool_key("p"), share_key("ns", "s")}

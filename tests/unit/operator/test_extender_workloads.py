@@ -22,7 +22,7 @@ def slice_(cores_pct: int | None, cu_count: int = 30, whole: bool = False) -> De
 
 def facts(name: str, node: str, text: str | None) -> PodFacts:
     return PodFacts(namespace="ns", name=name, node=node, scheduler_name="rocshare-scheduler", phase="Running",
-                    deleting=False, unschedulable=None, allocated=True, allocation=text)
+                    deleting=False, unschedulable=None, started=True, allocation=text)
 
 
 def test_shapes_from_records() -> None:

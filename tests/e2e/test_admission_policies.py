@@ -1,0 +1,164 @@
+"""Pod admission without the webhook (issue 18), on the real API server: the ValidatingAdmissionPolicy
+(manifests/base/policy/pods.yaml) refuses what the webhook refused, with the same reasons, and the
+pod-defaults MutatingAdmissionPolicy (manifests/components/pod-defaults-policy; the dev control plane
+serves it, see controlplane.py) sets the scheduler name and the pool's RuntimeClass from the
+operator's parameters (admission/policy_params.py). Proven with the operator stopped: no webhook
+can answer, so whatever is decided here was decided by the API server alone. A memory percentage
+alone still needs the webhook (it adds amd.com/gpu: 1), so it fails closed while the operator is down.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from rocshare.api.models import API_VERSION
+from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from tests.e2e.fleet import gpu_pod, wait_for
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "admission"
+USER = "carol"
+POOL = "admission-pool"
+RUNTIME_CLASS = "rocshare-admission-test"
+
+
+@pytest.fixture(scope="module")
+def operator(cluster) -> Iterator[OperatorProcess]:
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    cluster.kubectl("create", "rolebinding", f"{USER}-edit", "--clusterrole=edit", f"--user={USER}", "-n", NAMESPACE)
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS}, "handler": "runc"}))
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
+        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL},
+        "spec": {"nodeSelector": {"rocshare.io/sim": POOL}, "runtimeClassName": RUNTIME_CLASS}}))
+    process = OperatorProcess(cluster)
+    process.start()
+    process.install_webhooks(admission_policies=True)
+    try:
+        yield process
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
+                        "--ignore-not-found", check=False)
+        process.stop()
+        cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0", "--wait=false",
+                        check=False)
+        cluster.kubectl("delete", "amdgpupool", POOL, "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "runtimeclass", RUNTIME_CLASS, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "configmap", "rocshare-admission", "-n", "rocshare-system", "--ignore-not-found",
+                        check=False)
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator_down(operator: OperatorProcess, cluster) -> Iterator[OperatorProcess]:
+    """The policies installed and their parameters written, then the operator stopped (its webhook
+    answers nothing), the policies kept."""
+    if not operator.serves_mutating_admission_policy():
+        pytest.skip("this API server does not serve MutatingAdmissionPolicy")
+
+    def params() -> dict:
+        result = cluster.kubectl("get", "configmap", "rocshare-admission", "-n", "rocshare-system", "-o", "json",
+                                 check=False)
+        return json.loads(result.stdout).get("data", {}) if result.returncode == 0 else {}
+
+    import time
+    deadline = time.monotonic() + 30
+    while params().get(f"pool.{POOL}") != RUNTIME_CLASS:
+        assert time.monotonic() < deadline, f"the operator did not write the policy parameters: {params()}"
+        time.sleep(0.3)
+    installed, operator.policies = operator.policies, ()
+    operator.stop()  # keeps the policies (taken from it above)
+    operator.policies = installed
+    yield operator
+
+
+@pytest.fixture
+async def carol(cluster, operator) -> AsyncIterator[Kube]:
+    client = await Kube.connect(cluster.user_kubeconfig(USER))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+PODS = object_path("v1", "pods", namespace=NAMESPACE)
+
+
+async def test_the_api_server_sets_the_defaults_with_the_operator_down(operator_down, carol: Kube) -> None:
+    created = await carol.create(PODS, gpu_pod("in-pool", namespace=NAMESPACE, gpu="1", gpumem="1024",
+                                               node_selector={"rocshare.io/pool": POOL}))
+    assert created["spec"]["schedulerName"] == "rocshare-scheduler"
+    assert created["spec"]["runtimeClassName"] == RUNTIME_CLASS
+    # The only pool: a pod naming none lands there, and gets its RuntimeClass too.
+    only = await carol.create(PODS, gpu_pod("no-pool", namespace=NAMESPACE, gpu="1", gpucores="10"))
+    assert only["spec"]["schedulerName"] == "rocshare-scheduler" and only["spec"]["runtimeClassName"] == RUNTIME_CLASS
+    # A pod without GPUs is not touched.
+    plain = await carol.create(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+                                      "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    assert plain["spec"]["schedulerName"] == "default-scheduler" and "runtimeClassName" not in plain["spec"]
+
+
+async def test_a_memory_percentage_alone_still_needs_the_webhook(operator_down, carol: Kube) -> None:
+    with pytest.raises(ApiError) as refused:
+        await carol.create(PODS, gpu_pod("pct", namespace=NAMESPACE, **{"gpumem-percentage": "50"}))
+    assert "failed calling webhook" in refused.value.message, refused.value.message
+
+
+BAD_PODS = [
+    ("cores 150", gpu_pod("b1", namespace=NAMESPACE, gpu="1", gpucores="150"),
+     "container 'c0': amd.com/gpucores is 150, must be 1-100"),
+    ("memory with a byte unit", gpu_pod("b2", namespace=NAMESPACE, gpu="1", gpumem="4Gi"),
+     "amd.com/gpumem is in MiB: '4Gi' has a binary (byte) suffix"),
+    ("memory 0", gpu_pod("b3", namespace=NAMESPACE, gpu="1", gpumem="0"), "amd.com/gpumem is 0, must be >= 1"),
+    ("cores without gpu", gpu_pod("b5", namespace=NAMESPACE, gpucores="20"), "amd.com/gpucores needs amd.com/gpu"),
+    ("gpu 0 with a slice", gpu_pod("b6", namespace=NAMESPACE, gpu="0", gpumem="1024"),
+     "amd.com/gpu is 0 but a GPU slice is asked"),
+    ("link-bind maybe", gpu_pod("b7", namespace=NAMESPACE, gpu="2", annotations={"amd.com/link-bind": "maybe"}),
+     "annotation amd.com/link-bind is 'maybe', must be \"true\" or \"false\""),
+    ("empty type", gpu_pod("b8", namespace=NAMESPACE, gpu="1", annotations={"amd.com/use-gputype": "mi210,"}),
+     "amd.com/use-gputype is 'mi210,', must be a comma list of non-empty names"),
+    ("unknown policy", gpu_pod("b9", namespace=NAMESPACE, gpu="1",
+                               annotations={"hami.io/gpu-scheduler-policy": "random"}),
+     "hami.io/gpu-scheduler-policy is 'random', must be one of"),
+    ("partition with a slice", gpu_pod("b10", namespace=NAMESPACE, cpx_nps4="1", gpumem="1024"),
+     "asks for whole partitions of one kind"),
+    ("nodeName bypass", {**gpu_pod("b11", namespace=NAMESPACE, gpu="1"),
+                         "spec": {**gpu_pod("b11", namespace=NAMESPACE, gpu="1")["spec"], "nodeName": "any-node"}},
+     "would bypass the rocshare scheduler"),
+    ("privileged slice", {**gpu_pod("b12", namespace=NAMESPACE, gpu="1", gpumem="1024"), "spec": {"containers": [
+        {"name": "c0", "image": "x", "securityContext": {"privileged": True},
+         "resources": {"limits": {"amd.com/gpu": "1", "amd.com/gpumem": "1024"}}}]}},
+     "a privileged container sees every GPU"),
+    ("forged record", gpu_pod("b13", namespace=NAMESPACE, gpu="1", annotations={"rocshare.io/allocation": "{}"}),
+     "annotation rocshare.io/allocation is written only by the rocshare scheduler and node agent; remove it"),
+    ("forged record, no GPU asked", {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "b14", "namespace": NAMESPACE, "annotations": {"hami.io/amd-devices-allocated": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}}, "hami.io/amd-devices-allocated is written only by"),
+]
+
+
+@pytest.mark.parametrize(("pod", "message"), [(pod, message) for _, pod, message in BAD_PODS],
+                         ids=[case for case, _, _ in BAD_PODS])
+async def test_bad_pods_are_refused_by_the_api_server_alone(operator_down, carol: Kube, pod: dict,
+                                                            message: str) -> None:
+    with pytest.raises((Invalid, Forbidden)) as refused:
+        await carol.create(PODS, pod)
+    assert message in refused.value.message, refused.value.message
+    assert "ValidatingAdmissionPolicy 'rocshare-pods'" in refused.value.message
+
+
+async def test_forged_updates_are_refused_by_the_api_server_alone(operator_down, carol: Kube, kube: Kube) -> None:
+    pod = await carol.create(PODS, gpu_pod("victim", namespace=NAMESPACE, gpu="1", gpumem="512"))
+    path = object_path("v1", "pods", "victim", namespace=NAMESPACE)
+    for key in ("rocshare.io/allocation", "rocshare.io/allocated"):
+        with pytest.raises((Invalid, Forbidden)) as refused:
+            await carol.merge_patch(path, {"metadata": {"annotations": {key: "x"}}})
+        assert f"annotation {key} is written only by" in refused.value.message
+    # rocshare's own writers (here the admin user, trusted as its service accounts are) may.
+    await kube.merge_patch(path, {"metadata": {"annotations": {"rocshare.io/allocation-error": "test"}}})
+    assert pod["metadata"]["name"] == "victim"

@@ -193,6 +193,11 @@ class RealNode:
         self.ns.delete()
         if state.created_dir:
             shutil.rmtree(state.created_dir, ignore_errors=True)
+        else:  # the folder was there before: take out only what our kubelet and agent left in it
+            for name in ("kubelet.sock", "kubelet_internal_checkpoint"):
+                (DEVICE_PLUGIN_DIR / name).unlink(missing_ok=True)
+            for plugin in DEVICE_PLUGIN_DIR.glob("rocshare-*.sock"):
+                plugin.unlink(missing_ok=True)
         sysctls.restore(state.sysctls)
         self.state_file.unlink(missing_ok=True)
         (self.root / "cluster" / "state.json").unlink(missing_ok=True)

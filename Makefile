@@ -16,7 +16,7 @@ endif
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
 .PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps
+	real-node-deps images real-node-up real-node-down observability-deps helm chart
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -29,6 +29,7 @@ help:
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
 	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
 	@echo "make real-node-up a real kubelet + containerd node beside the control plane, in its own netns; real-node-down"
+	@echo "make chart        charts/rocshare from manifests/ (the chart is generated; make helm builds helm)"
 
 # Python environment, pinned: pyproject.toml pins direct dependencies, constraints.txt the rest.
 $(STAMP): pyproject.toml dev/pyproject.toml constraints.txt
@@ -44,6 +45,16 @@ venv: $(STAMP)
 controlplane:
 	@controlplane/build.sh
 
+# helm, built from its Go module (dev/helm/go.mod pins helm.sh/helm/v3) into
+# .cache/helm/<version>/bin, apart from the control plane (cached by a stamp).
+helm:
+	@dev/helm/build.sh >/dev/null
+
+# charts/rocshare, generated from manifests/ and samples/ (tests/unit/manifests/test_chart.py
+# fails when it is stale, and proves `helm template` equals `kubectl kustomize`).
+chart: $(STAMP) controlplane
+	$(BIN)/rocshare-dev chart
+
 crds: $(STAMP)
 	$(BIN)/rocshare crds --out crds
 
@@ -57,7 +68,7 @@ unit: $(STAMP)
 e2e: $(STAMP) controlplane observability-deps
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane lint images observability-deps
+test: $(STAMP) controlplane lint images observability-deps helm
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
 
 # The suite on every supported Kubernetes version, one after the other (CI runs the default only).

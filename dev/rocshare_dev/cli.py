@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     _passthrough(commands.add_parser("cluster", help="the local control plane: up | down", add_help=False))
     _passthrough(commands.add_parser("real-node", help="a real kubelet + containerd node in its own netns: up | down",
                                      add_help=False))
+    _passthrough(commands.add_parser("chart", help="write charts/rocshare from manifests/ (--check: fail when stale)",
+                                     add_help=False))
     _passthrough(commands.add_parser("demo", help="make demo: control plane, operator, simulated fleet, samples: up | down",
                                      add_help=False))
     return parser
@@ -33,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         return int(bench_cli.run(args) or 0)
+    if args.command == "chart":
+        from rocshare_dev.chart import main as chart_main
+        return chart_main(args.rest)
     if args.command == "cluster":
         from rocshare_dev.devcluster.__main__ import main as cluster_main
         return cluster_main(args.rest)

@@ -24,7 +24,7 @@ help:
 	@echo "make test         lint, unit, integration and e2e tests (builds the control plane once, cached)"
 	@echo "                  K8S_VERSION=1.37.2 picks the Kubernetes version (default $$(cat controlplane/k8s/default-version))"
 	@echo "make test-matrix  make test on every supported version ($(K8S_VERSIONS)); summary in run/test-matrix"
-	@echo "make bench        benchmarks -> docs/benchmarks.json, docs/benchmarks.md"
+	@echo "make bench        benchmarks -> docs/benchmarks.json, docs/benchmarks.md (HAMI_SRC=<HAMi checkout>: HAMi beside)"
 	@echo "make chaos        the long chaos run"
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
 	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
@@ -99,8 +99,11 @@ real-node-down: $(STAMP)
 chaos: $(STAMP) controlplane
 	ROCSHARE_CHAOS=long $(BIN)/pytest tests -q -m chaos $(PYTEST_ARGS)
 
+# HAMI_SRC=<a checkout of Project-HAMi/HAMi>: the e2e section also runs HAMi's scheduler (built there,
+# with HAMi's own go.mod, into .cache/hami) on the same fleet; without it HAMi's figures say "not run".
+HAMI_SRC ?=
 bench: $(STAMP) controlplane
-	$(BIN)/rocshare-dev bench all --out docs
+	$(BIN)/rocshare-dev bench all --out docs $(if $(strip $(HAMI_SRC)),--hami-src $(HAMI_SRC))
 
 cluster-up: $(STAMP) controlplane
 	$(BIN)/rocshare-dev cluster up

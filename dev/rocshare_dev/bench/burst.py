@@ -1,9 +1,11 @@
 """A burst of pods created at once, timed until every one is Running (or has failed).
 
 `run_burst` watches the namespace from before the first create, creates every pod with at most
-`concurrency` requests in flight, and stamps each pod twice on this machine's monotonic clock:
-just before its create request, and when the watch first shows it Running. Throughput is pods
-over the time from the first create to the last Running. A pod the kubelet rejects (phase
+`concurrency` requests in flight, and stamps each pod three times on this machine's monotonic
+clock: just before its create request, when the watch first shows it bound (spec.nodeName), and
+when it first shows it Running. Throughput is pods over the time from the first create to the
+last Running (`pods_per_s`), or to the last bound (`bound_per_s`, the measure every scheduler
+shares, also one whose pods cannot run here: `until="bound"` ends the burst there). A pod the kubelet rejects (phase
 Failed) counts as done but not Running, with its message kept, so a broken run ends early and
 says why instead of waiting for its deadline. `delete_all` empties a namespace between bursts.
 """
@@ -30,6 +32,13 @@ class BurstResult:
     elapsed_s: float
     """From the first create to the end of the burst (all Running, or the deadline)."""
     latencies_ms: list[float] = field(default_factory=list)
+    bound: int = 0
+    all_bound_s: float | None = None
+    """From the first create to the last pod bound, when every pod was."""
+
+    @property
+    def bound_per_s(self) -> float:
+        return self.bound / self.all_bound_s if self.all_bound_s else 0.0
 
     @property
     def pods_per_s(self) -> float:
@@ -45,23 +54,36 @@ class BurstResult:
 
 
 class _Tracker:
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names: set[str], until: str = "running") -> None:
         self.names = names
+        self.until = until
         self.created_at: dict[str, float] = {}
+        self.bound_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
         self.failed: dict[str, str] = {}
         self.done = asyncio.Event()
 
     def see(self, pod: dict[str, Any], now: float) -> None:
         name = pod["metadata"]["name"]
-        if name not in self.names or name in self.running_at or name in self.failed:
+        if name not in self.names:
+            return
+        if name not in self.bound_at and (pod.get("spec") or {}).get("nodeName"):
+            self.bound_at[name] = now
+        if name in self.running_at or name in self.failed:
             return
         status = pod.get("status") or {}
         if status.get("phase") == "Running":
             self.running_at[name] = now
         elif status.get("phase") == "Failed":
             self.failed[name] = status.get("message") or status.get("reason") or "Failed"
-        if len(self.running_at) + len(self.failed) == len(self.names):
+        self.check_done()
+
+    def check_done(self) -> None:
+        if self.until == "bound":
+            finished = len(self.bound_at) + sum(1 for name in self.failed if name not in self.bound_at)
+        else:
+            finished = len(self.running_at) + len(self.failed)
+        if finished == len(self.names):
             self.done.set()
 
 
@@ -97,8 +119,8 @@ async def _catch_up(kube: Kube, path: str, tracker: _Tracker) -> str:
 
 
 async def run_burst(kube: Kube, pods: Sequence[dict[str, Any]], *, namespace: str, timeout_s: float,
-                    concurrency: int = 64) -> BurstResult:
-    tracker = _Tracker({pod["metadata"]["name"] for pod in pods})
+                    concurrency: int = 64, until: str = "running") -> BurstResult:
+    tracker = _Tracker({pod["metadata"]["name"] for pod in pods}, until)
     listed = await kube.list(object_path("v1", "pods", namespace=namespace))
     watcher = asyncio.create_task(_watch(kube, namespace, listed["metadata"]["resourceVersion"], tracker))
     gate = asyncio.Semaphore(concurrency)
@@ -122,8 +144,7 @@ async def run_burst(kube: Kube, pods: Sequence[dict[str, Any]], *, namespace: st
         except TimeoutError:
             pass
         create_s = time.monotonic() - started
-        if len(tracker.running_at) + len(tracker.failed) == len(tracker.names):
-            tracker.done.set()
+        tracker.check_done()
         done = asyncio.create_task(tracker.done.wait())
         await asyncio.wait((done, watcher), timeout=max(0.0, timeout_s - create_s),
                            return_when=asyncio.FIRST_COMPLETED)
@@ -134,11 +155,13 @@ async def run_burst(kube: Kube, pods: Sequence[dict[str, Any]], *, namespace: st
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     complete = len(tracker.running_at) == len(tracker.names)
+    all_bound = len(tracker.bound_at) == len(tracker.names)
     return BurstResult(
         pods=len(pods), running=len(tracker.running_at), failed=tracker.failed, create_s=create_s,
         all_running_s=(max(tracker.running_at.values()) - started) if complete else None,
         elapsed_s=time.monotonic() - started,
-        latencies_ms=[(at - tracker.created_at[name]) * 1000 for name, at in tracker.running_at.items()])
+        latencies_ms=[(at - tracker.created_at[name]) * 1000 for name, at in tracker.running_at.items()],
+        bound=len(tracker.bound_at), all_bound_s=(max(tracker.bound_at.values()) - started) if all_bound else None)
 
 
 async def delete_all(kube: Kube, namespace: str, *, timeout_s: float = 120.0) -> None:

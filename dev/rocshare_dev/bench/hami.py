@@ -1,0 +1,133 @@
+"""HAMi's scheduler beside rocshare's on the `bench e2e` fleet (issue 18, item 4).
+
+HAMi's source is not on the Go module proxy; the user hands the benchmark a checkout of
+Project-HAMi/HAMi (`--hami-src DIR`, `make bench HAMI_SRC=DIR`). `build_scheduler` builds its
+`cmd/scheduler` there with HAMi's own go.mod into .cache/hami/<commit>/ (cached per commit);
+nothing of HAMi is copied into this project. Without a checkout the figures say "not run".
+
+`HamiScheduler` runs that binary as HAMi's chart does: an extender (filter + bind) for a
+kube-scheduler profile named `hami-scheduler`, the AMD device type on (amd.com/gpu, gpumem,
+gpucores), reading the nodes' `hami.io/node-amd-register` annotation (the rocshare agents write
+it in HAMi's own format) and HAMi's defaults otherwise (node lock timeout 5 min, policies
+binpack/spread). HAMi's bind takes a per-node lock (a node annotation) that HAMi's own device
+plugin releases after Allocate; on AMD nothing of HAMi's runs on the node, so a lock is released
+only when it expires or its pod is gone -- which is HAMi's real behaviour there, and what this
+measures (`--hami-node-lock-timeout` changes it, and the figures say which was used). HAMi's pods
+cannot run on rocshare's agents (they carry no rocshare record; the agent refuses them), so the
+common measure is create -> bound.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SCHEDULER_CONFIG, ControlPlane, free_port, stop_process
+
+CACHE = PROJECT_ROOT / ".cache" / "hami"
+SCHEDULER_NAME = "hami-scheduler"
+DEVICE_CONFIG = {"amd": {"resourceCountName": "amd.com/gpu", "resourceMemoryName": "amd.com/gpumem",
+                         "resourceCoreName": "amd.com/gpucores"}}
+MANAGED_RESOURCES = ("amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores")
+
+
+class HamiNotBuilt(RuntimeError):
+    """HAMi's scheduler could not be built from the checkout given; the message says why."""
+
+
+def commit_of(src: Path) -> str:
+    """The checkout's commit: git's, else a `.hami-commit` file beside it (an archive export)."""
+    result = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if result.returncode == 0 and result.stdout.strip():
+        return result.stdout.strip()
+    marker = src / ".hami-commit"
+    return marker.read_text().strip() if marker.exists() else "unknown"
+
+
+def build_scheduler(src: Path) -> Path:
+    """HAMi's cmd/scheduler built with its own go.mod, cached per commit."""
+    src = src.resolve()
+    if not (src / "go.mod").exists() or "Project-HAMi/HAMi" not in (src / "go.mod").read_text():
+        raise HamiNotBuilt(f"{src} is not a checkout of Project-HAMi/HAMi (no go.mod of that module)")
+    commit = commit_of(src)
+    out = CACHE / (commit[:12] if commit != "unknown" else "unknown") / "hami-scheduler"
+    if out.exists() and commit != "unknown":
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["go", "build", "-o", str(out), "./cmd/scheduler"], cwd=src, capture_output=True,
+                            text=True, check=False, env={**os.environ, "CGO_ENABLED": os.environ.get("CGO_ENABLED", "0")})
+    if result.returncode != 0:
+        raise HamiNotBuilt(f"go build ./cmd/scheduler in {src} failed: {result.stderr.strip()[-2000:]}")
+    return out
+
+
+class HamiScheduler:
+    """HAMi's scheduler process and the kube-scheduler that calls it (profile `hami-scheduler`)."""
+
+    def __init__(self, cluster: ControlPlane, binary: Path, *, node_lock_timeout: str = "5m") -> None:
+        self.cluster = cluster
+        self.binary = binary
+        self.node_lock_timeout = node_lock_timeout
+        self.port = free_port()
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: process.pid for name, process in self.processes.items()}
+
+    def start(self, *, timeout_s: float = 60.0) -> None:
+        root = self.cluster.root
+        device_config = root / "hami-device-config.yaml"
+        device_config.write_text(yaml.safe_dump(DEVICE_CONFIG))
+        self._spawn("hami-scheduler", [str(self.binary), f"--http_bind=127.0.0.1:{self.port}",
+                                       f"--device-config-file={device_config}", f"--scheduler-name={SCHEDULER_NAME}",
+                                       f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                                       f"--node-lock-timeout={self.node_lock_timeout}", "--kube-qps=500",
+                                       "--kube-burst=1000", "-v=1"],
+                    env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)})
+        self._wait_ready(timeout_s)
+        config = root / "kube-scheduler-hami.yaml"
+        config.write_text(yaml.safe_dump(self._scheduler_config(), sort_keys=False))
+        self._spawn("kube-scheduler-hami", [str(self.cluster.bin_dir / "kube-scheduler"), f"--config={config}",
+                                            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=1"])
+
+    def _scheduler_config(self) -> dict:
+        """The same kube-scheduler and client settings as rocshare's, HAMi's extender instead
+        (as HAMi's chart configures it: filter and bind, node cache, its resources ignored)."""
+        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+        config["profiles"] = [{"schedulerName": SCHEDULER_NAME}]
+        config["extenders"] = [{
+            "urlPrefix": f"http://127.0.0.1:{self.port}", "filterVerb": "filter", "bindVerb": "bind",
+            "nodeCacheCapable": True, "weight": 1, "httpTimeout": "30s", "enableHTTPS": False,
+            "managedResources": [{"name": name, "ignoredByScheduler": True} for name in MANAGED_RESOURCES]}]
+        config["clientConnection"] = {"kubeconfig": str(self.cluster.kubeconfig), "qps": 500, "burst": 1000}
+        config["leaderElection"] = {"leaderElect": False}
+        return config
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.processes["hami-scheduler"].poll() is not None:
+                raise HamiNotBuilt(f"HAMi's scheduler exited; see {self.cluster.logs / 'hami-scheduler.log'}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise HamiNotBuilt(f"HAMi's scheduler did not answer /healthz within {timeout_s:.0f} s")
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        with open(self.cluster.logs / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+
+    def stop(self) -> None:
+        for name, process in reversed(list(self.processes.items())):
+            stop_process(process.pid, name)
+            process.wait(timeout=5)
+        self.processes.clear()

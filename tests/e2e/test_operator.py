@@ -27,6 +27,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, enc
 from rocshare.api.models import API_VERSION
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION,
+    PENDING_MODE_ANNOTATION,
     POOL_LABEL,
     POOL_SETTINGS_ANNOTATION,
     decode_settings,
@@ -251,7 +252,10 @@ async def test_pool_lifecycle_marks_nodes_runs_agent_and_reports_status(kube: Ku
                                                         "agent": {"image": "rocshare/node-agent:edited"}}})
 
     async def edited() -> None:
-        await assert_marked(kube, "life-1", "life", mode="partition")
+        # life-1 holds GPU pods: it keeps its mode until drained (AMD's guide); life-2 switches.
+        await assert_marked(kube, "life-1", "life", mode="cu")
+        annotations = (await kube.get(object_path("v1", "nodes", "life-1")))["metadata"]["annotations"]
+        assert annotations[PENDING_MODE_ANNOTATION] == "partition"
         await assert_marked(kube, "life-2", "life", mode="partition")
         daemonset = await kube.get(daemonset_path("life"))
         assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == "rocshare/node-agent:edited"
@@ -259,6 +263,17 @@ async def test_pool_lifecycle_marks_nodes_runs_agent_and_reports_status(kube: Ku
         assert ready["observedGeneration"] == created["metadata"]["generation"] + 1
         assert ready["lastTransitionTime"] == ready_since  # status unchanged: transition time kept
     await eventually(edited)
+
+    # life-1's pods end: it switches to the pool's mode.
+    for name in ("slice", "whole"):
+        await kube.request("DELETE", object_path("v1", "pods", name, namespace="life-ns"),
+                           body={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0})
+
+    async def drained() -> None:
+        await assert_marked(kube, "life-1", "life", mode="partition")
+        annotations = (await kube.get(object_path("v1", "nodes", "life-1")))["metadata"]["annotations"]
+        assert PENDING_MODE_ANNOTATION not in annotations
+    await eventually(drained)
 
     # A node changes labels: life-2 leaves, life-other joins; the GPU heals.
     await relabel_node(kube, "life-2", {"rocshare-test": "other"})

@@ -22,7 +22,8 @@ from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 
 PRODUCT_PACKAGES = ("rocshare", "rocshare_operator", "rocshare_agent")
-DEV_ONLY = ("rocshare_dev", "pytest", "hypothesis", "cryptography", "matplotlib", "grpc_tools", "importlinter")
+# (cryptography is a runtime dependency: the operator makes its own webhook certificate, overlays/dev.)
+DEV_ONLY = ("rocshare_dev", "pytest", "hypothesis", "matplotlib", "grpc_tools", "importlinter")
 
 
 def _run(*command: str | Path, timeout_s: float = 600) -> subprocess.CompletedProcess:

@@ -39,6 +39,7 @@ class Deployed:
     host: HostPaths
     first_apply: str  # kubectl's output of the one `apply --server-side -k`
     hook_path_before_stand_in: str  # what the node's hook folder held once the agent ran
+    hook_condition_before_stand_in: dict  # the agent's MemoryHook condition then
     timings: dict[str, float]
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None):
@@ -112,10 +113,17 @@ def deployed(real_node: RealNode) -> Deployed:
              explain=lambda: describe(cluster, f"pods -n {NAMESPACE}"))
     timings["agent Running"] = time.monotonic() - started
     # Defect 5 (hook library not shipped): what the node has at the hook path once the agent
-    # runs. Then a stand-in, so that the slice's mount can be checked.
+    # runs, and what the agent says of it. Then a stand-in, so that the slice's mount can be checked.
     hook = host.hook_library
     before = ("missing" if not hook.exists() and not hook.is_symlink() else
               "a directory" if hook.is_dir() else f"a file of {hook.stat().st_size} bytes")
+
+    def hook_condition() -> dict | None:
+        got = cluster.kubectl("get", "amdgpunode", real_node.node_name, "-o", "json", check=False)
+        status = json.loads(got.stdout).get("status", {}) if got.returncode == 0 else {}
+        return next((c for c in status.get("conditions", []) if c["type"] == "MemoryHook"), None)
+
+    condition = wait_for("the agent's MemoryHook condition", hook_condition, timeout_s=60)
     if not hook.exists():
         hook.parent.mkdir(parents=True, exist_ok=True)
         hook.write_bytes(HOOK_STAND_IN)
@@ -123,10 +131,15 @@ def deployed(real_node: RealNode) -> Deployed:
     cluster.kubectl("wait", "-n", WORKLOADS, "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
                     "--timeout=60s")
     return Deployed(node=real_node, cluster=cluster, host=host, first_apply=applied.stdout,
-                    hook_path_before_stand_in=before, timings=timings)
+                    hook_path_before_stand_in=before, hook_condition_before_stand_in=condition, timings=timings)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """Say how long the real node took (the README quotes these)."""
     if TIMINGS:
         terminalreporter.write_line("real node: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMINGS.items()))
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """Helm's tests last: they replace the session's kustomize install on the same node."""
+    items.sort(key=lambda item: item.path.name == "test_helm.py")

@@ -3,7 +3,7 @@ the one apply, the operator Deployment (operator + kube-scheduler from images bu
 its service account, the webhook through its Service with the certificate the operator made,
 the agent DaemonSet registered on the real kubelet.sock, and a slice pod whose environment is
 read from inside its real container. Issue 17's defects 2-4 each fail one of these; defect 5
-(the hook library is not shipped) is shown, not fixed: see test_hook_library_is_shipped."""
+(the hook library is not shipped) fails closed: see test_a_node_without_the_hook_library_fails_closed."""
 
 from __future__ import annotations
 
@@ -136,12 +136,16 @@ def test_slice_container_has_the_hook_mount(deployed: Deployed, slice_pod: dict)
     assert any(line.split()[1] == HOOK and "ro" in line.split()[3].split(",") for line in mounts.splitlines()), mounts
 
 
-@pytest.mark.xfail(strict=True, reason="issue 17 defect 5: the hook library is not shipped (the Helm-and-hook issue "
-                                       "fixes it); the node's hook path holds no library, so a slice container gets "
-                                       "an empty directory there and every process prints an ld.so audit error")
-def test_hook_library_is_shipped(deployed: Deployed) -> None:
-    assert deployed.hook_path_before_stand_in.startswith("a file"), (
-        f"after the agent started, {deployed.host.hook_library} was {deployed.hook_path_before_stand_in}")
+def test_a_node_without_the_hook_library_fails_closed(deployed: Deployed) -> None:
+    """Issue 17 defect 5: nothing ships libamvgpu.so (HAMi's hook; docs/memory-hook.md). The
+    agent checks it instead of assuming it: on the node as deployed it reports the file missing
+    and, with the pool's default agent.hookMissing, refuses slices (tests/realnode/
+    test_memory_hook.py runs real pods both ways)."""
+    assert deployed.hook_path_before_stand_in == "missing"
+    condition = deployed.hook_condition_before_stand_in
+    assert (condition["status"], condition["reason"]) == ("False", "MemoryHookMissing"), condition
+    assert condition["message"] == (f"{deployed.host.hook_library} is missing: memory slices on this node are "
+                                    "refused (pool agent.hookMissing: Refuse)")
 
 
 def test_deleting_the_pod_frees_its_slice(deployed: Deployed, slice_pod: dict) -> None:

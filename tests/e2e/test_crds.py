@@ -36,7 +36,7 @@ async def test_pool_create_read_status_delete(kube: Kube) -> None:
     created = await kube.create(object_path(API_VERSION, "amdgpupools"), pool("crud-pool"))
     # Structural defaults come from the models: an omitted field gets its documented default.
     assert created["spec"]["sharing"] == {"splitCount": 0, "deviceMemoryScaling": 1.0, "operatingMode": "cu",
-                                          "omittedCores": "Exclusive"}
+                                          "resourceNaming": "single", "omittedCores": "Exclusive"}
     assert created["spec"]["scheduling"] == {"nodePolicy": "binpack", "gpuPolicy": "binpack"}
     await kube.merge_patch(path + "/status", {"status": {"nodes": 2, "gpusTotal": 16, "conditions": [
         {"type": "Ready", "status": "True", "reason": "AllNodesReporting", "message": "",

@@ -239,11 +239,11 @@ class DeviceGroup(_Model):
 
 class AmdGpuNodeStatus(_Model):
     gpus: list[GpuInfo] = Field(default_factory=list, description="Every GPU or partition on the node.")
-    problems: list[DiscoveryProblem] = Field(default_factory=list, description="Entries discovery had to skip, with why.")
-    operating_mode: OperatingMode = Field(default=OperatingMode.CU, alias="operatingMode", description="Mode the agent runs in.")
-    device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
-    agent_version: str = Field(default="", alias="agentVersion", description="Version of the publishing agent.")
-    last_heartbeat_time: str | None = Field(default=None, alias="lastHeartbeatTime", description="When the agent last published.")
+    gpus_total: int = Field(default=0, alias="gpusTotal", ge=0,
+                            description="GPUs (or partitions) listed; derived from gpus, for `kubectl get`.")
+    gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs; derived from gpus.")
+    vram_total_mib: int = Field(default=0, alias="vramTotalMiB", ge=0,
+                                description="Real VRAM of the listed GPUs, MiB (unknown sizes count 0); derived from gpus.")
     problems: list[DiscoveryProblem] = Field(default_factory=list, description="Entries discovery had to skip, with why.")
     operating_mode: OperatingMode = Field(default=OperatingMode.CU, alias="operatingMode", description="Mode the agent runs in.")
     device_memory_scaling: float = Field(default=1.0, alias="deviceMemoryScaling", ge=1.0, le=4.0, description="Scaling applied.")
@@ -254,17 +254,7 @@ class AmdGpuNodeStatus(_Model):
         description="The node's video and render group ids (host group file). Non-root containers need no "
                     "supplementalGroups under rocshare (Allocate hands them device files they can open); these are "
                     "for admins who set supplementalGroups themselves.")
-    gpus_total: int = Field(default=0, alias="gpusTotal", ge=0,
-                            description="GPUs (or partitions) listed; derived from gpus, for `kubectl get`.")
-    gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs; derived from gpus.")
-    vram_total_mib: int = Field(default=0, alias="vramTotalMiB", ge=0,
-                                description="Real VRAM of the listed GPUs, MiB (unknown sizes count 0); derived from gpus.")
     conditions: list[Condition] = Field(default_factory=list, description="Ready.")
-
-
-class AmdGpuNodeSpec(_Model):
-    """Empty: an AmdGpuNode is written by its node's agent, in status only."""
-
 
     @model_validator(mode="after")
     def _derive_totals(self) -> AmdGpuNodeStatus:
@@ -274,6 +264,11 @@ class AmdGpuNodeSpec(_Model):
         object.__setattr__(self, "gpus_healthy", sum(1 for gpu in self.gpus if gpu.healthy))
         object.__setattr__(self, "vram_total_mib", sum(gpu.vram_mib or 0 for gpu in self.gpus))
         return self
+
+
+class AmdGpuNodeSpec(_Model):
+    """Empty: an AmdGpuNode is written by its node's agent, in status only."""
+
 
 # ---- AmdGpuShare --------------------------------------------------------------------------
 

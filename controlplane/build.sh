@@ -30,7 +30,7 @@ if [ -z "${ROCSHARE_BIN_DIR:-}" ] && [ "$ver" = "$default" ]; then
   if [ -d "$legacy" ] && [ ! -L "$legacy" ] && [ ! -e "$out" ]; then
     mkdir -p "$(dirname "$out")" && mv "$legacy" "$out"
   fi
-  if [ ! -e "$legacy" ] || [ -L "$legacy" ]; then ln -sfn "k8s/$ver/bin" "$legacy"; fi
+  if [ ! -e "$legacy" ] || [ -L "$legacy" ]; then mkdir -p "$root/.cache" && ln -sfn "k8s/$ver/bin" "$legacy"; fi
 fi
 mkdir -p "$out"
 

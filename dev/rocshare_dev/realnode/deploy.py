@@ -33,6 +33,8 @@ IMAGES = {
 }
 AGENT_IMAGE = "localhost/rocshare/node-agent:dev"
 WORKLOAD_IMAGE = "localhost/rocshare/workload:dev"
+VIDEO_GID, RENDER_GID = 44, 993
+"""The node's video and render group ids (Debian's video is 44; render varies between hosts)."""
 NODE_CLASS_LABEL = "rocshare.io/node-class"
 NODE_CLASS = "mi210-realnode"
 POOL = "realnode-mi210"
@@ -59,6 +61,7 @@ class HostPaths:
     sysfs_root: Path
     dev_root: Path
     hook_dir: Path
+    group_file: Path
 
     @property
     def hook_library(self) -> Path:
@@ -67,7 +70,9 @@ class HostPaths:
 
 def prepare_host(folder: Path) -> HostPaths:
     """The GPU node's host paths: the MI210 capture (with its synthetic VRAM, see captures),
-    /dev/kfd and a render node per GPU, and an empty hook folder."""
+    /dev/kfd and a render node per GPU owned root:render 0660 as on a GPU node (so a non-root
+    container cannot open them unless rocshare hands it its own), a group file naming the
+    video and render ids, and an empty hook folder."""
     folder.mkdir(parents=True, exist_ok=True)
     sysfs_root = mi210_with_synthetic_vram(FIXTURES, folder)
     dev_root = folder / "dev"
@@ -79,10 +84,14 @@ def prepare_host(folder: Path) -> HostPaths:
             minors.add(int(found.group(1)))
     for path in [dev_root / "kfd", *(dev_root / "dri" / f"renderD{minor}" for minor in sorted(minors))]:
         if not path.exists():
-            os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))  # a character device: /dev/null's numbers
+            os.mknod(path, 0o660 | 0o020000, os.makedev(1, 3))  # a character device: /dev/null's numbers
+        os.chown(path, 0, RENDER_GID)
+        os.chmod(path, 0o660)
+    group_file = folder / "etc-group"
+    group_file.write_text(f"root:x:0:\nvideo:x:{VIDEO_GID}:\nrender:x:{RENDER_GID}:\n")
     hook_dir = folder / "vgpu"
     shutil.rmtree(hook_dir, ignore_errors=True)
-    return HostPaths(sysfs_root=sysfs_root, dev_root=dev_root, hook_dir=hook_dir)
+    return HostPaths(sysfs_root=sysfs_root, dev_root=dev_root, hook_dir=hook_dir, group_file=group_file)
 
 
 def pool_manifest(host: HostPaths) -> dict:
@@ -93,7 +102,8 @@ def pool_manifest(host: HostPaths) -> dict:
             "sharing": {"operatingMode": "cu", "splitCount": 8},
             "health": {"kind": "deviceFiles", "intervalSeconds": 10},
             "agent": {"image": AGENT_IMAGE, "sysfsRoot": str(host.sysfs_root), "devRoot": str(host.dev_root),
-                      "devicePluginDir": str(DEVICE_PLUGIN_DIR), "hookPath": str(host.hook_dir)},
+                      "devicePluginDir": str(DEVICE_PLUGIN_DIR), "hookPath": str(host.hook_dir),
+                      "groupFile": str(host.group_file), "podDeviceDir": str(host.dev_root.parent / "pod-devices")},
         },
     }
 

@@ -9,15 +9,19 @@ GPU) and say so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, decode_record
 from rocshare_dev.devcluster.captures import mi210_with_synthetic_vram  # noqa: F401  (re-exported for tests)
 from rocshare.kube.client import Kube, NotFound, object_path
+from rocshare.api.models import API_VERSION
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
 
 PEER_CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"
 
@@ -88,3 +92,28 @@ async def scheduling_failures(kube: Kube, name: str, namespace: str = "default")
     events = await kube.list(object_path("v1", "events", namespace=namespace),
                              fieldSelector=f"involvedObject.name={name},reason=FailedScheduling")
     return [event.get("message", "") for event in events.get("items", [])]
+
+
+@contextlib.contextmanager
+def one_pool_one_node(cluster, *, pool: str, sharing: dict, node: str, sysfs_root: Path,
+                      work_dir: Path) -> Iterator[SimulatedNode]:
+    """An operator with its webhooks, a pool with `sharing` selecting one simulated node (label
+    rocshare.io/sim=<pool>) on `sysfs_root`; all removed afterwards, the pool while the operator
+    still runs (its finalizer unmarks the node)."""
+    operator = OperatorProcess(cluster)
+    operator.start()
+    operator.install_webhooks()
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
+        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": pool},
+        "spec": {"nodeSelector": {"rocshare.io/sim": pool}, "sharing": sharing}}))
+    sim = SimulatedNode(name=node, kubeconfig=cluster.kubeconfig, work_dir=work_dir, labels={"rocshare.io/sim": pool},
+                        sysfs_root=sysfs_root)
+    try:
+        sim.start()
+        yield sim
+    finally:
+        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
+                        "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "amdgpupool", pool, "--ignore-not-found", "--timeout=30s", check=False)
+        sim.stop()
+        operator.stop()

@@ -14,9 +14,9 @@ from rocshare.api.models import API_VERSION
 from rocshare.api.node_settings import HAMI_OPERATING_MODE_ANNOTATION, PENDING_MODE_ANNOTATION
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.captures import mi210_with_synthetic_vram
-from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
-from tests.e2e.fleet import create_pod, delete_pod, gpu_pod, read_pod, record_of, wait_for, wait_running
+from tests.e2e.fleet import (create_pod, delete_pod, gpu_pod, one_pool_one_node, read_pod, record_of, wait_for,
+                             wait_running)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,23 +27,9 @@ SELECT = {"rocshare.io/pool": POOL}
 @pytest.fixture(scope="module")
 def node(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[SimulatedNode]:
     work = tmp_path_factory.mktemp("mode")
-    operator = OperatorProcess(cluster)
-    operator.start()
-    operator.install_webhooks()
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
-        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL},
-        "spec": {"nodeSelector": {"rocshare.io/sim": "mode"}, "sharing": {"operatingMode": "cu"}}}))
-    sim = SimulatedNode(name=NODE, kubeconfig=cluster.kubeconfig, work_dir=work, labels={"rocshare.io/sim": "mode"},
-                        sysfs_root=mi210_with_synthetic_vram(sysfs_fixtures, work))
-    try:
-        sim.start()
+    with one_pool_one_node(cluster, pool=POOL, sharing={"operatingMode": "cu"}, node=NODE, work_dir=work,
+                           sysfs_root=mi210_with_synthetic_vram(sysfs_fixtures, work)) as sim:
         yield sim
-    finally:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
-                        "--ignore-not-found", check=False)
-        cluster.kubectl("delete", "amdgpupool", POOL, "--ignore-not-found", "--timeout=30s", check=False)
-        sim.stop()
-        operator.stop()
 
 
 async def _annotations(kube: Kube) -> dict:

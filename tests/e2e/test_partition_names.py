@@ -7,17 +7,15 @@ resource is refused by the webhook."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
 
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Invalid, Kube, object_path
-from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
-from tests.e2e.fleet import create_pod, delete_pod, gpu_pod, record_of, runtime_of, scheduling_failures, wait_for, \
-    wait_running
+from tests.e2e.fleet import (create_pod, delete_pod, gpu_pod, one_pool_one_node, record_of, runtime_of,
+                             scheduling_failures, wait_for, wait_running)
 
 pytestmark = pytest.mark.e2e
 
@@ -28,24 +26,10 @@ KIND = "amd.com/cpx"
 
 @pytest.fixture(scope="module")
 def node(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[SimulatedNode]:
-    operator = OperatorProcess(cluster)
-    operator.start()
-    operator.install_webhooks()
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
-        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL},
-        "spec": {"nodeSelector": {"rocshare.io/sim": "names"},
-                 "sharing": {"operatingMode": "partition", "resourceNaming": "mixed"}}}))
-    sim = SimulatedNode(name=NODE, kubeconfig=cluster.kubeconfig, work_dir=tmp_path_factory.mktemp("names"),
-                        labels={"rocshare.io/sim": "names"}, sysfs_root=sysfs_fixtures / "mi300x-8gpu-cpx")
-    try:
-        sim.start()
+    with one_pool_one_node(cluster, pool=POOL, sharing={"operatingMode": "partition", "resourceNaming": "mixed"},
+                           node=NODE, work_dir=tmp_path_factory.mktemp("names"),
+                           sysfs_root=sysfs_fixtures / "mi300x-8gpu-cpx") as sim:
         yield sim
-    finally:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
-                        "--ignore-not-found", check=False)
-        cluster.kubectl("delete", "amdgpupool", POOL, "--ignore-not-found", "--timeout=30s", check=False)
-        sim.stop()
-        operator.stop()
 
 
 async def _allocatable(kube: Kube) -> dict:

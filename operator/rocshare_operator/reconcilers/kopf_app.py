@@ -84,7 +84,8 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
         done, _ = await asyncio.wait([operator, *extras], return_when=asyncio.FIRST_COMPLETED)
         await _stop(operator, extras, stop_flag)
         for task in done:
-            task.result()  # raise the first failure, if any
+            if not task.cancelled():  # cancelled on the way down (SIGTERM) is no failure
+                task.result()  # raise the first failure, if any
     finally:
         await kube.close()
 

@@ -135,8 +135,9 @@ def test_kubectl_get_shows_printer_columns(cluster) -> None:
     cluster.kubectl("patch", "amdgpushare", "columns", "-n", "default", "--subresource=status", "--type=merge",
                     "-p", json.dumps(status))
     try:
-        output = cluster.kubectl("get", "amdgpushares", "-A").stdout
-        header, row = output.splitlines()[:2]
+        output = cluster.kubectl("get", "amdgpushares", "-A").stdout  # other modules' shares may be listed too
+        header, *rows = output.splitlines()
+        (row,) = [line for line in rows if line.split()[:2] == ["default", "columns"]]
         assert header.split() == ["NAMESPACE", "NAME", "MEM-USED", "MEM-LIMIT", "CORES-USED", "CORES-LIMIT",
                                   "PODS", "READY", "AGE"]
         assert row.split()[:8] == ["default", "columns", "4096", "20480", "25", "300", "1", "True"]

@@ -173,14 +173,14 @@ class Accounts:
             self.pod_nodes[key] = node
 
     def forget(self, key: PodKey) -> None:
-        self.unaccountable.pop(key, None)
+        was_blocking = self.unaccountable.pop(key, None) is not None
         self.hami_seen.pop(key, None)
         node = self.pod_nodes.pop(key, None)
         self._uncount(key)
         released = key in self.ledger and self.ledger.release(key) is not None
         if node:
             self.gate.release(node, key)
-        if released:
+        if released or was_blocking:  # room appeared: a slice freed, or a blocked node unblocked
             for callback in self.on_release:
                 callback()
 

@@ -175,7 +175,15 @@ def setting(cluster, tmp_path_factory) -> Iterator[Setting]:
                             agents={name: f"127.0.0.1:{port}" for name, port in ports.items()})
     try:
         prometheus.wait_ready()
-        start_samples_fleet(cluster, operator, work, started, node_setup=node_setup)
+        def first_scrape() -> None:
+            # rate() sees only what a counter gains after its first scrape: Prometheus must read the
+            # operator's counters at 0, before any sample pod reaches the extender.
+            _wait(lambda: prometheus.query('up{job="rocshare-operator"} == 1', time.time()), timeout_s=60,
+                  what="Prometheus's first scrape of the operator")
+            counted = prometheus.query("sum(rocshare_extender_decisions_total)", time.time())
+            assert list(counted.values()) == [0.0], f"decisions counted before any pod was applied: {counted}"
+
+        start_samples_fleet(cluster, operator, work, started, node_setup=node_setup, operator_started=first_scrape)
         def published() -> bool:
             found = {item["metadata"]["name"]: item for item in _json(cluster, "get", "amdgpunodes")["items"]}
             return all(found.get(node.name, {}).get("status", {}).get("gpus") for node in started)

@@ -64,14 +64,17 @@ def _sysfs_for(capture: str, work_dir: Path) -> Path:
 
 def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_dir: Path, nodes: list[SimulatedNode],
                         *, announce=lambda text: None,
-                        node_setup: Callable[[str, Path], tuple[Path, tuple[str, ...]]] | None = None) -> None:
+                        node_setup: Callable[[str, Path], tuple[Path, tuple[str, ...]]] | None = None,
+                        operator_started: Callable[[], None] = lambda: None) -> None:
     """The operator, samples/ applied, and the FLEET's simulated nodes, each added to `nodes`
     before it starts (so a caller can stop what started when a later step fails).
     `make demo`, tests/e2e/test_samples.py and tests/e2e/test_dashboards.py run this; `node_setup`
     (node name, sysfs root) -> (sysfs root, extra agent arguments) lets a test give a node a
-    copy of its capture and its agent a monitor port."""
+    copy of its capture and its agent a monitor port; `operator_started` runs once the operator
+    is ready, before any sample is applied."""
     operator.start()
     operator.install_webhooks()
+    operator_started()
     cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
     for name, capture, node_class in FLEET:
         announce(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")

@@ -68,7 +68,12 @@ done
 go build -modfile="$modfile" -ldflags "$ldflags" -o "$out/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
-  k8s.io/kubernetes/cmd/kubelet ./cmd/etcd ./cmd/kubelet-peer
+  k8s.io/kubernetes/cmd/kubelet ./cmd/etcd
+# The kubelet peer calls the device manager, whose Go API changes between minors: from 1.37 its
+# calls take a logger or context (cmd/kubelet-peer/kubeletapi_*.go, chosen by this tag).
+peer_tags=""
+[ "$minor" -ge 37 ] && peer_tags="kubelet_contextual"
+go build -modfile="$modfile" -tags "$peer_tags" -ldflags "$ldflags" -o "$out/" ./cmd/kubelet-peer
 # The pod sandbox's process: static, so that its image is this one file.
 CGO_ENABLED=0 go build -modfile="$modfile" -ldflags "-s -w" -o "$out/pause" ./cmd/pause
 echo "$stamp" > "$out/.stamp"

@@ -65,7 +65,7 @@ func (p *peer) ensureNode(ctx context.Context) error {
 
 // resources is what the node offers: flags plus every device-plugin resource.
 func (p *peer) resources() (v1.ResourceList, v1.ResourceList) {
-	capacity, allocatable, _ := p.devices.GetCapacity()
+	capacity, allocatable, _ := deviceCapacity(p.devices)
 	for name, quantity := range p.baseResources {
 		capacity[name] = quantity
 		allocatable[name] = quantity

@@ -25,7 +25,6 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
 
 type peer struct {
@@ -84,10 +83,6 @@ func newPeer(client kubernetes.Interface, o options) (*peer, error) {
 		return nil, fmt.Errorf("creating the device manager: %w", err)
 	}
 	return newPeerWith(client, o, devices)
-}
-
-func newTopology() (topologymanager.Manager, error) {
-	return topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
 }
 
 // newPeerWith builds the peer around a device manager made by the caller (multi.go makes one

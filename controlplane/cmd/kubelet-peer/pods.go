@@ -75,7 +75,7 @@ func (p *peer) sync(ctx context.Context, key string) error {
 
 func (p *peer) admit(ctx context.Context, pod *v1.Pod) error {
 	for _, container := range allContainers(pod) {
-		if err := p.devices.Allocate(pod, &container); err != nil {
+		if err := allocateDevices(ctx, p.devices, pod, &container); err != nil {
 			result := admission.GetPodAdmitResult(err)
 			p.admitted.Insert(pod.UID)
 			return p.reject(ctx, pod, result.Reason, result.Message)

@@ -69,6 +69,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def controllers_off(version: str) -> list[str]:
+    """The controller-manager's controllers the local control plane turns off: node lifecycle (it would
+    taint and evict the simulated nodes restarted on purpose), node IPAM, and, up to 1.36, the cloud
+    ones (service load balancers, node routes), which 1.37 no longer has: naming an unknown
+    controller is an error there."""
+    minor = int(version.split(".")[1])
+    return ["node-lifecycle-controller", "node-ipam-controller",
+            *(["service-lb-controller", "node-route-controller"] if minor < 37 else [])]
+
+
 MUTATING_ADMISSION_POLICY_ARGS = ("--feature-gates=MutatingAdmissionPolicy=true",
                                   "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
 """What kube-apiserver 1.34-1.35 needs to serve MutatingAdmissionPolicy (admissionregistration/v1beta1)."""
@@ -222,6 +232,11 @@ class ControlPlane:
         return [
             f"--etcd-servers=http://127.0.0.1:{self.ports.etcd_client}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.ports.apiserver}",
+            # The `kubernetes` Service gets no endpoints: from 1.37 the endpoint reconcilers refuse a
+            # loopback advertise address (1.35 wrote 127.0.0.1 into them). Nothing here reads them:
+            # pods on the real node reach the API server through a DNAT rule from the Service's
+            # ClusterIP (rocshare_dev.realnode.network), and everything else through the kubeconfig.
+            "--endpoint-reconciler-type=none",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             f"--service-account-key-file={pki / 'service-account.pub'}",
@@ -248,7 +263,7 @@ class ControlPlane:
                 f"--secure-port={self.ports.controller_manager}", "--leader-elect=false",
                 f"--service-account-private-key-file={self.pki / 'service-account.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}", "--use-service-account-credentials=false",
-                "--controllers=*,-node-lifecycle-controller,-node-ipam-controller,-service-lb-controller,-node-route-controller",
+                f"--controllers={','.join(['*', *(f'-{name}' for name in controllers_off(k8s_version()))])}",
                 "--kube-api-qps=200", "--kube-api-burst=400", "-v=1"]
 
     def _write_scheduler_config(self) -> Path:

@@ -94,3 +94,35 @@ def test_the_harness_uses_the_one_resolved_bin_dir() -> None:
     # DEFAULT_BIN_DIR is computed once at import, from the environment make passes down.
     assert controlplane.DEFAULT_BIN_DIR == bin_dir()
     assert controlplane.ControlPlane.__dataclass_fields__["bin_dir"].default == bin_dir()
+
+
+def build_constraint(path: Path) -> str:
+    match = re.search(r"^//go:build (.+)$", path.read_text(), re.M)
+    assert match, f"{path.name}: no //go:build line"
+    return match[1].strip()
+
+
+def test_minor_differences_in_the_kubelet_peers_go_api() -> None:
+    """From 1.37 the device manager's GetCapacity takes a logger, Allocate a context and an operation,
+    and topologymanager.NewManager a logger; 1.35 and 1.36 take neither. The peer has one file for
+    each form, exactly one of which builds: build.sh sets the tag kubelet_contextual from minor 37."""
+    peer = PROJECT_ROOT / "controlplane" / "cmd" / "kubelet-peer"
+    logless, contextual = peer / "kubeletapi_logless.go", peer / "kubeletapi_contextual.go"
+    assert build_constraint(logless) == "!kubelet_contextual"
+    assert build_constraint(contextual) == "kubelet_contextual"
+    assert "m.Allocate(ctx, pod, container, lifecycle.AddOperation)" in contextual.read_text()
+    assert "m.GetCapacity(klog.Background())" in contextual.read_text()
+    assert "m.Allocate(pod, container)" in logless.read_text()
+    build = (PROJECT_ROOT / "controlplane" / "build.sh").read_text()
+    assert '[ "$minor" -ge 37 ] && peer_tags="kubelet_contextual"' in build
+    # No other file of the peer calls the changed methods directly.
+    others = [path for path in peer.glob("*.go") if path not in (logless, contextual)]
+    assert not [path.name for path in others if re.search(r"\.(GetCapacity|Allocate)\(|topologymanager\.NewManager\(",
+                                                              path.read_text())]
+
+
+def test_minor_differences_in_the_controller_managers_controllers() -> None:
+    # 1.37 removed the cloud controllers from kube-controller-manager; naming one fails its start.
+    assert controlplane.controllers_off("1.35.4") == ["node-lifecycle-controller", "node-ipam-controller",
+                                                      "service-lb-controller", "node-route-controller"]
+    assert controlplane.controllers_off("1.37.2") == ["node-lifecycle-controller", "node-ipam-controller"]

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SCHEDULER_CONFIG, k8s_version
+from rocshare_dev.devcluster.operator_proc import POD_DEFAULTS_COMPONENTS, OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 
 pytestmark = pytest.mark.e2e
@@ -77,3 +78,20 @@ def test_the_scheduler_profile_api_version_is_accepted(cluster) -> None:
     log = (cluster.logs / "kube-scheduler.log").read_text(errors="replace")
     assert "no kind" not in log and "strict decoding error" not in log, log[-2000:]
     assert "kube-scheduler" in cluster.pids
+
+
+def test_mutating_admission_policy_is_served_at_the_version_its_component_names(cluster) -> None:
+    """A minor difference: MutatingAdmissionPolicy is beta (admissionregistration.k8s.io/v1beta1, gated;
+    the local control plane turns the gate on) up to 1.35 and GA (v1, on by default, v1beta1 off) from
+    1.36. The harness installs components/pod-defaults-policy or components/pod-defaults-policy-v1 by what
+    is served, as a user must."""
+    operator = OperatorProcess(cluster)
+    minor = int(k8s_version().split(".")[1])
+    expected = "v1" if minor >= 36 else "v1beta1"
+    assert "mutatingadmissionpolicies" in served(cluster, f"admissionregistration.k8s.io/{expected}")
+    if minor >= 36:
+        assert "mutatingadmissionpolicies" not in served(cluster, "admissionregistration.k8s.io/v1beta1")
+    else:
+        assert "mutatingadmissionpolicies" not in served(cluster, "admissionregistration.k8s.io/v1")
+    assert operator.mutating_admission_policy_version() == expected
+    assert POD_DEFAULTS_COMPONENTS[expected].name == ("pod-defaults-policy-v1" if minor >= 36 else "pod-defaults-policy")

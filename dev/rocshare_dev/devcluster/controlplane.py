@@ -79,9 +79,13 @@ def controllers_off(version: str) -> list[str]:
             *(["service-lb-controller", "node-route-controller"] if minor < 37 else [])]
 
 
-MUTATING_ADMISSION_POLICY_ARGS = ("--feature-gates=MutatingAdmissionPolicy=true",
-                                  "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
-"""What kube-apiserver 1.34-1.35 needs to serve MutatingAdmissionPolicy (admissionregistration/v1beta1)."""
+def mutating_admission_policy_args(version: str) -> tuple[str, ...]:
+    """What kube-apiserver needs to serve MutatingAdmissionPolicy: on 1.34-1.35 the beta gate and
+    API (admissionregistration.k8s.io/v1beta1); nothing from 1.36, where it is GA and served as
+    v1 by default (and v1beta1 stays off, as on a stock cluster)."""
+    if int(version.split(".")[1]) >= 36:
+        return ()
+    return ("--feature-gates=MutatingAdmissionPolicy=true", "--runtime-config=admissionregistration.k8s.io/v1beta1=true")
 
 
 @dataclass
@@ -249,10 +253,10 @@ class ControlPlane:
             # New nodes get the not-ready taint from this plugin and lose it through the node-lifecycle
             # controller, which is off here (see the module docstring); simulated nodes report Ready.
             "--disable-admission-plugins=TaintNodesByCondition",
-            # MutatingAdmissionPolicy (manifests/components/pod-defaults-policy) is beta and off by
-            # default in 1.34-1.35 (GA from 1.36): served here so the pod defaults can be set without
-            # a webhook call. Nothing uses it unless that policy is installed.
-            *MUTATING_ADMISSION_POLICY_ARGS,
+            # MutatingAdmissionPolicy (manifests/components/pod-defaults-policy*) is served, as beta
+            # with its gate on up to 1.35, so the pod defaults can be set without a webhook call.
+            # Nothing uses it unless that policy is installed.
+            *mutating_admission_policy_args(k8s_version()),
             *self.extra_apiserver_args,
         ]
 

@@ -31,7 +31,9 @@ from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, fre
 
 WEBHOOKS = PROJECT_ROOT / "manifests" / "base" / "webhook" / "webhooks.yaml"
 POD_POLICY = PROJECT_ROOT / "manifests" / "base" / "policy" / "pods.yaml"
-POD_DEFAULTS_POLICY = PROJECT_ROOT / "manifests" / "components" / "pod-defaults-policy" / "pod-defaults.yaml"
+POD_DEFAULTS_COMPONENTS = {"v1": PROJECT_ROOT / "manifests" / "components" / "pod-defaults-policy-v1",
+                           "v1beta1": PROJECT_ROOT / "manifests" / "components" / "pod-defaults-policy"}
+"""The pod-defaults MutatingAdmissionPolicy's kustomize component for each API version serving it."""
 TRUSTED_USERS_CONDITION = "not-from-rocshare"
 """The webhook matchCondition listing rocshare's own users, whose writes skip the validating webhook."""
 
@@ -112,17 +114,35 @@ class OperatorProcess:
             for variable in document["spec"].get("variables", []):
                 if variable["name"] == "trusted":
                     variable["expression"] = variable["expression"].replace("[", f"['{_admin_user()}', ", 1)
-        if self.serves_mutating_admission_policy():
-            documents += list(yaml.safe_load_all(POD_DEFAULTS_POLICY.read_text()))
+        served = self.mutating_admission_policy_version()
+        if served:
+            documents += self._component_documents(POD_DEFAULTS_COMPONENTS[served])
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                              input_text=yaml.safe_dump_all(documents))
         self.policies = tuple(f"{document['kind'].lower()}.{document['apiVersion'].split('/')[0]}/"
                               f"{document['metadata']['name']}" for document in documents)
 
+    def mutating_admission_policy_version(self) -> str | None:
+        """The API version serving MutatingAdmissionPolicy: v1 from 1.36 (GA), v1beta1 on 1.34-1.35 with
+        its gate on (controlplane.mutating_admission_policy_args), None where it is not served."""
+        for version in ("v1", "v1beta1"):
+            result = self.cluster.kubectl("get", "--raw", f"/apis/admissionregistration.k8s.io/{version}", check=False)
+            if result.returncode == 0 and any(resource["name"] == "mutatingadmissionpolicies"
+                                              for resource in json.loads(result.stdout)["resources"]):
+                return version
+        return None
+
     def serves_mutating_admission_policy(self) -> bool:
-        result = self.cluster.kubectl("api-resources", "--api-group=admissionregistration.k8s.io", "-o", "name",
-                                      check=False)
-        return "mutatingadmissionpolicies.admissionregistration.k8s.io" in result.stdout
+        return self.mutating_admission_policy_version() is not None
+
+    def _component_documents(self, component: Path) -> list[dict]:
+        """A kustomize component rendered as a user's overlay renders it (kubectl kustomize)."""
+        overlay = self.cluster.root / f"overlay-{component.name}"
+        overlay.mkdir(exist_ok=True)
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "components": [os.path.relpath(component, overlay)]}))
+        return list(yaml.safe_load_all(self.cluster.kubectl("kustomize", str(overlay)).stdout))
 
     def wait_webhook_serving(self, timeout_s: float = 30.0) -> None:
         """start() returns once the extender answers; Kopf's webhook server may need a moment

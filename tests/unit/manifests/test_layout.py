@@ -5,12 +5,15 @@ in each overlay, RBAC free of wildcards, Argo CD sync waves that put definitions
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.unit.manifests.rendering import ROOT, find, render
+from tests.unit.manifests.rendering import KUBECTL, ROOT, find, render
 
 OVERLAYS = ("manifests/overlays/dev", "manifests/overlays/cert-manager")
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
@@ -193,3 +196,27 @@ def test_pod_policy_trusts_exactly_the_users_the_operator_trusts() -> None:
     binding = find(component, "MutatingAdmissionPolicyBinding", "rocshare-pod-defaults")
     assert binding["spec"]["paramRef"] == {"name": "rocshare-admission", "namespace": "rocshare-system",
                                            "parameterNotFoundAction": "Allow"}
+
+
+def render_component(component: str, overlay: Path) -> list[dict]:
+    """A component rendered through an overlay of its own, as a user includes it."""
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "components": [os.path.relpath(ROOT / component, overlay)]}))
+    result = subprocess.run([str(KUBECTL), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return list(yaml.safe_load_all(result.stdout))
+
+
+def test_pod_defaults_policy_at_the_beta_and_the_ga_api_version(tmp_path: Path) -> None:
+    """MutatingAdmissionPolicy is admissionregistration.k8s.io/v1beta1 (gated) on 1.34-1.35 and v1 from 1.36,
+    where v1beta1 is off by default: components/pod-defaults-policy is the one, pod-defaults-policy-v1
+    the other, the same objects otherwise."""
+    beta = render_component("manifests/components/pod-defaults-policy", tmp_path / "beta")
+    ga = render_component("manifests/components/pod-defaults-policy-v1", tmp_path / "ga")
+    kinds = ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]
+    assert [obj["kind"] for obj in beta] == [obj["kind"] for obj in ga] == kinds
+    assert {obj["apiVersion"] for obj in beta} == {"admissionregistration.k8s.io/v1beta1"}
+    assert {obj["apiVersion"] for obj in ga} == {"admissionregistration.k8s.io/v1"}
+    assert [{**obj, "apiVersion": None} for obj in beta] == [{**obj, "apiVersion": None} for obj in ga]

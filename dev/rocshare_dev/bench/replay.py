@@ -16,9 +16,9 @@ ratios side by side at 100 % and 130 % of arrived demand.
   or Pending with kube-scheduler's and the extender's reason) awaited before the next. A share
   of m milli (m < 1000) asks `amd.com/gpu: 1`, `amd.com/gpucores: m/10` and
   `amd.com/gpumem-percentage: m/10`; m = 1000 asks `amd.com/gpu: num_gpu` (whole GPUs); every
-  pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; they carry
-  no amd.com resource, so the extender does not see them and kube-scheduler ranks them alone
-  (NodeResourcesFit, MostAllocated in rocshare's profile). Pods that fit nowhere stay Pending.
+  pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; the profile
+  sends every pod asking CPU to the extender (managedResources cpu), so the pool's policy ranks
+  them as the simulator does. Pods that fit nowhere stay Pending.
 * Real policies are what an AmdGpuPool can say (REAL_POLICIES); the simulator also runs the
   paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
   with the paper's tie rule, its typical workload and node CPU in every score.
@@ -50,12 +50,13 @@ SIM_LABEL = {"rocshare.io/sim": "replay"}
 SCHEDULER = "rocshare-scheduler"
 REAL_POLICIES: dict[str, dict[str, str]] = {
     "fragmentation-aware": {"gpuPolicy": "fragmentation-aware"},
+    "bestfit": {"nodePolicy": "bestfit", "gpuPolicy": "binpack"},
     "binpack": {"nodePolicy": "binpack", "gpuPolicy": "binpack"},
     "spread": {"nodePolicy": "spread", "gpuPolicy": "spread"},
     "topology-aware": {"nodePolicy": "binpack", "gpuPolicy": "topology-aware"},
 }
-"""--policy -> the pool's spec.scheduling. bestfit and fgd are simulator policies only: an
-AmdGpuPool's nodePolicy is binpack or spread (rocshare.api.models.NodePolicy)."""
+"""--policy -> the pool's spec.scheduling. fgd is a simulator policy only: an AmdGpuPool's
+fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
 CU_COUNT = 100
 DEFAULT_CHART = "docs/replay-{policy}.png"
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.policy not in REAL_POLICIES:
         print(f"rocshare-dev bench replay: --policy {args.policy!r} is not a pool policy; an AmdGpuPool says "
-              f"{', '.join(REAL_POLICIES)} (bestfit and fgd run in the simulator columns)", file=sys.stderr)
+              f"{', '.join(REAL_POLICIES)} (fgd runs in the simulator columns)", file=sys.stderr)
         return 2
     try:
         subset = sample_nodes(load_nodes(args.nodes), args.scale, args.seed)

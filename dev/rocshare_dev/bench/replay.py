@@ -17,8 +17,8 @@ ratios side by side at 100 % and 130 % of arrived demand.
   of m milli (m < 1000) asks `amd.com/gpu: 1`, `amd.com/gpucores: m/10` and
   `amd.com/gpumem-percentage: m/10`; m = 1000 asks `amd.com/gpu: num_gpu` (whole GPUs); every
   pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; the profile
-  sends every pod asking CPU to the extender (managedResources cpu), so the pool's policy ranks
-  them as the simulator does. Pods that fit nowhere stay Pending.
+  sends every pod to the extender (no managedResources), so the pool's policy ranks them as the
+  simulator does. Pods that fit nowhere stay Pending.
 * Real policies are what an AmdGpuPool can say (REAL_POLICIES); the simulator also runs the
   paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
   with the paper's tie rule, its typical workload and node CPU in every score.

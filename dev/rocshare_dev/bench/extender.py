@@ -150,22 +150,30 @@ def fill(state, names: Sequence[str], occupancy: float, rng: random.Random) -> d
                 continue
             key = pod_key(NAMESPACE, pod.name)
             record = record_from_plan(node, usage, pod.request, plan)
-            state.commit(key, NAMESPACE, record)
-            feed_workload(state, pod.name, record)
+            state.commit(key, NAMESPACE, record, _host(pod.request))
+            feed_workload(state, pod.name, record, _host(pod.request))
             live.append(key)
     rng.shuffle(live)
     return live
 
 
-def feed_workload(state, name: str, record) -> None:
+def _host(request):
+    from rocshare.core.holdings import HostRequest
+
+    return HostRequest(request.cpu_milli, request.memory_mib)
+
+
+def feed_workload(state, name: str, record, host=None) -> None:
     """What the pod feed tells the pool's workload model of a bound pod (outside the timing)."""
+    from rocshare.core.holdings import NO_HOST_REQUEST
     from rocshare.api.allocation import encode_record
     from rocshare_dev.bench.fleet import NAMESPACE
     from rocshare_operator.feed.cluster_facts import PodFacts
 
     state.workloads.on_pod("ADDED", PodFacts(namespace=NAMESPACE, name=name, node=record.node,
                                              scheduler_name="rocshare-scheduler", phase="Running", deleting=False,
-                                             unschedulable=None, started=True, allocation=encode_record(record)))
+                                             unschedulable=None, started=True, allocation=encode_record(record),
+                                             host=host or NO_HOST_REQUEST))
 
 
 def occupancy_of(state) -> float:
@@ -190,8 +198,8 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
         record = decide(state, body, names, timings)
         if record is not None:  # steady occupancy: this pod stays, an older one ends
             key = pod_key(NAMESPACE, pod.name)
-            state.commit(key, NAMESPACE, record)
-            feed_workload(state, pod.name, record)
+            state.commit(key, NAMESPACE, record, _host(pod.request))
+            feed_workload(state, pod.name, record, _host(pod.request))
             live.append(key)
             old = live.popleft()
             await state.on_pod("DELETED", {"metadata": {"namespace": NAMESPACE, "name": old.partition("/")[2]}})
@@ -202,12 +210,12 @@ def warm_up(state, names: list[str]) -> None:
     """One untimed filter + prioritize per pod shape of the mix: the steady state of a live extender
     (whose modules, the binder's too, were all imported at start: no timed round pays an import)."""
     from rocshare_dev.bench.fleet import POD_MIX, pod_object
-    from rocshare.core.request import parse_pod
+    from rocshare.core.holdings import placement_request
     from rocshare_operator.extender import binder  # noqa: F401
     from rocshare_operator.extender.decisions import filter_nodes, prioritize
 
     for serial, (_, resources) in enumerate(POD_MIX):
-        request = parse_pod(pod_object(f"warm-up-{serial}", resources))
+        request = placement_request(pod_object(f"warm-up-{serial}", resources))
         prioritize(state.snapshot(), request, filter_nodes(state.snapshot(), request, names).feasible)
 
 
@@ -219,15 +227,15 @@ def state_caches_cleared(state) -> None:
 
 def decide(state, body: dict, names: list[str], timings: Timings):
     """One pod through filter, prioritize and the bind decision, each timed."""
-    from rocshare.core.request import parse_pod
+    from rocshare.core.holdings import placement_request
     from rocshare_operator.extender.decisions import filter_nodes, prioritize
 
     cpu_started = time.thread_time()
     started = time.perf_counter()
-    result = filter_nodes(state.snapshot(), parse_pod(body), names)
+    result = filter_nodes(state.snapshot(), placement_request(body), names)  # as the server reads it
     result.to_json()
     filtered = time.perf_counter()
-    scores = prioritize(state.snapshot(), parse_pod(body), result.feasible)
+    scores = prioritize(state.snapshot(), placement_request(body), result.feasible)
     prioritized = time.perf_counter()
     record = _bind_decision(state, body, scores) if scores else None
     done = time.perf_counter()

@@ -27,7 +27,8 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, enc
 from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION, POOL_LABEL, POOL_SETTINGS_ANNOTATION, NodeSettings, encode_settings)
-from rocshare.core.request import PodRequest, parse_pod
+from rocshare.core.holdings import placement_request
+from rocshare.core.request import PodRequest
 
 FIXTURES = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "sysfs"
 SYNTHETIC_VRAM_MIB = {"mi210": 64 * 1024, "mi300x": 192 * 1024}
@@ -172,7 +173,7 @@ def draw_pods(rng: random.Random, prefix: str = "pod") -> Iterator[MixedPod]:
     while True:
         (_, resources), = rng.choices(POD_MIX, weights)
         name = f"{prefix}-{serial:06d}"
-        yield MixedPod(name, resources, parse_pod(pod_object(name, resources)))
+        yield MixedPod(name, resources, placement_request(pod_object(name, resources)))  # with its CPU, as the extender reads it
         serial += 1
 
 

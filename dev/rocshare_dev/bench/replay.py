@@ -16,9 +16,9 @@ ratios side by side at 100 % and 130 % of arrived demand.
   or Pending with kube-scheduler's and the extender's reason) awaited before the next. A share
   of m milli (m < 1000) asks `amd.com/gpu: 1`, `amd.com/gpucores: m/10` and
   `amd.com/gpumem-percentage: m/10`; m = 1000 asks `amd.com/gpu: num_gpu` (whole GPUs); every
-  pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; they carry
-  no amd.com resource, so the extender does not see them and kube-scheduler ranks them alone
-  (NodeResourcesFit, MostAllocated in rocshare's profile). Pods that fit nowhere stay Pending.
+  pod requests its trace CPU and memory. CPU-only pods use rocshare's scheduler too; the profile
+  sends every pod to the extender (no managedResources), so the pool's policy ranks them as the
+  simulator does. Pods that fit nowhere stay Pending.
 * Real policies are what an AmdGpuPool can say (REAL_POLICIES); the simulator also runs the
   paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
   with the paper's tie rule, its typical workload and node CPU in every score.
@@ -50,12 +50,13 @@ SIM_LABEL = {"rocshare.io/sim": "replay"}
 SCHEDULER = "rocshare-scheduler"
 REAL_POLICIES: dict[str, dict[str, str]] = {
     "fragmentation-aware": {"gpuPolicy": "fragmentation-aware"},
+    "bestfit": {"nodePolicy": "bestfit", "gpuPolicy": "binpack"},
     "binpack": {"nodePolicy": "binpack", "gpuPolicy": "binpack"},
     "spread": {"nodePolicy": "spread", "gpuPolicy": "spread"},
     "topology-aware": {"nodePolicy": "binpack", "gpuPolicy": "topology-aware"},
 }
-"""--policy -> the pool's spec.scheduling. bestfit and fgd are simulator policies only: an
-AmdGpuPool's nodePolicy is binpack or spread (rocshare.api.models.NodePolicy)."""
+"""--policy -> the pool's spec.scheduling. fgd is a simulator policy only: an AmdGpuPool's
+fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
 CU_COUNT = 100
 DEFAULT_CHART = "docs/replay-{policy}.png"
@@ -71,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
     parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
     parser.add_argument("--twins", action="store_true",
-                        help="also simulate the pipeline as it decides (simulated_as_extender) and with host CPU "
-                             "tracked by the extender (simulated_as_extender_host_cpu); ~2 min more at --scale 0.25")
+                        help="also simulate the pipeline as the extender decided before it tracked host CPU "
+                             "(simulated_as_extender) and as it decides now, tracking host CPU and ranking GPU-less "
+                             "pods (simulated_as_extender_host_cpu); ~2 min more at --scale 0.25")
     parser.add_argument("--decision-timeout-s", type=float, default=120.0, help="per pod (default: %(default)s)")
     parser.add_argument("--chart", default=DEFAULT_CHART, help="chart path ('' for none; default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.policy not in REAL_POLICIES:
         print(f"rocshare-dev bench replay: --policy {args.policy!r} is not a pool policy; an AmdGpuPool says "
-              f"{', '.join(REAL_POLICIES)} (bestfit and fgd run in the simulator columns)", file=sys.stderr)
+              f"{', '.join(REAL_POLICIES)} (fgd runs in the simulator columns)", file=sys.stderr)
         return 2
     try:
         subset = sample_nodes(load_nodes(args.nodes), args.scale, args.seed)
@@ -187,13 +189,13 @@ def simulate(subset: Sequence[TraceNode], sequence: Sequence[TracePod], all_pods
 
 def simulate_as_extender(subset: Sequence[TraceNode], sequence: Sequence[TracePod], policy: str,
                          seed: int, *, host_cpu: bool = False) -> dict[str, Any]:
-    """The simulator configured as the pipeline decides today, to tell the pipeline's own
-    faithfulness from what the extender does not model: GPU pods scored with no host CPU in the
-    score (kube-scheduler fits CPU and memory; the extender's inventories carry none) and with the
-    pool's learnt model (WorkloadWindow fed each bound GPU pod, as the pod feed does); exact ties
-    and GPU-less pods (which the extender never sees) to the node with the most CPU and memory
-    used (NodeResourcesFit MostAllocated), then the first in the seed's node order.
-    `host_cpu`: what it would give if the extender tracked host CPU and ranked GPU-less pods too."""
+    """The simulator configured as the pipeline decides, to tell the pipeline's own faithfulness
+    from what the extender models differently: the pool's learnt model (WorkloadWindow fed each
+    bound pod, as the pod feed does); exact ties to the node with the most CPU and memory used
+    (NodeResourcesFit MostAllocated), then the first in the seed's node order.
+    `host_cpu` True is the extender as it is (host CPU tracked, GPU-less pods ranked by the policy);
+    False is the extender before it tracked host CPU: GPU pods scored with no host CPU and
+    GPU-less pods placed by MostAllocated alone."""
     from dataclasses import replace
 
     from rocshare.core.allocate import Plan, plan_pod, record_from_plan
@@ -254,8 +256,10 @@ def simulate_as_extender(subset: Sequence[TraceNode], sequence: Sequence[TracePo
             chosen = str(full[i].name)
         outcome.add(pod, chosen)
     return {"policy": policy, **outcome.summary(), "wall_s": round(time.perf_counter() - started, 1),
-            "what": "simulator as the extender decides: no host CPU in GPU scores, the learnt model, "
-                    "MostAllocated for ties and GPU-less pods"}
+            "what": ("simulator as the extender decides: host CPU tracked, the learnt model, GPU-less pods ranked "
+                     "by the policy, MostAllocated for ties" if host_cpu else
+                     "simulator as the extender decided before it tracked host CPU: no host CPU in GPU scores, the "
+                     "learnt model, MostAllocated for ties and GPU-less pods")}
 
 
 def sequence_for(subset: Sequence[TraceNode], pods: Sequence[TracePod], seed: int) -> list[TracePod]:
@@ -322,8 +326,8 @@ def table(report: dict[str, Any]) -> str:
     rows = [(f"real pipeline ({report['policy']})", report.get("real"))]
     rows += [(f"simulator ({name})", report[f"simulated_{name.replace('-', '_')}"])
              for name in dict.fromkeys((report["policy"], *SIMULATED))]
-    rows += [("simulator as the extender decides", report.get("simulated_as_extender")),
-             ("  same, extender tracking host CPU", report.get("simulated_as_extender_host_cpu"))]
+    rows += [("simulator as the extender decided (no host CPU)", report.get("simulated_as_extender")),
+             ("simulator as the extender decides now", report.get("simulated_as_extender_host_cpu"))]
     for label, result in rows:
         if result:
             ratio = result["allocation_ratio"]
@@ -345,8 +349,8 @@ def draw_chart(report: dict[str, Any], path: Path) -> None:
         series.append((f"real pipeline: {report['policy']}", report["real"], "-", 2.2))
     for name in dict.fromkeys((report["policy"], *SIMULATED)):
         series.append((f"simulator: {name}", report[f"simulated_{name.replace('-', '_')}"], "--", 1.2))
-    for key, label in (("simulated_as_extender", "simulator as the extender decides"),
-                       ("simulated_as_extender_host_cpu", "same, extender tracking host CPU")):
+    for key, label in (("simulated_as_extender", "simulator as the extender decided (no host CPU)"),
+                       ("simulated_as_extender_host_cpu", "simulator as the extender decides now")):
         if report.get(key):
             series.append((label, report[key], ":", 1.2))
     for label, result, style, width in series:

@@ -2,7 +2,9 @@
 quota figures) and the in-flight gate. Rebuilt from the pod watch, never the source of truth.
 
 * The `Ledger` holds every live pod's allocation record, applied once, released when the pod
-  ends or is deleted. What a pod holds is rocshare.core.holdings' rule; a namespace's used
+  ends or is deleted, with the pod's CPU and memory requests (holdings.host_request); a bound pod
+  without a record (no GPU: any scheduler's) holds only those. The scores read host resources as
+  the simulator does (a node whose CPU is gone strands its free GPUs). What a pod holds is rocshare.core.holdings' rule; a namespace's used
   figures are the sum of its pods' `Held`, the same figures share status reports.
 * A pod the extender cannot fully account for -- its record cannot be read, its object could
   not be read, or reading it failed -- is `unaccountable`: its node is blocked (no new pod
@@ -23,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
-from rocshare.core.holdings import Held, Holding, read_hami, read_record, record_holding
+from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest, Holding, read_hami, read_record, record_holding
 from rocshare.core.ids import PodKey
 from rocshare.core.ledger import Ledger
 from rocshare_operator.feed.cluster_facts import PodFacts
@@ -109,12 +111,15 @@ class Accounts:
             if key in self.unaccountable and key not in self.ledger:
                 self.forget(key)  # read again, and it holds nothing yet
             # Bind writes the record and the node in one Binding, and nothing removes a record from
-            # a live pod: an event without one predates the Binding (the watch lags behind bind).
+            # a live pod: an event without one predates the Binding (the watch lags behind bind), or
+            # the pod asks no GPU: bound, it holds its CPU and memory.
+            if pod.node:
+                self._account_host(key, pod)
             return
         if pod.allocation is None:
             self._account_hami(key, pod)
-        elif key not in self.ledger:
-            self._account(key, pod.namespace, pod.allocation, pod.node)
+        elif self.ledger.record(key) is None:
+            self._account(key, pod)
         node = self.pod_nodes.get(key)
         if node and not awaiting_allocation(pod):
             self.gate.release(node, key)
@@ -123,13 +128,19 @@ class Accounts:
             # flight, so no second pod may be bound to the node until the kubelet admits this one.
             self.gate.acquire(node, key)
 
-    def _account(self, key: PodKey, namespace: str, text: str, node: str) -> None:
-        record, holding = read_record(text, node)
+    def _account(self, key: PodKey, pod: PodFacts) -> None:
+        record, holding = read_record(pod.allocation or "", pod.node)
         if record is None:
-            self.hold_unknown(key, namespace, holding.node, holding.problem or "")
+            self.hold_unknown(key, pod.namespace, holding.node, holding.problem or "")
             return
         self.unaccountable.pop(key, None)
-        self.commit(key, namespace, record)
+        self.commit(key, pod.namespace, record, pod.host)
+
+    def _account_host(self, key: PodKey, pod: PodFacts) -> None:
+        """A bound pod without a GPU record: its CPU and memory on its node (requests do not
+        change once bound, so it is counted once)."""
+        if key not in self.ledger and pod.host != NO_HOST_REQUEST:
+            self.commit_host(key, pod.node, pod.host)
 
     def _account_hami(self, key: PodKey, pod: PodFacts) -> None:
         """A pod HAMi placed holds what HAMi says (holdings.read_hami). Unlike rocshare's record,
@@ -150,7 +161,7 @@ class Accounts:
             self.hold_unknown(key, pod.namespace, holding.node, holding.problem or "")
             return
         self.unaccountable.pop(key, None)
-        self.commit(key, pod.namespace, record)
+        self.commit(key, pod.namespace, record, pod.host)
 
     def _unlisted_gpus(self, record: AllocationRecord) -> list[str]:
         """GPU ids of the record that its node's inventory lacks (none known yet: cannot tell)."""
@@ -159,7 +170,7 @@ class Accounts:
 
     def hold_unknown(self, key: PodKey, namespace: str, node: str, why: str) -> None:
         """What the pod holds cannot be known: its node and its namespace's quota stay blocked."""
-        if key in self.ledger:
+        if self.ledger.record(key) is not None:
             self.unaccountable.pop(key, None)
             return  # accounted from its record (read earlier, or bind's own decision): that still holds
         changed = self.unaccountable.get(key) != (namespace, node, why)
@@ -177,7 +188,8 @@ class Accounts:
         self.hami_seen.pop(key, None)
         node = self.pod_nodes.pop(key, None)
         self._uncount(key)
-        released = key in self.ledger and self.ledger.release(key) is not None
+        released = key in self.ledger  # a slice, or CPU and memory
+        self.ledger.release(key)
         if node:
             self.gate.release(node, key)
         if released or was_blocking:  # room appeared: a slice freed, or a blocked node unblocked
@@ -186,15 +198,20 @@ class Accounts:
 
     # ---- bind ------------------------------------------------------------------------------
 
-    def commit(self, key: PodKey, namespace: str, record: AllocationRecord) -> None:
+    def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
         """Account a decision the moment bind writes it, before the watch echoes it back."""
-        if key in self.ledger:
+        if self.ledger.record(key) is not None:
             return
-        self.ledger.apply(record, key)
+        self.ledger.apply(record, key, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
         self.pod_nodes[key] = record.node
         held = record_holding(record).held(self._cu_counts(record.node))
         self.pod_held[key] = (namespace, held)
         self.namespace_held[namespace] = self.namespace_held.get(namespace, Held()) + held
+
+    def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
+        """Account a GPU-less pod's CPU and memory on its node (bind's decision, or the watch's)."""
+        if key not in self.ledger:
+            self.ledger.add_host(node, key, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
 
     def uncommit(self, key: PodKey) -> None:
         """Bind's decision was not written: take it back."""

@@ -31,7 +31,8 @@ from rocshare.api.hami import companion_annotations
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
 from rocshare.core.ids import PodKey, pod_key
-from rocshare.core.request import RequestError, parse_pod
+from rocshare.core.holdings import HostRequest, host_request, placement_request
+from rocshare.core.request import PodRequest, RequestError
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
 from rocshare_operator.extender.decisions import Rejection, node_rejection, policy_for
 from rocshare_operator.extender.state import SchedulerState
@@ -74,14 +75,18 @@ class Binder:
     def forget(self, key: PodKey) -> None:
         self._seen.pop(key, None)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> AllocationRecord:
-        """Commit and bind; raises BindRefused with the reason."""
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> AllocationRecord | None:
+        """Commit and bind; raises BindRefused with the reason. None: the pod asks no GPU."""
         path = object_path("v1", "pods", name, namespace=namespace)
         deadline = time.monotonic() + self.wait_timeout_s
         self.queued[node] += 1
         try:
             pod = self._seen_pod(pod_key(namespace, name), uid) or await self._read_pod(path, uid)
             if _existing_record(pod) is None:
+                request = _request(pod)
+                if not request.wants_gpus:
+                    await self._bind_host_only(path, pod_key(namespace, name), node, pod, request)
+                    return None
                 self._decide(pod, node)  # refuse at once when it can't fit: waiting frees nothing
             async with self._locks.setdefault(node, asyncio.Lock()):
                 await self._wait_for_room(node, pod_key(namespace, name), deadline)
@@ -120,7 +125,7 @@ class Binder:
                 raise BindRefused(f"pod {key} is already committed to node {existing.node}")
             # A record on an unbound pod (written by a rocshare before bindings carried it) is kept.
             record = existing or self._decide(pod, node)
-            self.state.commit(key, namespace, record)
+            self.state.commit(key, namespace, record, _host(pod))
             self.state.accounts.gate.acquire(node, key)
             annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
             try:
@@ -198,15 +203,27 @@ class Binder:
         if bound_to:
             record = _existing_record(pod)
             if record is not None:
-                self.state.commit(pod_key(meta.get("namespace", ""), meta["name"]), meta.get("namespace", ""), record)
+                self.state.commit(pod_key(meta.get("namespace", ""), meta["name"]), meta.get("namespace", ""), record,
+                                  _host(pod))
             raise BindRefused(f"the pod is already bound to {bound_to}")
         return pod
 
-    def _decide(self, pod: dict, node_name: str) -> AllocationRecord:
+    async def _bind_host_only(self, path: str, key: PodKey, node: str, pod: dict, request: PodRequest) -> None:
+        """A pod that asks no GPU (the profile sends the extender every pod asking CPU, so that the
+        policy ranks it): a plain Binding, no record and no in-flight mark (the kubelet allocates
+        it no device); its CPU and memory are accounted at once, taken back if the Binding fails."""
+        rejection = node_rejection(self.state.snapshot(), request, node)
+        if rejection is not None:
+            raise BindRefused(f"node {node} no longer fits: {rejection.text()}")
+        self.state.commit_host(key, node, HostRequest(request.cpu_milli, request.memory_mib))
         try:
-            request = parse_pod(pod)
-        except RequestError as error:
-            raise BindRefused(str(error)) from None
+            await self.kube.create(path + "/binding", _binding(pod, node, None))
+        except ApiError as error:
+            await self.state.uncommit(key)
+            raise BindRefused(f"binding to {node} failed: {error}") from None
+
+    def _decide(self, pod: dict, node_name: str) -> AllocationRecord:
+        request = _request(pod)
         snap = self.state.snapshot()
         rejection = node_rejection(snap, request, node_name)
         if rejection is not None:
@@ -220,6 +237,20 @@ class Binder:
     def _device_types(self, node_name: str) -> dict[str, str]:
         status = self.state.gpu_status.get(node_name)
         return {gpu.id: gpu.product for gpu in status.gpus} if status else {}
+
+def _host(pod: dict) -> HostRequest:
+    try:
+        return host_request(pod.get("spec") or {})
+    except RequestError as error:
+        raise BindRefused(str(error)) from None
+
+
+def _request(pod: dict) -> PodRequest:
+    try:
+        return placement_request(pod)
+    except RequestError as error:
+        raise BindRefused(str(error)) from None
+
 
 def _existing_record(pod: dict) -> AllocationRecord | None:
     text = (pod["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION)

@@ -5,8 +5,9 @@ Fed by the operator's cluster feed (Nodes and AmdGpuNodes as `NodeFacts` and `Gp
 and by informers on AmdGpuPools and ResourceQuotas. It keeps only what decisions read:
 * per node its facts (never the body) and its pool label;
 * per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
-* per node a `NodeInventory` from the agent's AmdGpuNode status and the pool settings the
-  operator wrote on the Node (a node whose allocatable amd.com/gpu is 0, whose quantity cannot
+* per node a `NodeInventory` from the agent's AmdGpuNode status, the pool settings the
+  operator wrote on the Node and the Node's allocatable CPU and memory (scored and fitted against
+  every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node whose allocatable amd.com/gpu is 0, whose quantity cannot
   be read, or that has no status, offers nothing);
 * per namespace the amd.com limits of its ResourceQuotas (a limit that cannot be read is
   taken as 0: fail closed, the namespace gets nothing more until it is fixed).
@@ -129,7 +130,8 @@ class ClusterIndex:
                 self._inventory_changed(name, False)
             return
         sharing = self._sharing_of(node)
-        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing)  # GpuFacts: GpuInfo's fields
+        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing,  # GpuFacts: GpuInfo's fields
+                                                 cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
         if inventory != self.inventories.get(name):
             self.inventories[name] = inventory
             self._inventory_changed(name, True)

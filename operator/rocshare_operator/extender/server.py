@@ -22,7 +22,8 @@ from prometheus_client import start_http_server
 
 from rocshare.api.models import API_VERSION
 from rocshare.core.ids import pod_key
-from rocshare.core.request import RequestError, parse_pod
+from rocshare.core.holdings import placement_request
+from rocshare.core.request import RequestError
 from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
@@ -58,7 +59,7 @@ class ExtenderService:
     async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         names = _node_names(args)
         try:
-            request = parse_pod(_pod(args))
+            request = placement_request(_pod(args))
         except RequestError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
@@ -81,7 +82,7 @@ class ExtenderService:
     async def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         names = _node_names(args)
         try:
-            request = parse_pod(_pod(args))
+            request = placement_request(_pod(args))
         except RequestError:
             return [{"Host": name, "Score": 0} for name in names]
         self.metrics.decisions.labels("prioritize", "scored").inc()
@@ -106,7 +107,7 @@ class ExtenderService:
             log.info("bind %s/%s -> %s refused: %s", namespace, name, node, refused)
             return {"Error": str(refused)}
         self.metrics.decisions.labels("bind", "bound").inc()
-        log.info("bound %s/%s -> %s (%s)", namespace, name, node, ", ".join(record.gpu_ids()))
+        log.info("bound %s/%s -> %s (%s)", namespace, name, node, ", ".join(record.gpu_ids()) if record else "no GPU")
         return {"Error": ""}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rocshare.api.allocation import AllocationRecord
 from rocshare.api.models import AmdGpuPoolSpec, ShareLimits
-from rocshare.core.holdings import Held
+from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest
 from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
@@ -75,7 +75,7 @@ class SchedulerState:
 
     def __post_init__(self) -> None:
         self.accounts = Accounts(self.index.cu_counts)
-        self.workloads = PoolWorkloads(self.index.node_pools, self.index.cu_counts)
+        self.workloads = PoolWorkloads(self.index.node_pools, self.index.cu_counts, self.scheduler_name)
         self.index.on_inventory.append(self._inventory_changed)
         self.index.on_quota_change.append(self._quota_changed)
         self.accounts.on_release.append(self._room_freed)
@@ -146,8 +146,11 @@ class SchedulerState:
 
     # ---- bind's accounting (the binder's side effects) ------------------------------------------
 
-    def commit(self, key: PodKey, namespace: str, record: AllocationRecord) -> None:
-        self.accounts.commit(key, namespace, record)
+    def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
+        self.accounts.commit(key, namespace, record, host)
+
+    def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
+        self.accounts.commit_host(key, node, host)
 
     async def uncommit(self, key: PodKey) -> None:
         self.accounts.uncommit(key)

@@ -1,10 +1,13 @@
 """Each pool's fragmentation model, fed by the pod feed (rocshare.core.workload has the rules).
 
-A pod is sampled once, the first time the feed shows it bound with an allocation record: its
-shape is read from the record (GPUs of its app containers; per GPU the share asked: 1000 for a
-whole GPU, else gpucores x 10 or, without cores, its CUs against the GPU's), so a restarted
-operator relearns from the pods the cluster holds. Pods of no pool, unreadable records and
-init containers are left out. `context(pool)` is what decisions score with: the pool's model
+A pod is sampled once, the first time the feed shows it bound to a node of a pool: with an
+allocation record, its shape is read from the record (GPUs of its app containers; per GPU the
+share asked: 1000 for a whole GPU, else gpucores x 10 or, without cores, its CUs against the
+GPU's); without one, a pod of rocshare's scheduler is a GPU-less task (the FGD measure counts
+those: a CPU-only task can use no free GPU). Every shape carries the pod's CPU request
+(holdings.host_request), as the simulator's typical workload does. A restarted operator relearns
+from the pods the cluster holds. Pods of no pool, other schedulers' GPU-less pods (DaemonSets),
+unreadable records and init containers are left out. `context(pool)` is what decisions score with: the pool's model
 (rebuilt only every few binds, see WorkloadWindow) in a ScoringContext built once per model.
 """
 
@@ -27,8 +30,10 @@ SHARE_STEP = 10
 
 
 class PoolWorkloads:
-    def __init__(self, pool_of_node: Mapping[str, str], cu_counts: Callable[[str], dict[str, int]]) -> None:
+    def __init__(self, pool_of_node: Mapping[str, str], cu_counts: Callable[[str], dict[str, int]],
+                 scheduler_name: str = "rocshare-scheduler") -> None:
         self._pool_of_node = pool_of_node
+        self._scheduler_name = scheduler_name
         self._cu_counts = cu_counts
         self.windows: dict[str, WorkloadWindow] = {}
         self._sampled: set[PodKey] = set()
@@ -39,7 +44,9 @@ class PoolWorkloads:
         if kind == "DELETED":
             self._sampled.discard(key)
             return
-        if key in self._sampled or not pod.node or pod.allocation is None:
+        if key in self._sampled or not pod.node or pod.problem is not None:
+            return
+        if pod.allocation is None and (pod.hami is not None or pod.scheduler_name != self._scheduler_name):
             return
         pool = self._pool_of_node.get(pod.node)
         if pool is None:
@@ -61,16 +68,18 @@ class PoolWorkloads:
         return found[1]
 
     def _shape(self, pod: PodFacts) -> Shape | None:
+        if pod.allocation is None:
+            return (pod.host.cpu_milli, 0, 0, ())
         try:
-            record = decode_record(pod.allocation or "")
+            record = decode_record(pod.allocation)
         except AllocationError as error:
             log.debug("pod %s: no workload sample (%s)", pod.key, error)
             return None
-        return shape_of(record, self._cu_counts(pod.node))
+        return shape_of(record, self._cu_counts(pod.node), cpu_milli=pod.host.cpu_milli)
 
 
-def shape_of(record: AllocationRecord, cu_counts: Mapping[str, int]) -> Shape | None:
-    """(cpu 0, GPUs, share milli per GPU, any product) of the record's app containers."""
+def shape_of(record: AllocationRecord, cu_counts: Mapping[str, int], *, cpu_milli: int = 0) -> Shape | None:
+    """(cpu_milli, GPUs, share milli per GPU, any product) of the record's app containers."""
     devices = [device for container in record.containers if not container.init or container.sidecar
                for device in container.devices]
     if not devices:
@@ -85,7 +94,7 @@ def shape_of(record: AllocationRecord, cu_counts: Mapping[str, int]) -> Shape | 
             total = cu_counts.get(device.gpu_id) or 0
             shares.append(round(MILLI * device.cu_count / total) if total else MILLI)
     share = max(SHARE_STEP, min(MILLI, round(max(shares) / SHARE_STEP) * SHARE_STEP))
-    return (0, len(devices), share, ())
+    return (cpu_milli, len(devices), share, ())
 
 
 def reads_model(policy: Policy) -> bool:

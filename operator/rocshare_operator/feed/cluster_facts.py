@@ -3,8 +3,9 @@
 The cluster feed (cluster_feed.py) keeps one of these per object instead of its body,
 and hands the same value to every reader: the extender's `SchedulerState` and the pool
 and share reconcilers. So they hold only what some reader uses:
-* a Node: its `NodeView` (name, labels, the pool marks) and allocatable devices (amd.com/gpu or partition names);
-* a Pod: where it runs, its phase and scheduler, whether the kubelet has started it
+* a Node: its `NodeView` (name, labels, the pool marks), allocatable devices (amd.com/gpu or partition
+  names) and allocatable CPU and memory (the extender scores host resources as the simulator does);
+* a Pod: where it runs, its CPU and memory requests (rocshare.core.holdings.host_request), its phase and scheduler, whether the kubelet has started it
   (status.startTime), whether it waits as unschedulable or is being deleted, and its allocation record (text; read by readers through
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
@@ -33,8 +34,9 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
+from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
 from rocshare.core.ids import PodKey, pod_key
-from rocshare.core.quantity import QuantityError, whole_quantity
+from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity, whole_quantity
 from rocshare_operator.status.pool_logic import NodeView, marks_of
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -45,6 +47,8 @@ _LABEL_PAIRS_MAX = 100_000  # bound on the pair interner: past it, it starts afr
 class NodeFacts:
     view: NodeView
     gpus_allocatable: str | None  # the quantity as written; None when the node lists none
+    cpu_milli: int = 0  # allocatable CPU; 0 when not listed or unreadable (host resources then untracked)
+    memory_mib: int = 0  # allocatable memory, whole MiB rounded down; 0 likewise
 
     @property
     def name(self) -> str:
@@ -64,6 +68,7 @@ class PodFacts:
     allocation: str | None  # the allocation record as written on the pod
     problem: str | None = None  # the pod could not be read: it holds unknown GPUs on `node`
     hami: HamiPlacement | None = None  # HAMi's decision, on a pod without rocshare's record (holdings.read_hami)
+    host: HostRequest = NO_HOST_REQUEST  # its CPU and memory requests, kube-scheduler's rule
 
     @property
     def key(self) -> PodKey:
@@ -163,8 +168,24 @@ def node_facts(node: Mapping) -> NodeFacts:
     marks = marks_of(labels, meta.get("annotations") or {}, _interned)
     view = NodeView(name=sys.intern(meta.get("name", "")),
                     labels=tuple(_label_pair(key, labels[key]) for key in sorted(labels)), marks=marks)
-    allocatable = _gpus_allocatable((node.get("status") or {}).get("allocatable") or {})
-    return NodeFacts(view=view, gpus_allocatable=_interned(allocatable))
+    listed = (node.get("status") or {}).get("allocatable") or {}
+    cpu_milli, memory_mib = _host_allocatable(listed)
+    return NodeFacts(view=view, gpus_allocatable=_interned(_gpus_allocatable(listed)), cpu_milli=cpu_milli,
+                     memory_mib=memory_mib)
+
+
+def _host_allocatable(allocatable: Mapping) -> tuple[int, int]:
+    """(CPU milli, memory MiB rounded down) the node offers; 0 for one not listed or unreadable:
+    the extender then leaves that resource to kube-scheduler, as before it tracked any."""
+    try:
+        cpu_milli = cpu_milli_quantity(allocatable["cpu"]) if "cpu" in allocatable else 0
+    except QuantityError:
+        cpu_milli = 0
+    try:
+        memory_mib = memory_mib_quantity(allocatable["memory"], round_up=False) if "memory" in allocatable else 0
+    except QuantityError:
+        memory_mib = 0
+    return cpu_milli, memory_mib
 
 
 def _gpus_allocatable(allocatable: Mapping) -> str | None:
@@ -208,6 +229,7 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         unschedulable=_unschedulable(status), started=bool(status.get("startTime")),
         allocation=annotations.get(ALLOCATION_ANNOTATION),
         hami=None if ALLOCATION_ANNOTATION in annotations else hami_placement(annotations, spec),
+        host=host_request(spec),
     )
 
 

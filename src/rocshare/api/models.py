@@ -48,6 +48,8 @@ class OmittedCores(StrEnum):
 class NodePolicy(StrEnum):
     BINPACK = "binpack"
     SPREAD = "spread"
+    BESTFIT = "bestfit"
+    """The FGD paper's BestFit: the node left with the least CPU and GPU free (both against the largest node's)."""
 
 
 class GpuPolicy(StrEnum):
@@ -112,7 +114,7 @@ class Sharing(_Model):
 
 class Scheduling(_Model):
     node_policy: NodePolicy = Field(
-        default=NodePolicy.BINPACK, alias="nodePolicy", description="How nodes are ranked: binpack or spread."
+        default=NodePolicy.BINPACK, alias="nodePolicy", description="How nodes are ranked: binpack, spread or bestfit (the node left with the least CPU and GPU free)."
     )
     gpu_policy: GpuPolicy = Field(
         default=GpuPolicy.BINPACK, alias="gpuPolicy",

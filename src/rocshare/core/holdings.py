@@ -34,6 +34,7 @@ be decoded, or names another node than the pod's, holds unknown GPUs, like a roc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterable, Mapping
@@ -43,7 +44,8 @@ from rocshare.api.allocation import AllocationError, AllocationRecord, Container
 from rocshare.api.hami import HamiFormatError, HamiPlacement, decode_cu_allocated, decode_pod_devices, rocshare_gpu_id
 from rocshare.api.models import OmittedCores
 from rocshare.core.cumask import full_mask, mask_from_ranges
-from rocshare.core.request import PodRequest
+from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity
+from rocshare.core.request import PodRequest, RequestError, parse_pod
 
 WHOLE_PCT = 100
 
@@ -176,7 +178,7 @@ def _added(total: GpuHold | None, device: DeviceSlice) -> GpuHold:
 def effective_gpus(containers: Iterable[tuple[bool, bool, int]]) -> int:
     """Kubernetes' count of a pod's devices from (init, sidecar, count) per container in pod order,
     init containers first: max(each init container with the sidecars started before it, the app
-    containers with every sidecar)."""
+    containers with every sidecar). The same rule gives a pod's CPU and memory (`host_request`)."""
     init_peak = sidecars = app = 0
     for init, sidecar, count in containers:
         if init and sidecar:
@@ -187,6 +189,60 @@ def effective_gpus(containers: Iterable[tuple[bool, bool, int]]) -> int:
         else:
             app += count
     return max(init_peak, app + sidecars)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRequest:
+    """A pod's host CPU (millicores) and memory (MiB), as kube-scheduler counts them on its node."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+
+NO_HOST_REQUEST = HostRequest()
+
+
+def host_request(spec: Mapping) -> HostRequest:
+    """What a pod holds of its node's CPU and memory, kube-scheduler's rule: per resource,
+    `effective_gpus`' max over init containers and app containers plus sidecars, each container's
+    `requests` (its `limits` where it names no request: the API server defaults one to the
+    other), plus `spec.overhead`. Raises RequestError naming the container and value."""
+    cpu = _effective_host(spec, "cpu", cpu_milli_quantity)
+    memory = _effective_host(spec, "memory", memory_mib_quantity)
+    return HostRequest(cpu, memory) if cpu or memory else NO_HOST_REQUEST
+
+
+def _effective_host(spec: Mapping, resource: str, read) -> int:
+    containers = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        for container in spec.get(key) or ():
+            name = container.get("name", "?") if isinstance(container, Mapping) else "?"
+            resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
+            asked = (resources.get("requests") or {}).get(resource, (resources.get("limits") or {}).get(resource))
+            sidecar = init and container.get("restartPolicy") == "Always"
+            containers.append((init, sidecar, _host_value(asked, read, f"container {name!r}: {resource}")))
+    overhead = _host_value((spec.get("overhead") or {}).get(resource), read, f"spec.overhead.{resource}")
+    return effective_gpus(containers) + overhead
+
+
+def _host_value(raw: object, read, what: str) -> int:
+    if raw is None:
+        return 0
+    try:
+        return read(raw, name=what)
+    except QuantityError as error:
+        raise RequestError(str(error)) from None
+
+
+def placement_request(pod: Mapping) -> PodRequest:
+    """`parse_pod` with the pod's CPU and memory (`host_request`): what placement scores, as the
+    simulator does. Raises RequestError."""
+    request = parse_pod(pod)
+    spec = pod.get("spec") or {}
+    host = host_request(spec) if isinstance(spec, Mapping) else NO_HOST_REQUEST
+    if host == NO_HOST_REQUEST:
+        return request
+    return dataclasses.replace(request, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
 
 
 def request_cost(request: PodRequest, *, gpu_memory_mib: int, omitted: OmittedCores,

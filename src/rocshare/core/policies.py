@@ -40,6 +40,11 @@ class NodeScorer(StrEnum):
     """Ours: FGD's growth plus CPU-stranded GPU growth, ties to the tighter-packed node."""
 
 
+_NODE_SCORER_OF = {NodePolicy.BINPACK: NodeScorer.BINPACK, NodePolicy.SPREAD: NodeScorer.SPREAD,
+                   NodePolicy.BESTFIT: NodeScorer.BESTFIT}
+"""A pool's (or pod annotation's) node policy -> its node scorer."""
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     node: NodeScorer = NodeScorer.BINPACK
@@ -53,7 +58,7 @@ class Policy:
         if gpu == GpuPolicy.FRAGMENTATION_AWARE:
             return cls(NodeScorer.FRAGMENTATION, gpu)
         node = request.node_policy or defaults.node_policy
-        return cls(NodeScorer.SPREAD if node == NodePolicy.SPREAD else NodeScorer.BINPACK, gpu)
+        return cls(_NODE_SCORER_OF[node], gpu)
 
 
 @dataclass(frozen=True, slots=True)

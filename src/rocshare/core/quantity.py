@@ -64,3 +64,44 @@ def _decimal(text: str, raw: object, *, name: str, unit: str) -> Decimal:
         return Decimal(number).scaleb(exponent)
     except InvalidOperation:
         raise QuantityError(f"{name} is in {unit}: {raw!r} is not a Kubernetes quantity") from None
+
+
+# ---- host resources: CPU and memory, as kube-scheduler reads them ------------------------------
+
+_BINARY_EXPONENT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+MIB = 1 << 20
+
+
+def cpu_milli_quantity(raw: object, *, name: str = "cpu") -> int:
+    """A CPU quantity in millicores, rounded up as Kubernetes does (``100m``, ``0.5``, ``2``;
+    ``1.0001`` is 1001). Raises QuantityError for a negative value, a binary suffix or no quantity."""
+    value = _host_decimal(raw, name=name, unit="cores", binary=False)
+    return int((value * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def memory_mib_quantity(raw: object, *, name: str = "memory", round_up: bool = True) -> int:
+    """A memory quantity (bytes: ``512Mi``, ``1Gi``, ``1e9``, ``2G``) in whole MiB, rounded up
+    (what a pod asks is never under-counted) or, `round_up` False, down (what a node offers is
+    never over-counted). Raises QuantityError like `cpu_milli_quantity`."""
+    value = _host_decimal(raw, name=name, unit="bytes", binary=True)
+    return int((value / MIB).to_integral_value(rounding="ROUND_CEILING" if round_up else "ROUND_FLOOR"))
+
+
+def _host_decimal(raw: object, *, name: str, unit: str, binary: bool) -> Decimal:
+    if isinstance(raw, bool):
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a number")
+    if isinstance(raw, int):
+        value = Decimal(raw)
+    else:
+        text = str(raw).strip()
+        match = _GRAMMAR.match(text)
+        suffix = match.group(2) if match else None
+        if match is not None and suffix in _BINARY_SUFFIXES:
+            if not binary:
+                raise QuantityError(f"{name} is in {unit}: {raw!r} has a binary (byte) suffix")
+            value = Decimal(match.group(1)) * (1 << _BINARY_EXPONENT[suffix])
+        else:
+            value = _decimal(text, raw, name=name, unit=unit)
+    if value < 0:
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is negative")
+    return value

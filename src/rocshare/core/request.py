@@ -96,7 +96,7 @@ class Selection:
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """The whole pod's request. ``cpu_milli``/``memory_mib`` are host resources; parse_pod
-    leaves them 0 (kube-scheduler checks those), the placement benchmark fills them."""
+    leaves them 0, holdings.placement_request (the extender) and the placement benchmark fill them."""
 
     namespace: str
     name: str

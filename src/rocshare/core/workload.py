@@ -12,8 +12,8 @@ Until the window holds `prior_pods` samples, a prior is mixed in as pseudo-sampl
 samples on, the pool's own pods alone. The prior (PRIOR_SHAPES) is the openb trace's
 GPU-pod mix (the FGD paper's production trace, ../shared/traces/openb) rounded: 55 % one whole
 GPU, shares of 3/4, 1/2 and 1/4 of a GPU at 15 %, 15 % and 10 %, 3 % two whole GPUs and
-2 % eight. CPU is 0 in the prior: the extender does not track host CPU (kube-scheduler fits it),
-so only the GPU side of the measure applies.
+2 % eight. CPU is 0 in the prior (the CPU of a pool's pods is unknown until seen); the pool's own
+samples carry their pods' CPU requests, so the CPU side of the measure applies as they replace it.
 
 A shape is FGD's task group: (cpu_milli, gpus, share_milli per GPU, accepted products).
 """

@@ -11,10 +11,11 @@ from rocshare.api.allocation import AllocationRecord, encode_record
 from rocshare.api.models import OmittedCores, Scheduling
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
-from rocshare.core.holdings import Held, effective_gpus, record_holding, request_cost, text_holding
+from rocshare.core.holdings import (Held, HostRequest, effective_gpus, host_request, placement_request, record_holding,
+                                    request_cost, text_holding)
 from rocshare.core.ledger import Ledger
 from rocshare.core.policies import Policy
-from rocshare.core.request import parse_pod
+from rocshare.core.request import RequestError, parse_pod
 
 from .helpers import gpu, node
 
@@ -140,3 +141,41 @@ def test_cost_before_bind_equals_the_hold_after(omitted, partitions) -> None:
         assert record_holding(decision).held(cu_counts) == cost, (app, init, side)
         checked += 1
     assert checked >= 20
+
+
+# ---- host resources: what a pod holds of its node's CPU and memory ----------------------------------
+
+
+def _container(name: str, *, requests: dict | None = None, limits: dict | None = None, always: bool = False) -> dict:
+    container = {"name": name, "resources": {"requests": requests or {}, "limits": limits or {}}}
+    if always:
+        container["restartPolicy"] = "Always"
+    return container
+
+
+@pytest.mark.parametrize(("spec", "cpu_milli", "memory_mib"), [
+    ({"containers": [_container("a", requests={"cpu": "1", "memory": "1Gi"}),
+                     _container("b", requests={"cpu": "500m", "memory": "512Mi"})]}, 1500, 1536),
+    # A limit alone stands for the request (the API server defaults one to the other).
+    ({"containers": [_container("a", limits={"cpu": "2", "memory": "2Gi"})]}, 2000, 2048),
+    # An init container larger than the app containers sets the figure; sidecars run beside both.
+    ({"initContainers": [_container("side", requests={"cpu": "1"}, always=True), _container("init", requests={"cpu": "4"})],
+      "containers": [_container("a", requests={"cpu": "1"})]}, 5000, 0),
+    ({"initContainers": [_container("init", requests={"cpu": "1"})],
+      "containers": [_container("a", requests={"cpu": "3"})], "overhead": {"cpu": "250m", "memory": "64Mi"}}, 3250, 64),
+    ({"containers": [_container("a")]}, 0, 0),
+])
+def test_host_request_is_kubernetes_rule(spec, cpu_milli, memory_mib) -> None:
+    assert host_request(spec) == HostRequest(cpu_milli, memory_mib)
+
+
+def test_an_unreadable_host_request_is_refused_naming_the_container() -> None:
+    with pytest.raises(RequestError, match="container 'a': cpu is in cores: 'lots'"):
+        host_request({"containers": [_container("a", requests={"cpu": "lots"})]})
+
+
+def test_placement_request_carries_the_pods_cpu_and_memory() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ns"},
+           "spec": {"containers": [_container("a", requests={"cpu": "3", "memory": "1Gi"}, limits={"amd.com/gpu": "1"})]}}
+    request = placement_request(pod)
+    assert (request.cpu_milli, request.memory_mib, request.wants_gpus) == (3000, 1024, True)

@@ -76,6 +76,10 @@ def test_fit_takes_only_partitions_of_the_kind_asked() -> None:
 
 
 def test_the_scheduler_sends_every_kind_to_the_extender() -> None:
+    # No managedResources: every pod of the profile goes to the extender (GPU-less ones too, so the
+    # policy ranks them); kube-scheduler's fit ignores every amd.com name, partition kinds included.
     config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
-    managed = {entry["name"] for entry in config["extenders"][0]["managedResources"]}
-    assert set(PARTITION_RESOURCES) <= managed and GPU_RESOURCE in managed
+    assert not config["extenders"][0].get("managedResources")
+    fit = next(entry["args"] for entry in config["profiles"][0]["pluginConfig"] if entry["name"] == "NodeResourcesFit")
+    groups = set(fit["ignoredResourceGroups"])
+    assert all(name.split("/")[0] in groups for name in (*PARTITION_RESOURCES, GPU_RESOURCE))

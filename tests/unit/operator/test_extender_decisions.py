@@ -16,6 +16,7 @@ from rocshare.api.node_settings import POOL_LABEL
 from rocshare.core.allocate import allocate, plan_pod
 from rocshare.core.fit import FitFailure
 from rocshare.core.ids import pod_key
+from rocshare.core.policies import NodeScorer
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
 from rocshare_operator.extender import decisions
 from rocshare_operator.extender.decisions import (
@@ -126,6 +127,26 @@ async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own(
     for index, name in enumerate(names):
         add_node(state, name, pool=("pack", "spread", "unknown-pool")[index % 3])
     for serial in range(40):
+        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
+        result = filter_nodes(state.snapshot(), pod, names)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
+        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
+        commit(state, pod, rng.choice(result.feasible))
+
+
+@pytest.mark.parametrize("strays", [(), ("unknown-pool",), ("",)])
+async def test_one_pool_answers_its_nodes_and_the_default_answers_strays(strays: tuple[str, ...]) -> None:
+    """With one pool, its policy answers every node at once -- unless some node has no pool label or
+    one naming no known pool: that node takes the default (binpack) policy."""
+    rng = random.Random(9)
+    state = SchedulerState()
+    set_pool(state, "spread", nodePolicy="spread", gpuPolicy="spread")
+    names = [f"n{i}" for i in range(6)]
+    for index, name in enumerate(names):
+        add_node(state, name, pool=strays[0] if strays and index == 5 else "spread")
+    assert (policy_for(state.snapshot(), "n5", request()).node == NodeScorer.BINPACK) == bool(strays)
+    for serial in range(20):
         pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
         result = filter_nodes(state.snapshot(), pod, names)
         scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}

@@ -1,5 +1,6 @@
 """The extender's per-pool fragmentation models fed by pods: one sample per bound pod read from
-its allocation record, pods of no pool left out, the pool's model in its scoring context, and
+its allocation record (GPU-less pods of rocshare's scheduler as CPU-only tasks), with the pod's CPU
+request, pods of no pool and other schedulers' GPU-less pods left out, the pool's model in its scoring context, and
 fragmentation-aware decisions scoring with it (the ScoringContext carries the pool's model)."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
 from rocshare.core.policies import NodeScorer, Policy
 from rocshare.api.models import GpuPolicy
+from rocshare.core.holdings import HostRequest
 from rocshare_operator.extender.workloads import PoolWorkloads, reads_model, shape_of
 from rocshare_operator.feed.cluster_facts import PodFacts
 
@@ -20,9 +22,11 @@ def slice_(cores_pct: int | None, cu_count: int = 30, whole: bool = False) -> De
                        whole=whole, coresPct=cores_pct)
 
 
-def facts(name: str, node: str, text: str | None) -> PodFacts:
-    return PodFacts(namespace="ns", name=name, node=node, scheduler_name="rocshare-scheduler", phase="Running",
-                    deleting=False, unschedulable=None, started=True, allocation=text)
+def facts(name: str, node: str, text: str | None, *, cpu_milli: int = 0,
+          scheduler: str = "rocshare-scheduler") -> PodFacts:
+    return PodFacts(namespace="ns", name=name, node=node, scheduler_name=scheduler, phase="Running",
+                    deleting=False, unschedulable=None, started=True, allocation=text,
+                    host=HostRequest(cpu_milli, 0))
 
 
 def test_shapes_from_records() -> None:
@@ -37,9 +41,18 @@ def test_pods_are_sampled_once_per_pool() -> None:
     for _ in range(3):
         workloads.on_pod("MODIFIED", facts("p1", "n1", text))
     workloads.on_pod("ADDED", facts("p2", "n9", text))  # a node of no pool
-    workloads.on_pod("ADDED", facts("p3", "n1", None))  # not bound with a record yet
+    workloads.on_pod("ADDED", facts("p3", "", None))  # not bound yet
+    workloads.on_pod("ADDED", facts("p4", "n1", None, scheduler="default-scheduler"))  # a DaemonSet's
     assert workloads.windows["pool-a"].seen == 1
     assert set(workloads.windows) == {"pool-a"}
+
+
+def test_samples_carry_cpu_and_gpu_less_pods_count() -> None:
+    workloads = PoolWorkloads({"n1": "pool-a"}, lambda node: {})
+    workloads.on_pod("ADDED", facts("p1", "n1", encode_record(record(slice_(47))), cpu_milli=8000))
+    workloads.on_pod("ADDED", facts("p2", "n1", None, cpu_milli=4000))  # bound, no record: asks no GPU
+    assert sorted(workloads.windows["pool-a"]._counts) == [(4000, 0, 0, ()), (8000, 1, 470, ())]
+    assert shape_of(record(slice_(47)), {}, cpu_milli=1500) == (1500, 1, 470, ())
 
 
 def test_context_carries_the_pools_model() -> None:

@@ -128,11 +128,18 @@ class FragmentationModel:
         need = task.share_milli
         hosts = 0
         small = 0
-        for product, share in shares:
-            if share >= need and self._accepts(product, position):
-                hosts += 1
-            else:
-                small += share
+        if task.types:
+            for product, share in shares:
+                if share >= need and self._accepts(product, position):
+                    hosts += 1
+                else:
+                    small += share
+        else:  # any product will do (most tasks): no acceptance look-up per GPU
+            for _, share in shares:
+                if share >= need:
+                    hosts += 1
+                else:
+                    small += share
         return small if hosts >= task.gpus else total_free
 
     def _accepts(self, product: str, position: int) -> bool:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from rocshare.api.allocation import ContainerAllocation
 from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.api.resource_names import GPU_RESOURCE
+from rocshare.kube.client import ApiError
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import dmem
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
@@ -48,6 +49,12 @@ WATCH_GRACE_S = 0.25
 """How long Allocate waits for the pod watch to catch up with a binding before it lists afresh:
 the watch event usually arrives within milliseconds, and a list of every pod on a busy node
 costs more than waiting for it."""
+
+PREFERENCE_LOOKUP_S = 5.0
+"""How long GetPreferredAllocation may look for the in-flight pod. The preference is advice: when
+the API server is slow or unreachable, the kubelet gets an answer without it (device IDs in KFD
+order) rather than an error, which would fail the pod's admission; Allocate still checks the
+record against what the kubelet asks."""
 
 SERVED_MEMORY = 4096  # fully served pod uids remembered until the kubelet's status write is surely visible
 
@@ -82,6 +89,7 @@ class DevicePluginService:
         self._allocating = asyncio.Lock()
         self._progress: dict[str, int] = {}  # pod uid -> GPU containers served
         self._served: OrderedDict[str, None] = OrderedDict()  # uids fully served, newest last
+        self._lookup_failing = False  # the last preference lookup failed (warned once until one succeeds)
 
     # ---- inventory -------------------------------------------------------------------
 
@@ -135,10 +143,12 @@ class DevicePluginService:
 
     async def get_preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []
+        looked_up = True
         for container in request.container_requests:
-            committed = await self._committed_gpus_for(container.allocation_size)
+            committed = (await self._committed_or_none(container.allocation_size)) if looked_up else None
+            looked_up = committed is not None  # one failed lookup per call: the next would wait as long
             ids = preferred_ids(list(container.available_deviceIDs), list(container.must_include_deviceIDs),
-                                container.allocation_size, committed_gpu_ids=committed, gpus=self._gpus_by_id)
+                                container.allocation_size, committed_gpu_ids=committed or [], gpus=self._gpus_by_id)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
@@ -241,6 +251,21 @@ class DevicePluginService:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _committed_or_none(self, size: int) -> list[str] | None:
+        """`_committed_gpus_for`, or None when the API server did not answer within
+        PREFERENCE_LOOKUP_S. The request names no pod, so the warning is once per outage: the
+        first failure warns, later ones are debug until a lookup succeeds again."""
+        try:
+            committed = await asyncio.wait_for(self._committed_gpus_for(size), PREFERENCE_LOOKUP_S)
+        except (ApiError, TimeoutError) as error:
+            reason = str(error) or f"no answer within {PREFERENCE_LOOKUP_S:.0f} s"
+            log.log(logging.DEBUG if self._lookup_failing else logging.WARNING,
+                    "GetPreferredAllocation: in-flight pod not found (%s); answering without a preference", reason)
+            self._lookup_failing = True
+            return None
+        self._lookup_failing = False
+        return committed
 
     async def _committed_gpus_for(self, size: int) -> list[str]:
         """The in-flight pod's GPUs for its next container, found as Allocate finds the pod: the

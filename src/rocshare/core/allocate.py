@@ -14,18 +14,20 @@ the kubelet's max(init, sum of app containers)); the record lists them first, as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.core.choose import choose_gpus
 from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges
 from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, barred_reason, load_reason, need_for
+from rocshare.core.headroom import free_share_milli
 from rocshare.core.inventory import NodeInventory, ShapeKey
 from rocshare.core.ledger import NodeUsage
-from rocshare.core.policies import NODE_SCORERS, NodeView, Policy, ScoringContext, gpu_scorer_for
+from rocshare.core.policies import NODE_SCORERS, NodeView, Policy, ScoringContext, gpu_scorer_for, reads_headroom
 from rocshare.core.request import ContainerRequest, PodRequest
 
 DEFAULT_CONTEXT = ScoringContext()
+_UNSEEN: Reason = object()  # type: ignore[assignment]  # a verdict not worked out yet (None means "fits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,10 @@ class _ContainerFit:
     unoffered: tuple[Reason | None, ...]
     """Per GPU: CardTypeMismatch where the GPU is not offered under the container's resource
     name (mixed naming: a partition kind, or amd.com/gpu on a node that names partitions)."""
+    verdicts: dict[tuple[int, Load], Reason | None] = field(default_factory=dict, compare=False)
+    """(twin, load) -> the GPU's reason or None (fits), for every node of this shape: twins under
+    equal loads fit alike, and a fleet holds few distinct (GPU, load) pairs. Filled only for pods
+    that filter by no GPU id (an id filter bars GPUs one by one, not by twin)."""
 
 
 class PodPlanner:
@@ -74,6 +80,11 @@ class PodPlanner:
     worked out once per shape, not once per node. A shape leaves GPU ids out, so a pod with
     uuid filters has its barred GPUs worked out per node. The answers are exactly
     ``plan_pod``'s: the planner only remembers functions of the shape, never capacity.
+
+    The first pod of a never-seen shape plans every node (issue 18's cold path), so per node it
+    does little: each GPU's verdict is remembered per (twin, load) for all nodes of the shape (a
+    fleet holds few distinct pairs), twins under equal loads are scored once, and free shares come
+    from the ledger's usage, updated only for the GPUs a container takes.
     """
 
     def __init__(self, request: PodRequest, policy: Policy, ctx: ScoringContext = DEFAULT_CONTEXT) -> None:
@@ -82,6 +93,7 @@ class PodPlanner:
         self.ctx = ctx
         self._gpu_scorer = gpu_scorer_for(policy)
         self._node_scorer = NODE_SCORERS[policy.node]
+        self._reads_headroom = reads_headroom(policy)
         self._reads_ids = bool(request.selection.use_uuids or request.selection.nouse_uuids)
         self._shapes: dict[ShapeKey, tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]] = {}
 
@@ -93,13 +105,15 @@ class PodPlanner:
         cpu_before = node.cpu_milli - usage.cpu_milli if node.cpu_milli else None
         cpu_after = cpu_before - self.request.cpu_milli if cpu_before is not None else None
         loads = list(usage.loads)
+        free = list(usage.free_milli) if self._reads_headroom else []  # free shares under `loads`, in step
         placed: list[tuple[PlannedDevice, ...]] = []
         for fit in fits:
-            result = self._place_container(node, loads, fit, barred, (cpu_before, cpu_after))
+            result = self._place_container(node, loads, free, fit, barred, (cpu_before, cpu_after))
             if isinstance(result, FitFailure):
                 return result
             placed.append(result)
-        view = NodeView(node, usage.loads, tuple(loads), cpu_before, cpu_after)
+        view = NodeView(node, usage.loads, tuple(loads), cpu_before, cpu_after, usage.free_milli if free else (),
+                        tuple(free))
         return Plan(tuple(placed), tuple(loads), self._node_scorer(view, self.request, self.ctx))
 
     def _shape_facts(self, node: NodeInventory) -> tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]:
@@ -118,16 +132,23 @@ class PodPlanner:
         self,
         node: NodeInventory,
         loads: list[Load],
+        free: list[int],
         fit: _ContainerFit,
         barred: tuple[Reason | None, ...],
         cpu: tuple[int | None, int | None],
     ) -> tuple[PlannedDevice, ...] | FitFailure:
         reasons: dict[Reason, int] = {}  # GPUs per reason (a plain dict: a Counter costs more to make)
         candidates: list[int] = []
-        for pos, spec in enumerate(node.gpus):
-            reason = barred[pos] or fit.unoffered[pos]
-            if reason is None:
-                reason = load_reason(spec, loads[pos], fit.needs[pos])
+        verdicts, twins = (None if self._reads_ids else fit.verdicts), node.twins
+        for pos, load in enumerate(loads):
+            if verdicts is None:
+                reason = barred[pos] or fit.unoffered[pos] or load_reason(node.gpus[pos], load, fit.needs[pos])
+            else:
+                key = (twins[pos], load)
+                reason = verdicts.get(key, _UNSEEN)
+                if reason is _UNSEEN:
+                    reason = verdicts[key] = (barred[pos] or fit.unoffered[pos]
+                                              or load_reason(node.gpus[pos], load, fit.needs[pos]))
             if reason is None:
                 candidates.append(pos)
             else:
@@ -137,11 +158,19 @@ class PodPlanner:
             if candidates:  # no GPU check gives this reason: the fitting GPUs are counted once
                 reasons[Reason.NODE_INSUFFICIENT_GPUS] = len(candidates)
             return FitFailure.of(reasons, total)
-        frozen, scorer, ctx = tuple(loads), self._gpu_scorer, self.ctx
+        frozen, frozen_free, scorer, ctx = tuple(loads), tuple(free), self._gpu_scorer, self.ctx
+        scored: dict[tuple[int, Load], float] = {}  # twins under equal loads score alike: once
 
         def score(pos: int) -> float:
-            after = frozen[:pos] + (add_load(frozen[pos], fit.adds[pos]),) + frozen[pos + 1:]
-            return scorer(NodeView(node, frozen, after, *cpu), pos, ctx)
+            key = (node.twins[pos], frozen[pos])
+            found = scored.get(key)
+            if found is None:
+                load = add_load(frozen[pos], fit.adds[pos])
+                after = frozen[:pos] + (load,) + frozen[pos + 1:]
+                free_after = frozen_free[:pos] + (free_share_milli(node.gpus[pos], load),) + frozen_free[pos + 1:] \
+                    if frozen_free else ()
+                found = scored[key] = scorer(NodeView(node, frozen, after, *cpu, frozen_free, free_after), pos, ctx)
+            return found
 
         chosen = choose_gpus(node, candidates, fit.gpus, self.request.selection, self.policy.gpu, score)
         if isinstance(chosen, Reason):  # a set reason (NUMA, link): no GPU check gives it either
@@ -149,6 +178,8 @@ class PodPlanner:
             return FitFailure.of(reasons, total)
         for pos in chosen:
             loads[pos] = add_load(loads[pos], fit.adds[pos])
+            if free:
+                free[pos] = free_share_milli(node.gpus[pos], loads[pos])
         return tuple(PlannedDevice(pos, fit.needs[pos]) for pos in chosen)
 
 

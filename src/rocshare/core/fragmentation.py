@@ -1,9 +1,9 @@
 """Expected fragmentation of a node under a typical workload (the FGD measure, ATC'23).
 
 A typical task asks ``gpus`` GPUs of ``share_milli`` thousandths each (0 = CPU only), some
-CPU, and accepts some GPU products. A GPU's free share is the smaller of its free memory and
-free CU fractions, in milli (0 when it is unhealthy, held whole or out of slices): the one
-number that says how big a slice it could still host. For one task, a node's fragmentation
+CPU, and accepts some GPU products. A GPU's free share (rocshare.core.headroom) is the smaller
+of its free memory and free CU fractions, in milli (0 when it is unhealthy, held whole or out
+of slices): the one number that says how big a slice it could still host. For one task, a node's fragmentation
 is all its free share when the task cannot run there (CPU, GPU count, product) or asks no
 GPU at all (a CPU-only task can use none of it: the paper's simulator counts it so too),
 otherwise the free share of the GPUs too small for the task. A node's expected fragmentation
@@ -27,9 +27,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rocshare.core.fit import Load
-from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.headroom import MILLI, free_share_milli, free_shares
+from rocshare.core.inventory import NodeInventory
 
-MILLI = 1000
+__all__ = ["MILLI", "FragmentationModel", "TypicalTask", "TypicalWorkload", "free_share_milli"]
 MEMO_LIMIT = 500_000
 
 
@@ -72,18 +73,6 @@ class TypicalWorkload:
         return sum(t.weight * t.gpus * t.share_milli for t in tasks) / cpu if cpu else 0.0
 
 
-def free_share_milli(spec: GpuSpec, load: Load) -> int:
-    memory_held, slices, cu_held, whole = load
-    if not spec.healthy or whole or slices >= spec.max_slices or not spec.memory_mib:
-        return 0
-    if spec.partition:
-        return MILLI if not slices else 0
-    memory_share = (spec.memory_mib - memory_held) * MILLI // spec.memory_mib
-    if not spec.cu_count:
-        return memory_share
-    return min(memory_share, (spec.cu_count - cu_held) * MILLI // spec.cu_count)
-
-
 class FragmentationModel:
     """The measure for one typical workload, with a memo owned by this object."""
 
@@ -100,14 +89,18 @@ class FragmentationModel:
             return 0.0
         return max(0.0, free_milli - cpu_free_milli * self.gpu_per_cpu)
 
-    def node_fragmentation(self, node: NodeInventory, loads: tuple[Load, ...], cpu_free_milli: int | None = None) -> float:
-        """Expected fragmented milli of the node; cpu_free None = CPU not tracked (always fits)."""
+    def node_fragmentation(self, node: NodeInventory, loads: tuple[Load, ...], cpu_free_milli: int | None = None,
+                           free_milli: tuple[int, ...] | None = None) -> float:
+        """Expected fragmented milli of the node; cpu_free None = CPU not tracked (always fits).
+        ``free_milli``: the GPUs' free shares under ``loads``, when the caller has them already."""
         bucket = len(self._thresholds) if cpu_free_milli is None else bisect_right(self._thresholds, cpu_free_milli)
         fast_key = (node.shape, loads, bucket)
         value = self._memo.get(fast_key)
         if value is not None:
             return value
-        shares = tuple(sorted((spec.product_lower, free_share_milli(spec, load)) for spec, load in zip(node.gpus, loads)))
+        if free_milli is None:
+            free_milli = free_shares(node, loads)
+        shares = tuple(sorted(zip([spec.product_lower for spec in node.gpus], free_milli)))
         key = (shares, bucket)
         value = self._memo.get(key)
         if value is None:
@@ -135,11 +128,18 @@ class FragmentationModel:
         need = task.share_milli
         hosts = 0
         small = 0
-        for product, share in shares:
-            if share >= need and self._accepts(product, position):
-                hosts += 1
-            else:
-                small += share
+        if task.types:
+            for product, share in shares:
+                if share >= need and self._accepts(product, position):
+                    hosts += 1
+                else:
+                    small += share
+        else:  # any product will do (most tasks): no acceptance look-up per GPU
+            for _, share in shares:
+                if share >= need:
+                    hosts += 1
+                else:
+                    small += share
         return small if hosts >= task.gpus else total_free
 
     def _accepts(self, product: str, position: int) -> bool:

@@ -102,6 +102,9 @@ class NodeInventory:
     shape: ShapeKey = field(default=ShapeKey(()), compare=False)
     links: tuple[frozenset[int], ...] = field(default=(), compare=False)
     """Per GPU position, the positions of its XGMI peers on this node."""
+    twins: tuple[int, ...] = field(default=(), compare=False)
+    """Per GPU position, the first position whose GPU is alike in every number fit and scoring
+    read of one GPU (its shape but NUMA node and peers): under equal loads, twins fit and score alike."""
 
     def __post_init__(self) -> None:
         positions = {gpu.gpu_id: pos for pos, gpu in enumerate(self.gpus)}
@@ -114,6 +117,8 @@ class NodeInventory:
         )
         shape = (gpu_shapes, links, self.omitted_cores, self.cpu_milli, self.memory_mib)
         object.__setattr__(self, "shape", ShapeKey.of(shape))
+        first: dict[tuple, int] = {}
+        object.__setattr__(self, "twins", tuple(first.setdefault(g[:5] + g[6:], pos) for pos, g in enumerate(gpu_shapes)))
 
     @classmethod
     def from_gpu_infos(

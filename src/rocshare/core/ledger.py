@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
 from rocshare.core.cumask import full_mask
+from rocshare.core.headroom import free_shares
 from rocshare.core.holdings import GpuHold, record_holding
 from rocshare.core.ids import GpuId, NodeName, PodKey
 from rocshare.core.inventory import NodeInventory
@@ -56,6 +57,9 @@ class NodeUsage:
     memory_mib: int = 0
 
     loads: tuple[tuple[int, int, int, int], ...] = ()
+    free_milli: tuple[int, ...] = ()
+    """Each GPU's free share (rocshare.core.headroom) under ``loads``; empty when the usage was made
+    without the node's specs. `Ledger.usage` fills it, once per change of the node."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loads", tuple(g.load for g in self.gpus))
@@ -70,7 +74,14 @@ class NodeUsage:
 
 
 def empty_usage(node: NodeInventory) -> NodeUsage:
-    return NodeUsage(gpus=(EMPTY_GPU,) * len(node.gpus))
+    return usage_of(node, (EMPTY_GPU,) * len(node.gpus))
+
+
+def usage_of(node: NodeInventory, gpus: tuple[GpuUsage, ...], cpu_milli: int = 0, memory_mib: int = 0) -> NodeUsage:
+    """The node's usage with each GPU's free share filled in (set once, as __post_init__ sets loads)."""
+    usage = NodeUsage(gpus, cpu_milli, memory_mib)
+    object.__setattr__(usage, "free_milli", free_shares(node, usage.loads))
+    return usage
 
 
 def hold_usage(hold: GpuHold) -> GpuUsage:
@@ -196,8 +207,8 @@ class Ledger:
         if cached is not None and cached[0] == version and cached[1] is node:
             return cached[2]
         cpu, mem = self._node_host.get(node.name, (0, 0))
-        usage = NodeUsage(tuple(_clipped(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU), g.cu_count)
-                                for g in node.gpus), cpu, mem)
+        usage = usage_of(node, tuple(_clipped(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU), g.cu_count)
+                                     for g in node.gpus), cpu, mem)
         self._usage_cache[node.name] = (version, node, usage)
         return usage
 

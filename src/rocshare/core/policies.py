@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 from rocshare.api.models import GpuPolicy, NodePolicy, Scheduling
 from rocshare.core.fit import Load
-from rocshare.core.fragmentation import MILLI, FragmentationModel, free_share_milli
+from rocshare.core.fragmentation import MILLI, FragmentationModel
+from rocshare.core.headroom import free_share_milli
 from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.core.request import PodRequest
 
@@ -74,13 +75,19 @@ class ScoringContext:
 
 class NodeView(NamedTuple):
     """One node for a scorer: loads before/after the pod, host CPU free after (None = untracked).
-    A named tuple, immutable like the rest: one is built per candidate GPU of every node planned."""
+    A named tuple, immutable like the rest: one is built per candidate GPU of every node planned.
+
+    ``free_before`` and ``free_after``: each GPU's free share (rocshare.core.headroom) under
+    ``before`` and ``after``, when the caller keeps them (the ledger keeps the first with the usage,
+    the planner the second in step with its loads); empty = worked out here from the loads."""
 
     node: NodeInventory
     before: tuple[Load, ...]
     after: tuple[Load, ...]
     cpu_free_before: int | None
     cpu_free_after: int | None
+    free_before: tuple[int, ...] = ()
+    free_after: tuple[int, ...] = ()
 
 
 # ---- GPU scorers ---------------------------------------------------------------------------
@@ -94,7 +101,10 @@ def used_fraction(spec: GpuSpec, load: Load) -> float:
 
 
 GpuScorer = Callable[[NodeView, int, ScoringContext], float]
-"""(node with the GPU's load after in ``after``, GPU position, context) -> score."""
+"""(node with the GPU's load after in ``after``, GPU position, context) -> score. A GPU scorer
+reads the GPU through its spec's numbers and its load, and the node as a whole, never the
+position itself: twins (NodeInventory.twins) under equal loads score alike, and planners score
+them once (choose.py breaks ties by the lowest position)."""
 
 
 def gpu_binpack(view: NodeView, pos: int, ctx: ScoringContext) -> float:
@@ -108,7 +118,7 @@ def gpu_spread(view: NodeView, pos: int, ctx: ScoringContext) -> float:
 def gpu_fragmentation(view: NodeView, pos: int, ctx: ScoringContext) -> float:
     if ctx.fragmentation is None:
         return gpu_binpack(view, pos, ctx)
-    frag = ctx.fragmentation.node_fragmentation(view.node, view.after, view.cpu_free_after)
+    frag = ctx.fragmentation.node_fragmentation(view.node, view.after, view.cpu_free_after, view.free_after or None)
     # Equal growth: prefer the fuller GPU (best fit), which keeps larger holes elsewhere.
     return -frag + 1e-6 * gpu_binpack(view, pos, ctx)
 
@@ -149,11 +159,20 @@ def free_share_total(node: NodeInventory, loads: tuple[Load, ...]) -> int:
     return sum(free_share_milli(spec, load) for spec, load in zip(node.gpus, loads))
 
 
-def packing(view: NodeView, ctx: ScoringContext) -> float:
+def free_totals(view: NodeView) -> tuple[int, int]:
+    """The node's free share before and after the pod (milli)."""
+    before = sum(view.free_before) if view.free_before else free_share_total(view.node, view.before)
+    after = sum(view.free_after) if view.free_after else free_share_total(view.node, view.after)
+    return before, after
+
+
+def packing(view: NodeView, ctx: ScoringContext, gpu_left: int | None = None) -> float:
     """The paper's BestFit as a fraction in [0, 1]: 1 - half the CPU left - half the GPU left,
-    each against the largest node's (so the fuller node, in both dimensions, scores higher)."""
+    each against the largest node's (so the fuller node, in both dimensions, scores higher).
+    ``gpu_left``: the free share after, when the caller has it."""
     cpu_left = view.cpu_free_after or 0
-    gpu_left = free_share_total(view.node, view.after)
+    if gpu_left is None:
+        gpu_left = free_share_total(view.node, view.after)
     return 1.0 - 0.5 * cpu_left / ctx.cpu_norm_milli - 0.5 * gpu_left / ctx.gpu_norm_milli
 
 
@@ -165,17 +184,18 @@ def _fragmentation_growth(view: NodeView, ctx: ScoringContext) -> float:
     model = ctx.fragmentation
     if model is None:
         return 0.0
-    before = model.node_fragmentation(view.node, view.before, view.cpu_free_before)
-    after = model.node_fragmentation(view.node, view.after, view.cpu_free_after)
+    before = model.node_fragmentation(view.node, view.before, view.cpu_free_before, view.free_before or None)
+    after = model.node_fragmentation(view.node, view.after, view.cpu_free_after, view.free_after or None)
     return after - before
 
 
-def _stranding_growth(view: NodeView, ctx: ScoringContext) -> float:
+def _stranding_growth(view: NodeView, ctx: ScoringContext, free: tuple[int, int]) -> float:
+    """``free``: the node's free share before and after (`free_totals`)."""
     model = ctx.fragmentation
     if model is None:
         return 0.0
-    before = model.stranded_milli(free_share_total(view.node, view.before), view.cpu_free_before)
-    after = model.stranded_milli(free_share_total(view.node, view.after), view.cpu_free_after)
+    before = model.stranded_milli(free[0], view.cpu_free_before)
+    after = model.stranded_milli(free[1], view.cpu_free_after)
     return after - before
 
 
@@ -205,8 +225,9 @@ def node_fragmentation(view: NodeView, request: PodRequest, ctx: ScoringContext)
     GPU, ties to the node BestFit packs tighter. Explicit tie-breaks: the result does not hinge
     on how the scheduler breaks ties (kube-scheduler: at random), and without a fragmentation
     model (growth 0) it is plain BestFit packing."""
-    growth = _fragmentation_growth(view, ctx) + _stranding_growth(view, ctx)
-    return math.floor(-growth / GROWTH_STEP_MILLI) + PACKING_WEIGHT * packing(view, ctx)
+    free = free_totals(view)
+    growth = _fragmentation_growth(view, ctx) + _stranding_growth(view, ctx, free)
+    return math.floor(-growth / GROWTH_STEP_MILLI) + PACKING_WEIGHT * packing(view, ctx, free[1])
 
 
 NODE_SCORERS: dict[NodeScorer, NodeScoreFn] = {
@@ -222,6 +243,15 @@ PAIRED_GPU_SCORERS: dict[tuple[NodeScorer, GpuPolicy], GpuScorer] = {
     # The paper's FGD picks the GPU by the same integer score as the node (lowest index on ties).
     (NodeScorer.FGD, GpuPolicy.FRAGMENTATION_AWARE): gpu_fgd,
 }
+
+
+HEADROOM_NODE_SCORERS = frozenset({NodeScorer.BESTFIT, NodeScorer.FGD, NodeScorer.FRAGMENTATION})
+"""Node scorers that read the GPUs' free shares (packing, fragmentation, stranding)."""
+
+
+def reads_headroom(policy: Policy) -> bool:
+    """Whether the policy's scores read free shares: then a planner hands them in each NodeView."""
+    return policy.node in HEADROOM_NODE_SCORERS or policy.gpu == GpuPolicy.FRAGMENTATION_AWARE
 
 
 def gpu_scorer_for(policy: Policy) -> GpuScorer:

@@ -1,6 +1,7 @@
 """service: the device plugin's handlers called directly (no socket), with an in-memory pod
 source: Allocate serves the in-flight pod container by container and marks it once, refuses
-with the reason recorded, ListAndWatch streams health changes at once."""
+with the reason recorded, ListAndWatch streams health changes at once, GetPreferredAllocation
+answers (without a preference, warned once) when the API server times out."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
 from rocshare.api.models import GpuInfo
+from rocshare.kube.client import Unavailable
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
+from rocshare_agent.deviceplugin import service as service_module
 from rocshare_agent.deviceplugin.inflight import Refusal
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from tests.agent_fakes import MemoryPods, hook_present
@@ -133,3 +136,66 @@ async def test_preferred_allocation_finds_the_pod_the_watch_has_not_shown_yet():
     reply = await service.get_preferred_allocation(pb.PreferredAllocationRequest(container_requests=[
         pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=2)]))
     assert list(reply.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0", "GPU-0000000000000000::0"]
+
+
+class UnreachableApi(MemoryPods):
+    """Under load the API server times out: the watch has not shown the binding and a fresh list fails."""
+
+    def __init__(self, pods, *, hang_s: float = 0.0) -> None:
+        super().__init__(pods)
+        self.hang_s = hang_s
+        self.lists = 0
+
+    def cached(self):
+        return []
+
+    async def fresh(self):
+        self.lists += 1
+        if self.hang_s:
+            await asyncio.sleep(self.hang_s)
+        raise Unavailable(0, "Unreachable", "TimeoutError")
+
+
+def preference_request(*sizes: int) -> pb.PreferredAllocationRequest:
+    available = [f"GPU-{i:016x}::{k}" for i in range(3) for k in range(2)]
+    return pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size) for size in sizes])
+
+
+async def test_preferred_allocation_answers_without_a_preference_when_the_lookup_times_out(caplog):
+    pods = UnreachableApi([committed_pod("p", {"a": ["GPU-0000000000000002"], "b": ["GPU-0000000000000001"]})])
+    service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu", hook_check=hook_present)
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    with caplog.at_level("DEBUG", logger="rocshare_agent.deviceplugin.service"):
+        reply = await service.get_preferred_allocation(preference_request(1, 1))
+        again = await service.get_preferred_allocation(preference_request(2))
+    # No committed GPUs to point at: KFD order, then the first GPU's NUMA neighbour (GPU 2); no error.
+    assert [list(r.deviceIDs) for r in reply.container_responses] == [["GPU-0000000000000000::0"]] * 2
+    assert list(again.container_responses[0].deviceIDs) == ["GPU-0000000000000000::0", "GPU-0000000000000002::0"]
+    assert pods.lists == 2  # one lookup per call: the second container does not wait again
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "without a preference" in warnings[0].getMessage()  # once per outage
+
+
+async def test_preferred_allocation_does_not_wait_past_its_bound(monkeypatch):
+    monkeypatch.setattr(service_module, "PREFERENCE_LOOKUP_S", 0.05)
+    pods = UnreachableApi([], hang_s=10)
+    service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu", hook_check=hook_present)
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    reply = await asyncio.wait_for(service.get_preferred_allocation(preference_request(1)), 2)
+    assert list(reply.container_responses[0].deviceIDs) == ["GPU-0000000000000000::0"]
+
+
+async def test_a_lookup_that_works_again_rearms_the_warning(caplog):
+    pod = committed_pod("p", {"a": ["GPU-0000000000000002"]})
+    pods = UnreachableApi([pod])
+    service = DevicePluginService(node_name=NODE, pods=pods, hook_host_dir="/opt/vgpu", hook_check=hook_present)
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    with caplog.at_level("WARNING", logger="rocshare_agent.deviceplugin.service"):
+        await service.get_preferred_allocation(preference_request(1))
+        pods.cached = lambda: [pod]  # the API server answers again
+        healthy = await service.get_preferred_allocation(preference_request(1))
+        pods.cached = lambda: []
+        await service.get_preferred_allocation(preference_request(1))
+    assert list(healthy.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0"]
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2

@@ -208,9 +208,13 @@ def _tightest(values) -> int | None:
 
 
 def _allocatable_gpus(node: NodeFacts) -> int:
-    """The node's allocatable amd.com/gpu; one that cannot be read offers nothing."""
+    """The node's allocatable amd.com/gpu (or its partition names); one that cannot be read offers
+    nothing, and so does one not listed yet. Until the agent's device plugin has registered, the
+    kubelet knows no such resource: it drops it from the pod's requests at admission and starts the
+    containers without calling the plugin's Allocate, so a pod bound there would run with no GPU while
+    its record holds one. The node is offered once the kubelet lists the devices."""
     if node.gpus_allocatable is None:
-        return 1  # not listed (yet): the AmdGpuNode decides, as before the device plugin registers
+        return 0
     try:
         return whole_quantity(node.gpus_allocatable, name="amd.com/gpu", unit="GPUs")
     except QuantityError as error:

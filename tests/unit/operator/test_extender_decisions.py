@@ -213,6 +213,17 @@ def test_a_node_losing_its_gpus_or_pool_answers_accordingly(state: SchedulerStat
     assert not state.plans.holds("n3") and state.plans.holds("n1")
 
 
+def test_a_node_is_offered_only_once_its_kubelet_lists_the_devices(state: SchedulerState) -> None:
+    """The agent publishes its AmdGpuNode before its device plugin registers; a pod bound in between
+    would start with no GPU (the kubelet drops a resource it does not know). So a node whose
+    allocatable lists no amd.com/gpu is not offered, and is as soon as it lists them."""
+    pod = request(memory_mib=1024, cores_pct=10)
+    state.on_node("MODIFIED", {"metadata": {"name": "n3", "labels": {POOL_LABEL: "p"}}, "status": {"allocatable": {}}})
+    assert feasible(state, pod) == ["n1", "n2"]
+    add_node(state, "n3")
+    assert feasible(state, pod) == ["n1", "n2", "n3"]
+
+
 def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
     commit(state, request("busy", memory_mib=32768, cores_pct=50), "n2")
     pod = request(memory_mib=1024, cores_pct=10)

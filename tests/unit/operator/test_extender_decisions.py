@@ -118,6 +118,17 @@ async def test_memoised_filter_and_prioritize_match_a_fresh_plan_through_random_
             await release(state, live.pop(rng.randrange(len(live)))[0])
 
 
+def place_and_compare(state: SchedulerState, names: list[str], rng: random.Random, *, pods: int) -> None:
+    """Place `pods` random slices one by one; every prioritize must equal a fresh plan's scores."""
+    for serial in range(pods):
+        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
+        result = filter_nodes(state.snapshot(), pod, names)
+        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
+        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
+        commit(state, pod, rng.choice(result.feasible))
+
+
 async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own() -> None:
     rng = random.Random(5)
     state = SchedulerState()
@@ -126,13 +137,7 @@ async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own(
     names = [f"n{i}" for i in range(10)]
     for index, name in enumerate(names):
         add_node(state, name, pool=("pack", "spread", "unknown-pool")[index % 3])
-    for serial in range(40):
-        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
-        result = filter_nodes(state.snapshot(), pod, names)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
-        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
-        assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
-        commit(state, pod, rng.choice(result.feasible))
+    place_and_compare(state, names, rng, pods=40)
 
 
 @pytest.mark.parametrize("strays", [(), ("unknown-pool",), ("",)])
@@ -146,13 +151,7 @@ async def test_one_pool_answers_its_nodes_and_the_default_answers_strays(strays:
     for index, name in enumerate(names):
         add_node(state, name, pool=strays[0] if strays and index == 5 else "spread")
     assert (policy_for(state.snapshot(), "n5", request()).node == NodeScorer.BINPACK) == bool(strays)
-    for serial in range(20):
-        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
-        result = filter_nodes(state.snapshot(), pod, names)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
-        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
-        assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
-        commit(state, pod, rng.choice(result.feasible))
+    place_and_compare(state, names, rng, pods=20)
 
 
 def test_nodes_failing_alike_share_one_rendered_rejection(state: SchedulerState) -> None:

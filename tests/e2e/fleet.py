@@ -41,6 +41,17 @@ def gpu_pod(name: str, *, namespace: str = "default", containers: list[dict[str,
             "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
 
 
+def with_spec(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """`pod` with these spec fields set (e.g. nodeName, containers)."""
+    return {**pod, "spec": {**pod["spec"], **spec}}
+
+
+def privileged(pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` with its first container privileged."""
+    container = {**pod["spec"]["containers"][0], "securityContext": {"privileged": True}}
+    return with_spec(pod, containers=[container])
+
+
 async def wait_for(check: Callable[[], Awaitable[Any]], *, timeout_s: float, what: str, every_s: float = 0.2) -> Any:
     """Poll `check` until it returns something truthy; fail with `what` and the last value."""
     deadline = time.monotonic() + timeout_s
@@ -95,12 +106,12 @@ async def scheduling_failures(kube: Kube, name: str, namespace: str = "default")
 
 
 @contextlib.contextmanager
-def one_pool_one_node(cluster, *, pool: str, sharing: dict, node: str, sysfs_root: Path,
-                      work_dir: Path) -> Iterator[SimulatedNode]:
-    """An operator with its webhooks, a pool with `sharing` selecting one simulated node (label
-    rocshare.io/sim=<pool>) on `sysfs_root`; all removed afterwards, the pool while the operator
-    still runs (its finalizer unmarks the node)."""
-    operator = OperatorProcess(cluster)
+def one_pool_one_node(cluster, *, pool: str, sharing: dict, node: str, sysfs_root: Path, work_dir: Path,
+                      operator: OperatorProcess | None = None) -> Iterator[SimulatedNode]:
+    """An operator with its webhooks (`operator`, else a plain one), a pool with `sharing` selecting
+    one simulated node (label rocshare.io/sim=<pool>) on `sysfs_root`; all removed afterwards, the pool
+    while the operator still runs (its finalizer unmarks the node)."""
+    operator = operator or OperatorProcess(cluster)
     operator.start()
     operator.install_webhooks()
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps({

@@ -17,7 +17,7 @@ import pytest
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from tests.e2e.fleet import gpu_pod, wait_for
+from tests.e2e.fleet import gpu_pod, privileged, wait_for, with_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -127,12 +127,9 @@ BAD_PODS = [
      "hami.io/gpu-scheduler-policy is 'random', must be one of"),
     ("partition with a slice", gpu_pod("b10", namespace=NAMESPACE, cpx_nps4="1", gpumem="1024"),
      "asks for whole partitions of one kind"),
-    ("nodeName bypass", {**gpu_pod("b11", namespace=NAMESPACE, gpu="1"),
-                         "spec": {**gpu_pod("b11", namespace=NAMESPACE, gpu="1")["spec"], "nodeName": "any-node"}},
+    ("nodeName bypass", with_spec(gpu_pod("b11", namespace=NAMESPACE, gpu="1"), nodeName="any-node"),
      "would bypass the rocshare scheduler"),
-    ("privileged slice", {**gpu_pod("b12", namespace=NAMESPACE, gpu="1", gpumem="1024"), "spec": {"containers": [
-        {"name": "c0", "image": "x", "securityContext": {"privileged": True},
-         "resources": {"limits": {"amd.com/gpu": "1", "amd.com/gpumem": "1024"}}}]}},
+    ("privileged slice", privileged(gpu_pod("b12", namespace=NAMESPACE, gpu="1", gpumem="1024")),
      "a privileged container sees every GPU"),
     ("forged record", gpu_pod("b13", namespace=NAMESPACE, gpu="1", annotations={"rocshare.io/allocation": "{}"}),
      "annotation rocshare.io/allocation is written only by the rocshare scheduler and node agent; remove it"),

@@ -21,7 +21,7 @@ from rocshare.api.models import API_VERSION
 from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
-from tests.e2e.fleet import gpu_pod, wait_for
+from tests.e2e.fleet import gpu_pod, privileged, wait_for, with_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -53,15 +53,6 @@ async def bob(cluster, operator) -> Kube:
         yield client
     finally:
         await client.close()
-
-
-def with_spec(pod: dict, **spec) -> dict:
-    return {**pod, "spec": {**pod["spec"], **spec}}
-
-
-def privileged(pod: dict) -> dict:
-    container = {**pod["spec"]["containers"][0], "securityContext": {"privileged": True}}
-    return with_spec(pod, containers=[container])
 
 
 BAD_PODS = [

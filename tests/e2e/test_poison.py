@@ -32,12 +32,12 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from rocshare_dev.devcluster.simnode import SimulatedNode
 from tests.e2e.fleet import (
     create_pod,
     delete_pod,
     gpu_pod,
     mi210_with_synthetic_vram,
+    one_pool_one_node,
     read_pod,
     scheduling_failures,
     wait_for,
@@ -60,24 +60,13 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[OperatorProcess
     work = tmp_path_factory.mktemp("poison")
     cluster.kubectl("create", "namespace", NAMESPACE)
     operator = OperatorProcess(cluster, command=FAULTS)
-    operator.start()
-    operator.install_webhooks()
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps({
-        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": NODE},
-        "spec": {"nodeSelector": {"rocshare.io/sim": NODE}}}))
-    node = SimulatedNode(name=NODE, kubeconfig=cluster.kubeconfig, work_dir=work,
-                         sysfs_root=mi210_with_synthetic_vram(sysfs_fixtures, work), labels={"rocshare.io/sim": NODE})
-    try:
-        node.start()
-        yield operator
-    finally:
-        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
-                        "--ignore-not-found", check=False)
-        cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0", "--wait=false",
-                        check=False)
-        cluster.kubectl("delete", "amdgpupools", NODE, "--ignore-not-found", "--timeout=30s", check=False)
-        node.stop()
-        operator.stop()
+    with one_pool_one_node(cluster, pool=NODE, sharing={}, node=NODE, work_dir=work, operator=operator,
+                           sysfs_root=mi210_with_synthetic_vram(sysfs_fixtures, work)):
+        try:
+            yield operator
+        finally:
+            cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0",
+                            "--wait=false", check=False)
 
 
 def pod(name: str) -> dict:

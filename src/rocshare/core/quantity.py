@@ -23,7 +23,8 @@ from decimal import Decimal, InvalidOperation
 
 _GRAMMAR = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 _DECIMAL_SUFFIX = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_BINARY_EXPONENT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_BINARY_SUFFIXES = tuple(_BINARY_EXPONENT)
 _EXPONENT_MAX = 30  # 1e30 is far beyond any count; larger exponents are refused, not computed
 
 
@@ -34,12 +35,7 @@ class QuantityError(ValueError):
 def whole_quantity(raw: object, *, name: str, unit: str) -> int:
     """The whole number a quantity denotes. `name` and `unit` word the refusal
     (``name="amd.com/gpumem", unit="MiB"``). Raises QuantityError."""
-    if isinstance(raw, bool):
-        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a number")
-    if isinstance(raw, int):
-        value = Decimal(raw)
-    else:
-        value = _decimal(str(raw).strip(), raw, name=name, unit=unit)
+    value = _value(raw, name=name, unit=unit)
     if value != value.to_integral_value():
         raise QuantityError(f"{name} is in {unit}: {raw!r} is not a whole number")
     if value < 0:
@@ -47,13 +43,24 @@ def whole_quantity(raw: object, *, name: str, unit: str) -> int:
     return int(value)
 
 
-def _decimal(text: str, raw: object, *, name: str, unit: str) -> Decimal:
+def _value(raw: object, *, name: str, unit: str, binary: bool = False) -> Decimal:
+    """The number a quantity denotes, sign kept; binary suffixes (Ki, Mi...) only where `binary`."""
+    if isinstance(raw, bool):
+        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a number")
+    if isinstance(raw, int):
+        return Decimal(raw)
+    return _decimal(str(raw).strip(), raw, name=name, unit=unit, binary=binary)
+
+
+def _decimal(text: str, raw: object, *, name: str, unit: str, binary: bool) -> Decimal:
     match = _GRAMMAR.match(text)
     if match is None:
         raise QuantityError(f"{name} is in {unit}: {raw!r} is not a Kubernetes quantity")
     number, suffix = match.group(1), match.group(2) or ""
     if suffix in _BINARY_SUFFIXES:
-        raise QuantityError(f"{name} is in {unit}: {raw!r} has a binary (byte) suffix; write the count of {unit}")
+        if not binary:
+            raise QuantityError(f"{name} is in {unit}: {raw!r} has a binary (byte) suffix; write the count of {unit}")
+        return Decimal(number) * (1 << _BINARY_EXPONENT[suffix])
     if suffix[:1] in ("e", "E"):
         exponent = int(suffix[1:])
     else:
@@ -68,7 +75,6 @@ def _decimal(text: str, raw: object, *, name: str, unit: str) -> Decimal:
 
 # ---- host resources: CPU and memory, as kube-scheduler reads them ------------------------------
 
-_BINARY_EXPONENT = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 MIB = 1 << 20
 
 
@@ -88,20 +94,7 @@ def memory_mib_quantity(raw: object, *, name: str = "memory", round_up: bool = T
 
 
 def _host_decimal(raw: object, *, name: str, unit: str, binary: bool) -> Decimal:
-    if isinstance(raw, bool):
-        raise QuantityError(f"{name} is in {unit}: {raw!r} is not a number")
-    if isinstance(raw, int):
-        value = Decimal(raw)
-    else:
-        text = str(raw).strip()
-        match = _GRAMMAR.match(text)
-        suffix = match.group(2) if match else None
-        if match is not None and suffix in _BINARY_SUFFIXES:
-            if not binary:
-                raise QuantityError(f"{name} is in {unit}: {raw!r} has a binary (byte) suffix")
-            value = Decimal(match.group(1)) * (1 << _BINARY_EXPONENT[suffix])
-        else:
-            value = _decimal(text, raw, name=name, unit=unit)
+    value = _value(raw, name=name, unit=unit, binary=binary)
     if value < 0:
         raise QuantityError(f"{name} is in {unit}: {raw!r} is negative")
     return value

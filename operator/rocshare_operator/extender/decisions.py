@@ -22,6 +22,7 @@ ledger, under its per-node lock.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocshare.api.models import Scheduling
@@ -30,7 +31,7 @@ from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.policies import Policy, ScoringContext, normalize_scores
 from rocshare.core.request import PodRequest
-from rocshare_operator.extender.plans import MISSING, KeyMemo
+from rocshare_operator.extender.plans import KeyMemo
 from rocshare_operator.extender.quota import quota_verdict
 from rocshare_operator.extender.state import Snapshot
 from rocshare_operator.extender.workloads import reads_model
@@ -106,7 +107,6 @@ class _Pass:
         self.request = request
         self.memoised = memoised
         self._inventories, self._node_pools, self._ledger = snap.inventories, snap.node_pools, snap.ledger
-        self._versions = snap.ledger.versions
         self._blocked = snap.blocked
         selection = request.selection
         self._shareable = not (selection.use_uuids or selection.nouse_uuids)  # else answers read GPU ids
@@ -130,27 +130,77 @@ class _Pass:
         """Why the pod cannot go to this node now, or None when it can."""
         node = self._inventories.get(name)
         if node is None or not node.gpus:
-            return None if self.host_only else self._whole(NO_INVENTORY, 0)
+            return None if self.host_only else self.no_inventory()
+        first = self._whole_node_rejection(name, node)
+        if first is not None:
+            return first
+        answer = self.answer(name, node)
+        return answer if isinstance(answer, Rejection) else None
+
+    def _whole_node_rejection(self, name: str, node: NodeInventory) -> Rejection | None:
+        """What rejects the whole node before the planner is asked: a blocked node, the quota."""
         if self._blocked and name in self._blocked and not self.host_only:
             return self._whole(BLOCKED, len(node.gpus))
         if not self.quota_free:
             over = self._quota_verdict(node)
             if over is not None:
                 return self._whole(Reason.RESOURCE_QUOTA_NOT_FIT.value, len(node.gpus), over)
-        answer = self.answer(name, node)
-        return answer if isinstance(answer, Rejection) else None
+        return None
+
+    def whole_node_rejections(self, names: list[str]) -> dict[str, Rejection]:
+        """`_whole_node_rejection` of each listed node with GPUs (none at all in the usual case:
+        no blocked node, no quota on the namespace)."""
+        if self.quota_free and not (self._blocked and not self.host_only):
+            return {}
+        found: dict[str, Rejection] = {}
+        for name in names:
+            node = self._inventories.get(name)
+            if node is not None and node.gpus:
+                first = self._whole_node_rejection(name, node)
+                if first is not None:
+                    found[name] = first
+        return found
 
     def answer(self, name: str, node: NodeInventory) -> float | Rejection:
         """The core planner's verdict for the node: the score, or the typed reasons it does not fit."""
         way = self._uniform or self._way_of(name)
-        if way.memo is None:
+        memo = way.memo
+        if memo is None:
             return self._plan(node, way)
-        version = self._versions.get(name, 0)
-        answer = way.memo.lookup(name, version, node)
-        if answer is MISSING:
-            answer = self._plan(node, way)
-            way.memo.store(name, version, node, answer)
-        return answer
+        found = memo.fits.get(name)
+        if found is None:
+            found = memo.misfits.get(name)
+            if found is None:
+                found = self._plan(node, way)
+                memo.store(name, found)
+        return found
+
+    def answers(self, names: list[str]) -> tuple[Mapping[str, float], Mapping[str, Rejection]]:
+        """The planner's verdict for every listed node with GPUs: scores where the pod fits, the
+        reasons where it does not (the mappings may hold other nodes too: read them by name).
+        With one way for every node, those are the memo's own tables: only nodes changed since
+        this shape's last decision are planned, and the rest is read in bulk."""
+        way = self._uniform
+        inventories = self._inventories
+        if way is None or way.memo is None:
+            fits: dict[str, float] = {}
+            misfits: dict[str, Rejection] = {}
+            for name in names:
+                node = inventories.get(name)
+                if node is not None and node.gpus:
+                    answer = self.answer(name, node)
+                    if isinstance(answer, Rejection):
+                        misfits[name] = answer
+                    else:
+                        fits[name] = answer
+            return fits, misfits
+        memo = way.memo
+        known_fits, known_misfits = memo.fits, memo.misfits
+        for name in [name for name in names if name not in known_fits and name not in known_misfits]:
+            node = inventories.get(name)
+            if node is not None and node.gpus:
+                memo.store(name, self._plan(node, way))
+        return known_fits, known_misfits
 
     def _plan(self, node: NodeInventory, way: _Way) -> float | Rejection:
         usage = self._ledger.usage(node)
@@ -176,16 +226,9 @@ class _Pass:
         (the usual case: then no node's pool needs looking up)."""
         pools = self.snap.pools
         ways = {self._way_key(Policy.resolve(pool.scheduling, self.request), name) for name, pool in pools.items()}
-        if self._some_node_of_no_known_pool():
+        if self.snap.some_node_of_no_known_pool():
             ways.add(self._way_key(Policy.resolve(Scheduling(), self.request), None))
         return self._way(*ways.pop()) if len(ways) == 1 else None
-
-    def _some_node_of_no_known_pool(self) -> bool:
-        """Whether a node the extender knows has no pool label, or one naming no AmdGpuPool it knows
-        (those nodes take the default policy). Set operations in C: tens of microseconds at 5,000
-        nodes, where a per-node pool lookup in every decision costs milliseconds."""
-        return bool(self._inventories.keys() - self._node_pools.keys()
-                    or not set(self._node_pools.values()) <= self.snap.pools.keys())
 
     def _way_of(self, name: str) -> _Way:
         pool = self._node_pools.get(name)
@@ -206,9 +249,12 @@ class _Pass:
     def _way(self, policy: Policy, ctx: ScoringContext, model_of: str | None) -> _Way:
         found = self._ways.get((policy, ctx))
         if found is None:
-            memo = self.snap.plans.answers((self._request_key, policy, model_of)) if self.memoised else None
+            memo = self.snap.plans.answers((self._request_key, policy, model_of), self._ledger) if self.memoised else None
             found = self._ways[(policy, ctx)] = _Way(PodPlanner(self.request, policy, ctx), memo)
         return found
+
+    def no_inventory(self) -> Rejection:
+        return self._whole(NO_INVENTORY, 0)
 
     def _whole(self, reason: str, total: int, detail: str = "") -> Rejection:
         key = (reason, total, detail)
@@ -231,34 +277,31 @@ def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection 
 
 def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> FilterResult:
     decision = _Pass(snap, request)
-    feasible: list[str] = []
-    failed: dict[str, Rejection] = {}
-    for name in node_names:
-        rejection = decision.rejection(name)
-        if rejection is None:
-            feasible.append(name)
+    fits, misfits = decision.answers(node_names)
+    feasible = [name for name in node_names if name in fits]
+    failed = {name: misfits[name] for name in node_names if name in misfits}
+    if len(feasible) + len(failed) < len(node_names):  # nodes without GPUs, or none the extender knows
+        no_gpus = {name for name in node_names if name not in fits and name not in misfits}
+        if decision.host_only:
+            feasible = [name for name in node_names if name in fits or name in no_gpus]
         else:
-            failed[name] = rejection
+            failed.update(dict.fromkeys(no_gpus, decision.no_inventory()))
+    first = decision.whole_node_rejections(feasible + list(failed))
+    if first:
+        feasible = [name for name in feasible if name not in first]
+        failed.update(first)
     return FilterResult(feasible, failed)
 
 
 def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> list[dict]:
     decision = _Pass(snap, request)
-    inventories = snap.inventories
-    raw: dict[str, float] = {}
-    unknown: list[str] = []
-    for name in node_names:
-        node = inventories.get(name)
-        if node is not None:
-            answer = decision.answer(name, node)
-            if not isinstance(answer, Rejection):
-                raw[name] = answer
-        elif decision.host_only:
-            unknown.append(name)
-    if unknown and raw:
+    fits, misfits = decision.answers(node_names)
+    raw = {name: fits[name] for name in node_names if name in fits}
+    if decision.host_only and raw:
         # A node without GPUs strands none: for a pod asking no GPU it is as good as the best GPU
         # node (kube-scheduler's MostAllocated breaks that tie).
-        best = max(raw.values())
-        raw.update(dict.fromkeys(unknown, best))
+        no_gpus = [name for name in node_names if name not in fits and name not in misfits]
+        if no_gpus:
+            raw.update(dict.fromkeys(no_gpus, max(raw.values())))
     scores = normalize_scores(raw)
     return [{"Host": name, "Score": scores.get(name, 0)} for name in node_names]

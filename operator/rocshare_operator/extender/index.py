@@ -53,6 +53,8 @@ class ClusterIndex:
     on_inventory: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (node name, whether it now offers GPUs) when a node's inventory changed or went."""
     on_quota_change: list[Callable[[str], None]] = field(default_factory=list)
+    _unpooled: bool | None = field(default=None, repr=False)
+    """`some_node_of_no_known_pool`'s answer, None once something it reads changed."""
 
     # ---- nodes and inventory ------------------------------------------------------------
 
@@ -62,6 +64,7 @@ class ClusterIndex:
 
     def on_node_facts(self, kind: str, node: NodeFacts, _before: NodeFacts | None = None) -> None:
         name = node.name
+        pool_before = self.node_pools.get(name)
         if kind == "DELETED":
             self.nodes.pop(name, None)
             self.node_pools.pop(name, None)
@@ -72,6 +75,8 @@ class ClusterIndex:
                 self.node_pools[name] = pool
             else:
                 self.node_pools.pop(name, None)
+        if self.node_pools.get(name) != pool_before:
+            self._membership_changed()
         self._rebuild_inventory(name)
 
     def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
@@ -105,6 +110,7 @@ class ClusterIndex:
 
     def on_pool(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
+        self._membership_changed()
         if kind == "DELETED":
             self.pools.pop(name, None)
             return
@@ -112,6 +118,18 @@ class ClusterIndex:
             self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
         except ValidationError as error:
             log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+
+    def _membership_changed(self) -> None:
+        self._unpooled = None
+
+    def some_node_of_no_known_pool(self) -> bool:
+        """Whether a node with an inventory has no pool label, or one naming no AmdGpuPool the
+        index knows (those nodes take the default policy). Worked out again only after a node's
+        inventory or pool label, or a pool, changed: decisions ask it on every call."""
+        if self._unpooled is None:
+            self._unpooled = bool(self.inventories.keys() - self.node_pools.keys()
+                                  or not set(self.node_pools.values()) <= self.pools.keys())
+        return self._unpooled
 
     def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
         pool = self.node_pools.get(node_name)
@@ -137,6 +155,7 @@ class ClusterIndex:
             self._inventory_changed(name, True)
 
     def _inventory_changed(self, name: str, offers: bool) -> None:
+        self._membership_changed()
         for callback in self.on_inventory:
             callback(name, offers)
 

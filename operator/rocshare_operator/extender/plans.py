@@ -2,9 +2,13 @@
 rule that says when an answer may be reused.
 
 An answer for a node is a pure function of (the node's inventory, its ledger usage, the key),
-so it is valid exactly while the node's ledger version and `NodeInventory` object are the ones
-it was computed from: the ledger bumps the version on every apply or release on the node, and a
-changed inventory is a new object. `KeyMemo.lookup` applies that rule; nobody else does.
+so it is valid exactly while neither changed since it was computed. Each key's answers are kept
+in two tables (`fits`: node -> score, `misfits`: node -> why not) valid as of a position in the
+ledger's journal: `NodeMemo.sync` drops the answers of every node the ledger changed since (a
+decision costs what changed, not what the cluster holds), and `NodeMemo.forget` drops a node's
+answers when its inventory changes or goes. Those two are the rule; nobody else drops or trusts
+answers. The tables are what decisions read in bulk: at 1,000 nodes a decision is a few set-like
+passes over the node names, not a thousand lookups.
 Answers that read no GPU identity depend only on a node's shape and usage (`by_shape`), so
 nodes alike share them. Bounded: past MAX_KEYS keys everything is dropped, past MAX_SHARED
 shape answers all of those; later calls refill. Nothing else is cached here (quota, blocked
@@ -17,30 +21,35 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocshare.core.inventory import NodeInventory
-
-MISSING: Any = object()
-"""What `KeyMemo.lookup` returns when no valid answer is cached."""
+from rocshare.core.ledger import Ledger
 
 
 @dataclass(slots=True)
 class KeyMemo:
-    """One key's answers."""
+    """One key's answers, valid as of `synced` in `ledger`'s journal."""
 
-    by_node: dict[str, tuple[int, NodeInventory, Any]] = field(default_factory=dict)
-    """Node name -> (its ledger version, its inventory, the answer computed from them)."""
+    fits: dict[str, float] = field(default_factory=dict)
+    """Node name -> the pod's score there."""
+    misfits: dict[str, Any] = field(default_factory=dict)
+    """Node name -> why the pod does not fit there."""
     by_shape: dict[tuple, Any] = field(default_factory=dict)
     """(node shape, usage) -> the answer, for keys whose answers read no GPU id."""
+    ledger: Ledger | None = None
+    synced: int = 0
 
-    def lookup(self, name: str, version: int, node: NodeInventory) -> Any:
-        """The answer computed from exactly this ledger version and inventory, or MISSING."""
-        entry = self.by_node.get(name)
-        if entry is not None and entry[0] == version and entry[1] is node:
-            return entry[2]
-        return MISSING
+    def store(self, name: str, answer: Any) -> None:
+        """A score (a number) or a rejection (anything else), computed from the node as it is now."""
+        if isinstance(answer, float | int):
+            self.fits[name] = answer
+        else:
+            self.misfits[name] = answer
 
-    def store(self, name: str, version: int, node: NodeInventory, answer: Any) -> None:
-        self.by_node[name] = (version, node, answer)
+    def drop(self, name: str) -> None:
+        self.fits.pop(name, None)
+        self.misfits.pop(name, None)
+
+    def holds(self, name: str) -> bool:
+        return name in self.fits or name in self.misfits
 
 
 class NodeMemo:
@@ -53,13 +62,28 @@ class NodeMemo:
         self._keys: dict[Hashable, KeyMemo] = {}
         self._shared = 0
 
-    def answers(self, key: Hashable) -> KeyMemo:
+    def answers(self, key: Hashable, ledger: Ledger) -> KeyMemo:
+        """The key's answers, every one still valid against `ledger` as it is now."""
         found = self._keys.get(key)
         if found is None:
             if len(self._keys) >= self.MAX_KEYS:
                 self.clear()
             found = self._keys[key] = KeyMemo()
+        self.sync(found, ledger)
         return found
+
+    @staticmethod
+    def sync(memo: KeyMemo, ledger: Ledger) -> None:
+        """Drop the answers of nodes the ledger changed since the memo last looked."""
+        changed = ledger.changed_since(memo.synced) if memo.ledger is ledger else None
+        if changed is None:
+            memo.fits.clear()
+            memo.misfits.clear()
+            memo.ledger = ledger
+        else:
+            for name in set(changed):
+                memo.drop(name)
+        memo.synced = ledger.journal_end
 
     def share(self, memo: KeyMemo, shape_key: tuple, value: Any) -> None:
         if self._shared >= self.MAX_SHARED:
@@ -70,12 +94,13 @@ class NodeMemo:
         self._shared += 1
 
     def forget(self, name: str) -> None:
+        """The node's inventory changed or went: none of its answers hold."""
         for memo in self._keys.values():
-            memo.by_node.pop(name, None)
+            memo.drop(name)
 
     def holds(self, name: str) -> bool:
         """Whether any key holds an answer for the node."""
-        return any(name in memo.by_node for memo in self._keys.values())
+        return any(memo.holds(name) for memo in self._keys.values())
 
     def clear(self) -> None:
         self._keys.clear()

@@ -54,6 +54,9 @@ class Snapshot:
     def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
         return self._index.pool_of(node_name)
 
+    def some_node_of_no_known_pool(self) -> bool:
+        return self._index.some_node_of_no_known_pool()
+
     def quota_limits(self, namespace: str) -> ShareLimits:
         return self._index.quota_limits(namespace)
 
@@ -131,9 +134,8 @@ class SchedulerState:
             self.retrier.note_waiting(pod.key, pod.namespace)
 
     def _inventory_changed(self, name: str, offers: bool) -> None:
-        if not offers:
-            self.plans.forget(name)
-        elif self.retrier is not None:
+        self.plans.forget(name)
+        if offers and self.retrier is not None:
             self.retrier.room_freed()  # kube-scheduler may have retried on the node event before we saw it
 
     def _quota_changed(self, namespace: str) -> None:

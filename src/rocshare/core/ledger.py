@@ -12,6 +12,10 @@ keep theirs for the pod's life).
 
 Usage is recomputed per GPU from its holders on every change, so a pair of conflicting
 records (which the allocator never produces) cannot make subtraction go wrong.
+
+Every change bumps the node's version and appends the node to a bounded journal, so a reader
+holding answers for thousands of nodes learns which went stale since it last looked
+(`changed_since`) without checking each node's version.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def add_usage(a: GpuUsage, b: GpuUsage) -> GpuUsage:
 
 
 GpuKey = tuple[NodeName, GpuId]
+JOURNAL_MAX = 100_000
+"""Changes the journal keeps; past it the older half is dropped (a reader that far behind resyncs)."""
 
 
 class Ledger:
@@ -109,6 +115,9 @@ class Ledger:
         self._gpu: dict[GpuKey, GpuUsage] = {}
         self._node_host: dict[NodeName, tuple[int, int]] = {}
         self._versions: dict[NodeName, int] = {}
+        self._journal: list[NodeName] = []
+        self._journal_start = 0
+        """The position of `_journal[0]`: older entries were dropped (JOURNAL_MAX)."""
         self._usage_cache: dict[NodeName, tuple[int, NodeInventory, NodeUsage]] = {}
 
     @classmethod
@@ -185,6 +194,11 @@ class Ledger:
 
     def _bump(self, node: NodeName) -> None:
         self._versions[node] = self._versions.get(node, 0) + 1
+        self._journal.append(node)
+        if len(self._journal) > JOURNAL_MAX:
+            dropped = len(self._journal) // 2
+            del self._journal[:dropped]
+            self._journal_start += dropped
 
     # ---- views --------------------------------------------------------------------------
 
@@ -194,6 +208,18 @@ class Ledger:
     def node_version(self, node: str) -> int:
         """Changes whenever a record on that node is applied or released."""
         return self._versions.get(NodeName(node), 0)
+
+    @property
+    def journal_end(self) -> int:
+        """The position after the last change: what a reader passes to `changed_since` next time."""
+        return self._journal_start + len(self._journal)
+
+    def changed_since(self, position: int) -> list[NodeName] | None:
+        """The nodes changed since `position` (a past `journal_end`; repeats possible), or None when
+        that part of the journal was dropped: then the reader must take every node as changed."""
+        if position < self._journal_start:
+            return None
+        return self._journal[position - self._journal_start:]
 
     @property
     def versions(self) -> Mapping[str, int]:

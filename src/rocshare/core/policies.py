@@ -270,8 +270,10 @@ def normalize_scores(scores: Mapping[str, float]) -> dict[str, int]:
         return {}
     low, high = min(scores.values()), max(scores.values())
     if high == low:
-        return {name: 0 for name in scores}
+        return dict.fromkeys(scores, 0)
     span = high - low
     below = MAX_EXTENDER_SCORE - 1
-    return {name: MAX_EXTENDER_SCORE if value == high else min(below, round((value - low) * MAX_EXTENDER_SCORE / span))
-            for name, value in scores.items()}  # an int
+    # Nodes share raw scores (nodes alike, equal loads): each distinct value is scaled once.
+    level = {value: min(below, round((value - low) * MAX_EXTENDER_SCORE / span)) for value in set(scores.values())}
+    level[high] = MAX_EXTENDER_SCORE
+    return {name: level[value] for name, value in scores.items()}  # an int

@@ -15,7 +15,9 @@ from rocshare.api.models import API_VERSION, GpuInfo
 from rocshare.api.node_settings import POOL_LABEL
 from rocshare.core.allocate import allocate, plan_pod
 from rocshare.core.fit import FitFailure
+from rocshare.core import ledger as ledger_module
 from rocshare.core.ids import pod_key
+from rocshare.core.ledger import Ledger
 from rocshare.core.policies import NodeScorer
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
 from rocshare_operator.extender import decisions
@@ -154,6 +156,27 @@ async def test_one_pool_answers_its_nodes_and_the_default_answers_strays(strays:
     place_and_compare(state, names, rng, pods=20)
 
 
+async def test_pool_membership_changing_between_decisions_is_seen_by_the_next() -> None:
+    """Whether every node shares one policy is worked out once per change of membership: a node
+    relabelled out of its pool, a pool deleted or created, each is seen by the very next decision."""
+    rng = random.Random(4)
+    state = SchedulerState()
+    set_pool(state, "spread", nodePolicy="spread", gpuPolicy="spread")
+    names = [f"n{i}" for i in range(6)]
+    for name in names:
+        add_node(state, name, pool="spread")
+    place_and_compare(state, names, rng, pods=4)
+    add_node(state, "n5", pool="")  # relabelled: no pool, the default policy
+    assert policy_for(state.snapshot(), "n5", request()).node == NodeScorer.BINPACK
+    place_and_compare(state, names, rng, pods=4)
+    add_node(state, "n5", pool="later")  # a pool not created yet
+    place_and_compare(state, names, rng, pods=4)
+    set_pool(state, "later", nodePolicy="spread", gpuPolicy="spread")
+    place_and_compare(state, names, rng, pods=4)
+    state.on_pool("DELETED", {"metadata": {"name": "spread"}})
+    place_and_compare(state, names, rng, pods=4)
+
+
 def test_nodes_failing_alike_share_one_rendered_rejection(state: SchedulerState) -> None:
     for name in ("n1", "n2"):
         commit(state, request(f"whole-{name}", gpus=4), name)
@@ -288,18 +311,55 @@ def test_bind_checks_plan_afresh(state: SchedulerState, monkeypatch) -> None:
 
 
 def test_memo_is_bounded(monkeypatch) -> None:
-    memo = NodeMemo()
-    first = memo.answers(("shape", 0))
-    first.by_node["n1"] = (0, None, 1.0)
+    memo, ledger = NodeMemo(), Ledger()
+    first = memo.answers(("shape", 0), ledger)
+    first.store("n1", 1.0)
     for key in range(1, NodeMemo.MAX_KEYS):
-        memo.answers(("shape", key))
-    assert memo.answers(("shape", 0)) is first and memo.holds("n1")
-    assert memo.answers(("one", "more")).by_node == {}  # past the key limit everything is dropped
-    assert memo.answers(("shape", 0)) is not first and not memo.holds("n1")
+        memo.answers(("shape", key), ledger)
+    assert memo.answers(("shape", 0), ledger) is first and memo.holds("n1")
+    assert not memo.answers(("one", "more"), ledger).holds("n1")  # past the key limit everything is dropped
+    assert memo.answers(("shape", 0), ledger) is not first and not memo.holds("n1")
     monkeypatch.setattr(NodeMemo, "MAX_SHARED", 3)
-    kept = memo.answers(("shape", 0))
+    kept = memo.answers(("shape", 0), ledger)
     for serial in range(3):
         memo.share(kept, ("loads", serial), float(serial))
     assert len(kept.by_shape) == 3
-    memo.share(memo.answers(("one", "more")), ("loads", 9), 9.0)  # past the shape limit those are dropped
-    assert kept.by_shape == {} and memo.answers(("one", "more")).by_shape == {("loads", 9): 9.0}
+    memo.share(memo.answers(("one", "more"), ledger), ("loads", 9), 9.0)  # past the shape limit those are dropped
+    assert kept.by_shape == {} and memo.answers(("one", "more"), ledger).by_shape == {("loads", 9): 9.0}
+
+
+def test_answers_go_stale_with_the_ledger_changes_since_the_last_look(state: SchedulerState, monkeypatch) -> None:
+    """A key unused while other shapes' pods came and went replans exactly the nodes changed
+    meanwhile, and its answers equal a fresh plan."""
+    calls = count_plans(monkeypatch)
+    big = request("big", memory_mib=40000, cores_pct=60)
+    filter_nodes(state.snapshot(), big, ["n1", "n2", "n3"])
+    planned = calls[0]
+    for serial in range(3):  # another shape's pods come and go on n1 only
+        commit(state, request(f"s{serial}", memory_mib=30000, cores_pct=30), "n1")
+    state.accounts.uncommit(pod_key(NAMESPACE, "s0"))
+    feasible(state, request("small", memory_mib=1024, cores_pct=10))
+    calls[0] = planned
+    result = filter_nodes(state.snapshot(), big, ["n1", "n2", "n3"])
+    assert calls[0] == planned + 1  # n1 alone
+    fresh = {name: node_rejection(state.snapshot(), big, name) for name in ("n1", "n2", "n3")}
+    assert result.feasible == [name for name, why in fresh.items() if why is None]
+    assert {name: why.text() for name, why in result.failed.items()} == {
+        name: why.text() for name, why in fresh.items() if why is not None}
+
+
+def test_a_memo_behind_the_journal_or_of_another_ledger_starts_over(state: SchedulerState, monkeypatch) -> None:
+    memo, ledger = NodeMemo(), state.ledger
+    answers = memo.answers("key", ledger)
+    answers.store("n1", 1.0)
+    answers.store("n2", 2.0)
+    commit(state, request("a", memory_mib=1024, cores_pct=10), "n2")
+    answers = memo.answers("key", ledger)
+    assert answers.holds("n1") and not answers.holds("n2")  # only the changed node went
+    monkeypatch.setattr(ledger_module, "JOURNAL_MAX", 2)
+    for serial in range(3):
+        commit(state, request(f"b{serial}", memory_mib=1024, cores_pct=10), "n3")
+    assert ledger.changed_since(answers.synced) is None
+    assert not memo.answers("key", ledger).holds("n1")  # the journal dropped what it last saw
+    memo.answers("key", ledger).store("n1", 1.0)
+    assert not memo.answers("key", Ledger()).holds("n1")

@@ -317,7 +317,7 @@ def _section_lines(name: str, section: dict) -> list[str]:
 NOTES = [
     "## How these were measured",
     "",
-    "* **Extender** (`src/rocshare/bench/extender.py`): a SchedulerState built in memory through the "
+    "* **Extender** (`dev/rocshare_dev/bench/extender.py`): a SchedulerState built in memory through the "
     "informer handlers, N nodes × 8 GPUs from the MI210 and MI300X captures (MI300X folded from its CPX "
     "capture to 8 GPUs of 304 CUs; VRAM is **synthetic**, 64 and 192 GiB: the captures have none), filled "
     "with allocator-made records. One round = filter over the **full** node list (worst case: "
@@ -325,9 +325,11 @@ NOTES = [
     "percentageOfNodesToScore, may score fewer) + prioritize over the feasible nodes + the bind decision "
     "(parse, node_rejection, allocate, record and HAMi annotation encoding; no HTTP). `extender_p99_ms_N_nodes` "
     "is the worse of 50 % and 90 % occupancy, warm: pods drawn from a 7-shape mix after one untimed pod of "
-    "each shape, a pod committed and an older one released after each round. `extender_cold_*` empties the "
-    "plan memo before each round (the first pod of a never-seen shape).",
-    "* **Operator** (`src/rocshare/bench/cost.py`): real etcd + kube-apiserver + controller-manager; "
+    "each shape, a pod committed and an older one released after each round, then the plan refresher's "
+    "turn (as between kube-scheduler's calls: each recently asked shape plans the changed nodes; its CPU "
+    "per pod is `refresh_cpu_mean_ms`, not in the decision figures; `--no-refresh` measures without it). "
+    "`extender_cold_*` empties the plan memo before each round (the first pod of a never-seen shape).",
+    "* **Operator** (`dev/rocshare_dev/bench/cost.py`): real etcd + kube-apiserver + controller-manager; "
     "N Nodes, N AmdGpuNodes with status, 4 bound pods per node with allocation records (no webhook, no "
     "kube-scheduler), then `rocshare operator --standalone --no-webhook`; RSS (VmRSS, max over 20 s after "
     "/readyz) from /proc. The process holds one watch per kind for Nodes, Pods and AmdGpuNodes (small "

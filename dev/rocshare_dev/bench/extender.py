@@ -18,6 +18,10 @@ Pods are drawn from fleet.POD_MIX, so shapes repeat as in a real workload: "warm
 follow one untimed pod of each shape (a live extender's steady state); "cold" rounds empty
 the extender's plan memo first, as for the first pod of a never-seen shape.
 Only the decision functions are timed: no HTTP and no JSON parsing of the request body.
+Between rounds, as the live extender does in the time between kube-scheduler's calls, the plan
+refresher (refresh.py) plans each recently asked shape's changed nodes; its CPU per pod is
+reported apart (`refresh_cpu_*`), and `--no-refresh` measures the decisions without it (every
+decision then plans what changed since its shape was last asked about).
 The pool's gpuPolicy is `--gpu-policy` (default fragmentation-aware, the recommended one: its
 fragmentation model is on, learnt from the bench's pods as the pod feed would deliver them, and
 rebuilt every 50 binds during the timed rounds too, each rebuild dropping the plan memo's answers).
@@ -52,27 +56,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--gpu-policy", default="fragmentation-aware",
                         help="the pool's gpuPolicy (default: %(default)s, whose fragmentation model is on)")
+    parser.add_argument("--no-refresh", action="store_true",
+                        help="no plan refresher between rounds (decisions plan all their shape's changed nodes)")
     parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
 
 
 def run(args: argparse.Namespace) -> int:
     report = measure([int(n) for n in args.nodes.split(",")], [float(o) for o in args.occupancy.split(",")],
-                     rounds=args.rounds, seed=args.seed, progress=not args.json, gpu_policy=args.gpu_policy)
+                     rounds=args.rounds, seed=args.seed, progress=not args.json, gpu_policy=args.gpu_policy,
+                     refresh=not args.no_refresh)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
 
 
 def measure(node_counts: Sequence[int], occupancies: Sequence[float], *, rounds: int = 0, seed: int = 7,
-            progress: bool = False, gpu_policy: str = "fragmentation-aware") -> dict:
+            progress: bool = False, gpu_policy: str = "fragmentation-aware", refresh: bool = True) -> dict:
     results = []
     for nodes in node_counts:
         for occupancy in occupancies:
-            result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed, gpu_policy))
+            result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed, gpu_policy,
+                                              refresh))
             results.append(result)
             if progress:
                 print(_row(result), flush=True)
-    return {"node_gpus": 8, "full_node_list": True, "gpu_policy": gpu_policy, "settings": results}
+    return {"node_gpus": 8, "full_node_list": True, "gpu_policy": gpu_policy, "refresher": refresh,
+            "settings": results}
 
 
 def _default_rounds(nodes: int) -> int:
@@ -90,11 +99,13 @@ class Timings:
     prioritize_s: list[float]
     bind_s: list[float]
     feasible: list[int]
+    refresh_cpu_s: list[float]
 
 
 async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
-                       gpu_policy: str = "fragmentation-aware") -> dict:
+                       gpu_policy: str = "fragmentation-aware", refresh: bool = True) -> dict:
     from rocshare_operator.extender.heap import settle_heap
+    from rocshare_operator.extender.refresh import Refresher
     from rocshare_operator.extender.state import SchedulerState
 
     rng = random.Random(seed)
@@ -107,8 +118,9 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
     settle_heap()  # as the live extender does once its caches are synced
     try:
         warm_up(state, names)
-        warm = await _rounds(state, names, live, rounds, rng, cold=False)
-        cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True)
+        refresher = Refresher(state) if refresh else None
+        warm = await _rounds(state, names, live, rounds, rng, cold=False, refresher=refresher)
+        cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True, refresher=refresher)
     finally:
         gc.unfreeze()  # this setting's caches become garbage; the next one settles its own
     return {
@@ -183,11 +195,12 @@ def occupancy_of(state) -> float:
     return sum(shares) / len(shares)
 
 
-async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random.Random, *, cold: bool) -> Timings:
+async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random.Random, *, cold: bool,
+                  refresher=None) -> Timings:
     from rocshare_dev.bench.fleet import NAMESPACE, draw_pods, pod_object
     from rocshare.core.ids import pod_key
 
-    timings = Timings([], [], [], [], [], [])
+    timings = Timings([], [], [], [], [], [], [])
     pods = draw_pods(rng, "cold" if cold else "warm")
     for _ in range(rounds):
         pod = next(pods)
@@ -203,6 +216,10 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
             live.append(key)
             old = live.popleft()
             await state.on_pod("DELETED", {"metadata": {"namespace": NAMESPACE, "name": old.partition("/")[2]}})
+        if refresher is not None:  # the time between kube-scheduler's calls
+            cpu_started = time.thread_time()
+            await refresher.catch_up()
+            timings.refresh_cpu_s.append(time.thread_time() - cpu_started)
     return timings
 
 
@@ -283,6 +300,8 @@ def _summary(t: Timings) -> dict:
         "prioritize_p50_ms": _ms(t.prioritize_s, 0.5), "prioritize_p99_ms": _ms(t.prioritize_s, 0.99),
         "bind_p50_ms": _ms(t.bind_s, 0.5), "bind_p99_ms": _ms(t.bind_s, 0.99),
         "feasible_nodes_median": int(_quantile(t.feasible, 0.5)), "rounds": len(t.total_s),
+        **({"refresh_cpu_mean_ms": round(1000 * sum(t.refresh_cpu_s) / len(t.refresh_cpu_s), 3),
+            "refresh_cpu_p99_ms": _ms(t.refresh_cpu_s, 0.99)} if t.refresh_cpu_s else {}),
     }
 
 
@@ -292,4 +311,5 @@ def _row(result: dict) -> str:
             f"p50 {warm['p50_ms']:7.2f} ms  p99 {warm['p99_ms']:7.2f} ms  "
             f"(filter {warm['filter_p99_ms']:.2f}, prioritize {warm['prioritize_p99_ms']:.2f}, "
             f"bind {warm['bind_p99_ms']:.2f}; CPU p99 {warm['cpu_p99_ms']:.2f})  cold p99 {cold['p99_ms']:7.2f} ms  "
-            f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s")
+            f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s"
+            + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else ""))

@@ -6,12 +6,16 @@ Rejections stay typed (reason words with GPU counts) until the reply is rendered
 as the extender API's `"<n>/<total> <Reason>"` strings.
 
 Speed (kube-scheduler may send thousands of node names per call): the core planner's
-answer for a node -- its score, or why the pod does not fit -- is memoised in
-the plan cache (plans.py, which owns the rule for when an answer is still valid), keyed by what the answer depends on (the pod's GPU request and the node's
-policy); prioritize, which kube-scheduler calls right after filter for the same pod,
-and later pods of the same shape find the answers there. Answers for pods that name no
-GPU uuid depend only on the node's shape and usage, and are also shared between nodes
-alike. Per call, what is the same for every node is worked out once: the policy of each
+answer for a node -- its score, or why the pod does not fit -- is memoised in the plan cache
+(plans.py, which owns the rule for when an answer is still valid), keyed by what the answer
+depends on (the pod's GPU and host request and the node's policy). Each key's answers are two
+tables, node -> score and node -> rejection, kept valid through the ledger's change journal: a
+decision plans only the nodes changed since its key was last asked about (the refresher,
+refresh.py, plans those between decisions for recently asked keys) and reads the rest with
+one pass over the names per table. Prioritize, which kube-scheduler calls right after filter
+for the same pod, and later pods of the same shape find the answers there. Answers for pods
+that name no GPU uuid depend only on the node's shape and usage, and are also shared between
+nodes alike. Per call, what is the same for every node is worked out once: the policy of each
 pool (usually one for all), one `PodPlanner` per policy (it works out each node shape's
 needs once), one `Rejection` per distinct failure (rendered once). Quota, blocked nodes
 and pools are read fresh on every call. The memo holds answers, not capacity: bind
@@ -249,7 +253,8 @@ class _Pass:
     def _way(self, policy: Policy, ctx: ScoringContext, model_of: str | None) -> _Way:
         found = self._ways.get((policy, ctx))
         if found is None:
-            memo = self.snap.plans.answers((self._request_key, policy, model_of), self._ledger) if self.memoised else None
+            memo = self.snap.plans.answers((self._request_key, policy, model_of), self._ledger, self.request) \
+                if self.memoised else None
             found = self._ways[(policy, ctx)] = _Way(PodPlanner(self.request, policy, ctx), memo)
         return found
 
@@ -273,6 +278,17 @@ class _Pass:
 def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection | None:
     """Why the pod cannot go to this node now, or None when it can -- planned afresh (bind's check)."""
     return _Pass(snap, request, memoised=False).rejection(name)
+
+
+def refresh(snap: Snapshot, memo: KeyMemo) -> int:
+    """Plan now the nodes the ledger changed since the key's last look -- exactly what the key's
+    next decision would plan (refresh.py does this between decisions). Returns how many."""
+    changed = snap.ledger.changed_since(memo.synced) if memo.request is not None else None
+    if not changed:
+        return 0  # nothing changed, or the journal dropped it: the next decision plans afresh
+    names = list(dict.fromkeys(changed))
+    _Pass(snap, memo.request).answers(names)
+    return len(names)
 
 
 def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> FilterResult:

@@ -36,6 +36,10 @@ class KeyMemo:
     """(node shape, usage) -> the answer, for keys whose answers read no GPU id."""
     ledger: Ledger | None = None
     synced: int = 0
+    request: Any = None
+    """The pod request the key was first asked for: what `decisions.refresh` plans with."""
+    asked: int = 0
+    """`NodeMemo.asked` when the key was last asked for."""
 
     def store(self, name: str, answer: Any) -> None:
         """A score (a number) or a rejection (anything else), computed from the node as it is now."""
@@ -57,20 +61,32 @@ class NodeMemo:
 
     MAX_KEYS = 64
     MAX_SHARED = 100_000
+    RECENT_ASKS = 256
+    """Keys asked for within this many asks are `behind`'s to bring up to date (rarer ones are
+    planned again by their next decision)."""
 
     def __init__(self) -> None:
         self._keys: dict[Hashable, KeyMemo] = {}
         self._shared = 0
+        self.asked = 0
 
-    def answers(self, key: Hashable, ledger: Ledger) -> KeyMemo:
+    def answers(self, key: Hashable, ledger: Ledger, request: Any = None) -> KeyMemo:
         """The key's answers, every one still valid against `ledger` as it is now."""
         found = self._keys.get(key)
         if found is None:
             if len(self._keys) >= self.MAX_KEYS:
                 self.clear()
-            found = self._keys[key] = KeyMemo()
+            found = self._keys[key] = KeyMemo(request=request)
+        self.asked += 1
+        found.asked = self.asked
         self.sync(found, ledger)
         return found
+
+    def behind(self, ledger: Ledger) -> list[KeyMemo]:
+        """Recently asked keys whose answers predate a change of the ledger."""
+        end, recent = ledger.journal_end, self.asked - self.RECENT_ASKS
+        return [memo for memo in self._keys.values()
+                if memo.request is not None and memo.asked > recent and memo.ledger is ledger and memo.synced < end]
 
     @staticmethod
     def sync(memo: KeyMemo, ledger: Ledger) -> None:

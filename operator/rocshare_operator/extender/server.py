@@ -33,6 +33,7 @@ from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
+from rocshare_operator.extender.refresh import Refresher
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.index import quota_facts
 from rocshare_operator.extender.state import SchedulerState
@@ -222,6 +223,7 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     if own_feed:
         tasks.append(asyncio.create_task(feed.run(), name="cluster-feed"))
     tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
+    tasks.append(asyncio.create_task(Refresher(state).run(), name="plan-refresher"))
     tasks.append(asyncio.create_task(_freeze_when_synced(informers, feed), name="gc-freeze"))
     try:
         await asyncio.gather(*tasks)

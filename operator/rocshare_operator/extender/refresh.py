@@ -1,0 +1,38 @@
+"""Bringing the plan cache up to date between decisions.
+
+A decision plans again the nodes the ledger changed since its pod shape was last asked about
+(plans.py). For a shape asked rarely that is many nodes at once: a shape unseen for 75 binds
+plans ~150 nodes, ~8 ms at 1,000 nodes, while its pod waits. The refresher does that work
+between decisions instead: when the ledger changes (a bind, a pod's event), every recently asked
+shape plans the changed nodes, one shape per turn of the event loop, so a request arriving
+meanwhile waits for at most one shape's work. It changes no answer: it plans exactly what the
+shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rocshare_operator.extender.decisions import refresh
+from rocshare_operator.extender.state import SchedulerState
+
+
+class Refresher:
+    def __init__(self, state: SchedulerState) -> None:
+        self.state = state
+        self._wake = asyncio.Event()
+        state.on_ledger_change.append(self._wake.set)
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.catch_up()
+
+    async def catch_up(self) -> int:
+        """Plan every recently asked shape's changed nodes; returns the nodes planned."""
+        planned = 0
+        for memo in self.state.plans.behind(self.state.ledger):
+            await asyncio.sleep(0)  # requests first: one shape's work per turn of the loop
+            planned += refresh(self.state.snapshot(), memo)
+        return planned

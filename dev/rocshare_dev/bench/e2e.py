@@ -170,7 +170,7 @@ async def _run(root: Path, *, nodes: int, pods: int, gpus_per_node: int, burst_t
                                              admission=admission)
             if hami_binary is not None:
                 try:
-                    hami_result = await _hami_phase(stack, kube, hami_binary, pods=pods, timeout_s=burst_timeout_s,
+                    hami_result = await _hami_phase(stack, kube, hami_binary, nodes=nodes, pods=pods, timeout_s=burst_timeout_s,
                                                     node_lock_timeout=hami_node_lock_timeout)
                     hami_note = ""
                 except (hami.HamiNotBuilt, RuntimeError) as error:
@@ -275,7 +275,7 @@ async def _wait_admission_params(stack: _Stack, *, deadline_s: float) -> None:
     raise RuntimeError(f"the operator did not write its admission parameters within {deadline_s:.0f} s")
 
 
-async def _hami_phase(stack: _Stack, kube: Kube, binary: Path, *, pods: int, timeout_s: float,
+async def _hami_phase(stack: _Stack, kube: Kube, binary: Path, *, nodes: int, pods: int, timeout_s: float,
                       node_lock_timeout: str) -> dict[str, Any]:
     """HAMi's scheduler on the rocshare phase's nodes, rocshare's operator and admission gone."""
     await delete_all(kube, "bench-rocshare")
@@ -285,7 +285,7 @@ async def _hami_phase(stack: _Stack, kube: Kube, binary: Path, *, pods: int, tim
         stack.operator.stop()  # and its admission policies
         stack.operator = None
     stack.hami = hami.HamiScheduler(stack.cluster, binary, node_lock_timeout=node_lock_timeout)
-    stack.hami.start()
+    stack.hami.start(nodes=nodes)
     spec = {"schedulerName": hami.SCHEDULER_NAME}
     return await _measured_burst(stack, kube, "bench-hami", pods, SLICE, spec, timeout_s, until="bound")
 

@@ -24,7 +24,7 @@ reported apart (`refresh_cpu_*`), and `--no-refresh` measures the decisions with
 decision then plans what changed since its shape was last asked about).
 The pool's gpuPolicy is `--gpu-policy` (default fragmentation-aware, the recommended one: its
 fragmentation model is on, learnt from the bench's pods as the pod feed would deliver them, and
-rebuilt every 50 binds during the timed rounds too, each rebuild dropping the plan memo's answers).
+looked at again every 50 binds during the timed rounds too; a replaced model scores the nodes planned after it).
 The garbage collector is set as in the live extender (`heap.settle_heap` once the caches
 are built), so its pauses are the ones production sees.
 """

@@ -80,10 +80,15 @@ class HamiScheduler:
     def pids(self) -> dict[str, int]:
         return {name: process.pid for name, process in self.processes.items()}
 
-    def start(self, *, timeout_s: float = 60.0) -> None:
+    def start(self, *, timeout_s: float = 60.0, nodes: int = 0, register_timeout_s: float = 300.0) -> None:
+        """Start HAMi's scheduler and, once it has registered `nodes` nodes' devices, the
+        kube-scheduler that calls it (a pod tried before that is found unschedulable and waits in
+        kube-scheduler's unschedulable queue for minutes)."""
         root = self.cluster.root
         device_config = root / "hami-device-config.yaml"
         device_config.write_text(yaml.safe_dump(DEVICE_CONFIG))
+        log_path = self.cluster.logs / "hami-scheduler.log"
+        log_start = log_path.stat().st_size if log_path.exists() else 0
         self._spawn("hami-scheduler", [str(self.binary), f"--http_bind=127.0.0.1:{self.port}",
                                        f"--device-config-file={device_config}", f"--scheduler-name={SCHEDULER_NAME}",
                                        f"--metrics-bind-address=127.0.0.1:{free_port()}",
@@ -91,6 +96,7 @@ class HamiScheduler:
                                        "--kube-burst=1000", "-v=1"],
                     env={**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)})
         self._wait_ready(timeout_s)
+        self._wait_registered(log_path, log_start, nodes, register_timeout_s)
         config = root / "kube-scheduler-hami.yaml"
         config.write_text(yaml.safe_dump(self._scheduler_config(), sort_keys=False))
         self._spawn("kube-scheduler-hami", [str(self.cluster.bin_dir / "kube-scheduler"), f"--config={config}",
@@ -120,6 +126,21 @@ class HamiScheduler:
             except OSError:
                 time.sleep(0.3)
         raise HamiNotBuilt(f"HAMi's scheduler did not answer /healthz within {timeout_s:.0f} s")
+
+    def _wait_registered(self, log_path: Path, start: int, nodes: int, timeout_s: float) -> None:
+        """Until HAMi's log says it added `nodes` nodes' devices ("Node device added", one line per
+        node at -v=1): its node registration loop reads every node's hami.io/node-amd-register."""
+        deadline, seen = time.monotonic() + timeout_s, 0
+        while nodes and time.monotonic() < deadline:
+            with open(log_path, "rb") as log:
+                log.seek(start)
+                seen = log.read().count(b'"Node device added"')
+            if seen >= nodes:
+                return
+            time.sleep(1.0)
+        if nodes:
+            raise HamiNotBuilt(f"HAMi's scheduler registered {seen} of {nodes} nodes in {timeout_s:.0f} s; "
+                               f"see {log_path}")
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.cluster.logs / f"{name}.log", "ab") as log:

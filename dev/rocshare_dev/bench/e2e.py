@@ -472,6 +472,23 @@ def _hami_figures(result: dict[str, Any] | None, note: str, *, hami_src: Path | 
         "e2e_hami_load_1m_before_burst": result["load_1m_before"],
         "e2e_rocshare_to_hami_bound_ratio": (round(ours.bound_per_s / burst.bound_per_s, 2)
                                              if burst.bound_per_s else None),
+        **_unfinished_hami_ratios(burst, ours, partial),
+    }
+
+
+def _unfinished_hami_ratios(burst: BurstResult, ours: BurstResult, partial: float | None) -> dict[str, Any]:
+    """When HAMi binds only part of the burst before the deadline: rocshare's rate against HAMi's
+    over that window, and a lower bound of rocshare's lead (HAMi would need at least the window for
+    all pods, so its rate is at most pods / window)."""
+    if burst.bound_per_s or not partial or not burst.elapsed_s or not ours.bound_per_s:
+        return {}
+    ceiling = burst.pods / burst.elapsed_s
+    return {
+        "e2e_rocshare_to_hami_partial_bound_ratio": round(ours.bound_per_s / partial, 2),
+        "e2e_rocshare_to_hami_bound_ratio_at_least": round(ours.bound_per_s / ceiling, 2),
+        "e2e_hami_unfinished_note": (f"HAMi bound {burst.bound} of {burst.pods} pods in the "
+                                     f"{burst.elapsed_s:.0f} s deadline: its full-burst rate is at most "
+                                     f"{ceiling:.1f} pods/s"),
     }
 
 

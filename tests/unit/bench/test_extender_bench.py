@@ -25,3 +25,11 @@ def test_each_setting_is_timed_under_the_live_extenders_gc_settings(monkeypatch)
     for setting in report["settings"]:
         assert setting["nodes"] == 4 and setting["warm"]["rounds"] == 3 and setting["cold"]["rounds"] == 20
         assert 0 < setting["warm"]["p50_ms"] <= setting["warm"]["p99_ms"]
+
+
+def test_the_extender_bench_reports_the_refreshers_cpu_apart_and_runs_without_it() -> None:
+    with_refresher = bench.measure([4], [0.5], rounds=5)
+    without = bench.measure([4], [0.5], rounds=5, refresh=False)
+    assert with_refresher["refresher"] is True and without["refresher"] is False
+    assert with_refresher["settings"][0]["warm"]["refresh_cpu_mean_ms"] >= 0
+    assert "refresh_cpu_mean_ms" not in without["settings"][0]["warm"]

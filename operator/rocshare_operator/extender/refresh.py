@@ -12,9 +12,12 @@ shape's next decision would (`decisions.refresh`), under the plan cache's one va
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from rocshare_operator.extender.decisions import refresh
+from rocshare_operator.extender import decisions
 from rocshare_operator.extender.state import SchedulerState
+
+log = logging.getLogger(__name__)
 
 
 class Refresher:
@@ -24,15 +27,20 @@ class Refresher:
         state.on_ledger_change.append(self._wake.set)
 
     async def run(self) -> None:
+        """Until cancelled. A failed refresh is logged and the loop goes on: decisions plan what the
+        refresher could not, so a bug here costs latency, never a wrong answer or the extender."""
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await self.catch_up()
+            try:
+                await self.catch_up()
+            except Exception:
+                log.exception("plan refresher: a refresh failed; the next decisions plan those nodes themselves")
 
     async def catch_up(self) -> int:
         """Plan every recently asked shape's changed nodes; returns the nodes planned."""
         planned = 0
         for memo in self.state.plans.behind(self.state.ledger):
             await asyncio.sleep(0)  # requests first: one shape's work per turn of the loop
-            planned += refresh(self.state.snapshot(), memo)
+            planned += decisions.refresh(self.state.snapshot(), memo)
         return planned

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from rocshare.core.ids import pod_key
+from rocshare_operator.extender import decisions
 from rocshare_operator.extender.decisions import filter_nodes, node_rejection
 from rocshare_operator.extender.plans import NodeMemo
 from rocshare_operator.extender.refresh import Refresher
@@ -72,5 +73,32 @@ async def test_the_refresher_wakes_when_the_ledger_changes() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
         assert state.plans.behind(state.ledger) == []
+    finally:
+        task.cancel()
+
+
+async def test_a_failing_refresh_is_logged_and_the_refresher_goes_on(monkeypatch, caplog) -> None:
+    state = four_nodes()
+    pod = request("pod", memory_mib=4096, cores_pct=25)
+    filter_nodes(state.snapshot(), pod, NAMES)
+    real, calls = decisions.refresh, []
+
+    def fails_once(snap, memo):
+        calls.append(memo)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return real(snap, memo)
+
+    monkeypatch.setattr(decisions, "refresh", fails_once)
+    task = asyncio.create_task(Refresher(state).run())
+    try:
+        commit(state, request("s1", memory_mib=30000, cores_pct=30), "n1")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert "a refresh failed" in caplog.text and not task.done()
+        commit(state, request("s2", memory_mib=30000, cores_pct=30), "n2")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(calls) == 2 and state.plans.behind(state.ledger) == []
     finally:
         task.cancel()

@@ -24,7 +24,7 @@ class Refresher:
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
         self._wake = asyncio.Event()
-        state.on_ledger_change.append(self._wake.set)
+        state.ledger.on_change.append(self._wake.set)
 
     async def run(self) -> None:
         """Until cancelled. A failed refresh is logged and the loop goes on: decisions plan what the

@@ -16,7 +16,7 @@ metrics) happen in the server's handlers and the binder.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +74,6 @@ class SchedulerState:
     accounts: Accounts = field(init=False)
     workloads: PoolWorkloads = field(init=False)
     retrier: Retrier | None = None
-    on_ledger_change: list[Callable[[], None]] = field(default_factory=list)
-    """Called after a bind, a release or a pod event changed the ledger (refresh.py listens)."""
     scheduler_name: str = "rocshare-scheduler"
 
     def __post_init__(self) -> None:
@@ -118,7 +116,6 @@ class SchedulerState:
         if self.retrier is not None:
             self._track_waiting(pod, ended=kind == "DELETED" or pod.finished)
         self.workloads.on_pod(kind, pod)
-        end = self.ledger.journal_end
         try:
             self.accounts.on_pod(kind, pod)
         except Exception as error:
@@ -126,8 +123,6 @@ class SchedulerState:
             if kind != "DELETED":
                 self.accounts.hold_unknown(pod.key, pod.namespace, pod.node, f"reading it failed: {error!r}")
             raise
-        finally:
-            self._ledger_moved(end)
 
     def _track_waiting(self, pod: PodFacts, *, ended: bool) -> None:
         """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
@@ -154,24 +149,13 @@ class SchedulerState:
     # ---- bind's accounting (the binder's side effects) ------------------------------------------
 
     def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
-        end = self.ledger.journal_end
         self.accounts.commit(key, namespace, record, host)
-        self._ledger_moved(end)
 
     def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
-        end = self.ledger.journal_end
         self.accounts.commit_host(key, node, host)
-        self._ledger_moved(end)
 
     async def uncommit(self, key: PodKey) -> None:
-        end = self.ledger.journal_end
         self.accounts.uncommit(key)
-        self._ledger_moved(end)
-
-    def _ledger_moved(self, end: int) -> None:
-        if self.ledger.journal_end != end:
-            for callback in self.on_ledger_change:
-                callback()
 
     # ---- read-only views (tests, metrics, benches) --------------------------------------------
 

@@ -15,12 +15,13 @@ records (which the allocator never produces) cannot make subtraction go wrong.
 
 Every change bumps the node's version and appends the node to a bounded journal, so a reader
 holding answers for thousands of nodes learns which went stale since it last looked
-(`changed_since`) without checking each node's version.
+(`changed_since`) without checking each node's version; `on_change` callbacks hear of every
+change as it is journalled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
@@ -118,6 +119,8 @@ class Ledger:
         self._journal: list[NodeName] = []
         self._journal_start = 0
         """The position of `_journal[0]`: older entries were dropped (JOURNAL_MAX)."""
+        self.on_change: list[Callable[[], None]] = []
+        """Called after every change (an apply, a release, a host hold), once the journal has it."""
         self._usage_cache: dict[NodeName, tuple[int, NodeInventory, NodeUsage]] = {}
 
     @classmethod
@@ -199,6 +202,8 @@ class Ledger:
             dropped = len(self._journal) // 2
             del self._journal[:dropped]
             self._journal_start += dropped
+        for callback in self.on_change:
+            callback()
 
     # ---- views --------------------------------------------------------------------------
 

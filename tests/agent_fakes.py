@@ -39,3 +39,26 @@ class MemoryPods:
 def hook_present(hook_dir: str) -> HookCheck:
     """The device plugin's hook check on a node that has the library (hook.py)."""
     return HookCheck(hook_library_path(hook_dir))
+
+
+class RecordingKube:
+    """Just enough of Kube for InventoryAgent passes: a Node without pool settings, the writes recorded."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.applied: list[tuple[str, dict]] = []
+        self.created: list[tuple[str, dict]] = []
+
+    async def get(self, path: str) -> dict:
+        return {"metadata": {"name": self.node_name, "uid": "node-uid"}}
+
+    async def create(self, path: str, body: dict) -> dict:
+        self.created.append((path, body))
+        return body
+
+    async def apply(self, path: str, body: dict, *, field_manager: str) -> dict:
+        self.applied.append((path, body))
+        return body
+
+    def published_statuses(self) -> list[dict]:
+        return [body["status"] for path, body in self.applied if path.endswith("/status")]

@@ -102,7 +102,8 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
                                              dev_root=config.dev_root, exporter_url=config.exporter_url,
                                              group_file=config.group_file, hook_dir=config.hook_path,
                                              hook_missing=config.hook_missing,
-                                             interval_s=config.health_interval_s, on_inventory=on_inventory))
+                                             interval_s=config.health_interval_s, on_inventory=on_inventory,
+                                             plugin=service))
         tasks.create_task(pods.run())
         tasks.create_task(_sweep_pod_devices(service, pods))
         await first_inventory.wait()

@@ -9,7 +9,11 @@ emits Events for the transitions and re-publishes. Without changes it re-publish
 (annotation rocshare.io/pool-settings) are re-read every `settings_interval_s`; missing or
 undecodable settings mean defaults (logged with why). Each pass also checks the memory hook
 library (hook.py): the MemoryHook condition beside Ready, and a Node event when it appears or
-goes. A failed publish is logged and retried on the next check; nothing here ends the loop but
+goes. With the device plugin wired in (`plugin`), the DevicePlugin condition says whether the
+kubelet has the device list (True only while it watches every resource offered), re-published as
+soon as that changes and set False when the agent stops: the extender offers the node only while
+it is True, so no pod is bound in the gap of an agent restart, when the kubelet would fail it.
+A failed publish is logged and retried on the next check; nothing here ends the loop but
 cancellation.
 """
 
@@ -23,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from rocshare.api.models import (AmdGpuNodeStatus, Condition, GpuInfo, HealthSource, HealthSourceKind, HookMissing,
                                  Sharing)
@@ -43,7 +48,19 @@ DEFAULT_INTERVAL_S = 2.0
 DEFAULT_HEARTBEAT_S = 60.0
 DEFAULT_SETTINGS_INTERVAL_S = 30.0
 
+STOPPING_PUBLISH_S = 2.0
+"""How long a stopping agent tries to publish DevicePlugin False before it exits anyway."""
+
 InventoryCallback = Callable[[list[GpuInfo]], Awaitable[None] | None]
+
+
+class PluginState(Protocol):
+    """What the inventory loop reads of the device plugin (DevicePluginService)."""
+
+    @property
+    def resources(self) -> list[str]: ...
+    def serving(self) -> bool: ...
+    async def serving_changed(self) -> None: ...
 
 
 def _now_rfc3339() -> str:
@@ -73,8 +90,10 @@ class InventoryAgent:
                  heartbeat_s: float = DEFAULT_HEARTBEAT_S, settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
                  exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
                  group_file: Path | None = None, hook_dir: str | None = None,
-                 hook_missing: HookMissing = HookMissing.REFUSE) -> None:
+                 hook_missing: HookMissing = HookMissing.REFUSE, plugin: PluginState | None = None) -> None:
         self.publisher = NodePublisher(kube, node_name)
+        self.plugin = plugin
+        self.stopping = False
         self.hook_dir, self.hook_missing = hook_dir, hook_missing
         self.hook: HookCheck | None = None
         self.sysfs_root, self.dev_root = Path(sysfs_root), (Path(dev_root) if dev_root else None)
@@ -195,7 +214,17 @@ class InventoryAgent:
         conditions = [ready_condition(gpus)]
         if self.hook is not None:
             conditions.append(hook_condition(self.hook, self.hook_missing))
+        if self.plugin is not None:
+            conditions.append(device_plugin_condition(self.plugin.resources, serving=self.plugin.serving(),
+                                                      stopping=self.stopping))
         return conditions
+
+    async def publish_stopping(self) -> None:
+        """The agent is going: DevicePlugin False, so the extender stops offering the node before
+        the kubelet marks its devices unhealthy (nothing to publish before the first inventory)."""
+        self.stopping = True
+        if self.gpus is not None:
+            await self._publish(self.gpus)
 
     def _stamped(self, condition: Condition) -> Condition:
         """The condition with its transition time: now when its status changed, else kept."""
@@ -257,13 +286,26 @@ def ready_condition(gpus: list[GpuInfo]) -> Condition:
     return Condition(type="Ready", status="True", reason="GpusFound", message=f"{healthy}/{len(gpus)} GPUs healthy")
 
 
+def device_plugin_condition(resources: list[str], *, serving: bool, stopping: bool = False) -> Condition:
+    names = ", ".join(resources)
+    if stopping:
+        return Condition(type="DevicePlugin", status="False", reason="AgentStopping",
+                         message=f"the node agent is stopping; {names} is offered again once its successor serves")
+    if not serving:
+        return Condition(type="DevicePlugin", status="False", reason="NotWatched",
+                         message=f"waiting for the kubelet to register the device plugin and watch {names}")
+    return Condition(type="DevicePlugin", status="True", reason="Serving", message=f"the kubelet watches {names}")
+
+
 async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, dev_root: Path | None,
                              exporter_url: str | None = None, interval_s: float = DEFAULT_INTERVAL_S,
                              heartbeat_s: float = DEFAULT_HEARTBEAT_S,
                              settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
                              on_inventory: InventoryCallback | None = None, group_file: Path | None = None,
-                             hook_dir: str | None = None, hook_missing: HookMissing = HookMissing.REFUSE) -> None:
-    """Discover, check health and publish for `node_name` until cancelled.
+                             hook_dir: str | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
+                             plugin: PluginState | None = None) -> None:
+    """Discover, check health and publish for `node_name` until cancelled (then, with a `plugin`,
+    publish DevicePlugin False, for at most STOPPING_PUBLISH_S).
 
     `on_inventory(gpus)` (sync or async) is called with the full list of `GpuInfo` on the
     first check and whenever the inventory or any GPU's health changes. `exporter_url`
@@ -273,17 +315,40 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
     agent = InventoryAgent(kube, node_name=node_name, sysfs_root=sysfs_root, dev_root=dev_root,
                            exporter_url=exporter_url, on_inventory=on_inventory, heartbeat_s=heartbeat_s,
                            settings_interval_s=settings_interval_s, group_file=group_file, hook_dir=hook_dir,
-                           hook_missing=hook_missing)
-    while True:
-        started = time.monotonic()
-        try:
-            await agent.check()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug in one pass must not stop the agent publishing
-            log.exception("inventory check failed")
-        period_s = min(interval_s, float(agent.settings.health.interval_seconds))
-        await asyncio.sleep(max(0.0, period_s - (time.monotonic() - started)))
+                           hook_missing=hook_missing, plugin=plugin)
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                await agent.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one pass must not stop the agent publishing
+                log.exception("inventory check failed")
+            period_s = min(interval_s, float(agent.settings.health.interval_seconds))
+            await _sleep_unless(plugin, max(0.0, period_s - (time.monotonic() - started)))
+    except asyncio.CancelledError:
+        if plugin is not None:
+            await _publish_stopping(agent)
+        raise
+
+
+async def _sleep_unless(plugin: PluginState | None, duration_s: float) -> None:
+    """Sleep `duration_s`, or less when the device plugin's serving state changes first."""
+    if plugin is None:
+        await asyncio.sleep(duration_s)
+        return
+    try:
+        await asyncio.wait_for(plugin.serving_changed(), timeout=duration_s)
+    except TimeoutError:
+        pass
+
+
+async def _publish_stopping(agent: InventoryAgent) -> None:
+    try:
+        await asyncio.wait_for(agent.publish_stopping(), timeout=STOPPING_PUBLISH_S)
+    except TimeoutError:
+        log.warning("could not publish DevicePlugin False within %.0f s while stopping", STOPPING_PUBLISH_S)
 
 
 def _log_names(discovery: DiscoveryResult) -> None:

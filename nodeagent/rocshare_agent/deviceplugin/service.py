@@ -16,6 +16,12 @@ Progress through a pod's containers lives in memory only: an agent restart drops
 so the kubelet fails a half-served pod anyway, and `reset_progress` is called when the
 kubelet restarts.
 
+`serving()` says whether the kubelet has every resource's device list: a ListAndWatch stream
+that has sent its list is open for each. Until then (the agent just started, or the kubelet
+restarted) the kubelet holds the devices unhealthy or not at all and fails any pod bound here;
+the agent publishes it as the DevicePlugin condition, which the extender reads before offering
+the node.
+
 A container with a memory slice needs the hook library (hook.py), checked on each such
 Allocate: when it is missing, the pool's `agent.hookMissing` decides: Refuse (the refusal names
 the file) or RunWithoutLimit (no hook, no limit, and a Warning event on the pod says so).
@@ -90,6 +96,8 @@ class DevicePluginService:
         self._progress: dict[str, int] = {}  # pod uid -> GPU containers served
         self._served: OrderedDict[str, None] = OrderedDict()  # uids fully served, newest last
         self._lookup_failing = False  # the last preference lookup failed (warned once until one succeeds)
+        self._watchers: dict[str, int] = {}  # resource -> open ListAndWatch streams that sent their list
+        self._serving_changed = asyncio.Event()  # set and replaced when `serving()` may have changed
 
     # ---- inventory -------------------------------------------------------------------
 
@@ -122,6 +130,19 @@ class DevicePluginService:
         """Return at the next inventory or health change."""
         await self._changed.wait()
 
+    def serving(self) -> bool:
+        """Whether the kubelet has been sent the device list of every resource offered."""
+        return all(self._watchers.get(resource, 0) > 0 for resource in self.resources)
+
+    async def serving_changed(self) -> None:
+        """Return when a ListAndWatch stream opens or closes."""
+        await self._serving_changed.wait()
+
+    def _count_watcher(self, resource: str, delta: int) -> None:
+        self._watchers[resource] = self._watchers.get(resource, 0) + delta
+        changed, self._serving_changed = self._serving_changed, asyncio.Event()
+        changed.set()
+
     def reset_progress(self) -> None:
         self._progress.clear()
 
@@ -136,10 +157,18 @@ class DevicePluginService:
 
     async def list_and_watch(self, request: pb.Empty,
                              resource: str = GPU_RESOURCE) -> AsyncIterator[pb.ListAndWatchResponse]:
-        while True:
-            changed = self._changed  # taken before sending, so no change can slip between
-            yield self.list_response(resource)
-            await changed.wait()
+        sent = False
+        try:
+            while True:
+                changed = self._changed  # taken before sending, so no change can slip between
+                yield self.list_response(resource)
+                if not sent:  # gRPC asks for the next item once it has written this one
+                    sent = True
+                    self._count_watcher(resource, +1)
+                await changed.wait()
+        finally:
+            if sent:
+                self._count_watcher(resource, -1)
 
     async def get_preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []

@@ -41,7 +41,8 @@ from rocshare_operator.extender.state import Snapshot
 from rocshare_operator.extender.workloads import reads_model
 
 NO_INVENTORY = "NoGpuInventory"
-"""The node has no published GPUs, no allocatable amd.com/gpu, or is in no pool."""
+"""The node has no published GPUs, no allocatable amd.com/gpu, its device plugin is not watched by the
+kubelet (AmdGpuNode condition DevicePlugin False), or it is in no pool."""
 BLOCKED = "UndecodableAllocationRecord"
 """A pod on the node cannot be accounted for (its record or object cannot be read): its GPUs stay blocked."""
 

@@ -7,8 +7,10 @@ and by informers on AmdGpuPools and ResourceQuotas. It keeps only what decisions
 * per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
 * per node a `NodeInventory` from the agent's AmdGpuNode status, the pool settings the
   operator wrote on the Node and the Node's allocatable CPU and memory (scored and fitted against
-  every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node whose allocatable amd.com/gpu is 0, whose quantity cannot
-  be read, or that has no status, offers nothing);
+  every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node
+  whose allocatable amd.com/gpu is 0, whose quantity cannot be read, that has no status, or whose
+  agent says its device plugin is not watched by the kubelet (DevicePlugin False: the agent is
+  starting or stopping, the kubelet restarted) offers nothing);
 * per namespace the amd.com limits of its ResourceQuotas (a limit that cannot be read is
   taken as 0: fail closed, the namespace gets nothing more until it is fixed).
 `on_inventory` callbacks hear of every node whose inventory changed or went (the plan cache
@@ -143,7 +145,7 @@ class ClusterIndex:
     def _rebuild_inventory(self, name: str) -> None:
         node = self.nodes.get(name)
         status = self.gpu_status.get(name)
-        if node is None or status is None or not _allocatable_gpus(node):
+        if node is None or status is None or not status.plugin_serving or not _allocatable_gpus(node):
             if self.inventories.pop(name, None) is not None:
                 self._inventory_changed(name, False)
             return

@@ -121,6 +121,7 @@ class GpuNodeFacts:
     gpus: tuple[GpuFacts, ...] | None  # None: no status published yet, or a refused one
     problem: str | None = None  # why the status was refused
     unvalidated: tuple[GpuSummary, ...] = ()  # a refused status's GPUs, as written
+    plugin_serving: bool = True  # the DevicePlugin condition (AmdGpuNodeStatus.device_plugin_serving)
 
     def summaries(self) -> tuple[GpuSummary, ...]:
         if self.gpus is None:
@@ -146,7 +147,8 @@ def gpu_node_facts(obj: Mapping) -> GpuNodeFacts:
     except ValidationError as error:
         return GpuNodeFacts(name, None, problem=f"invalid status: {error.errors()[0]}",
                             unvalidated=gpu_summaries((obj.get("status") or {}).get("gpus") or []))
-    return GpuNodeFacts(name, tuple(gpu_facts(info) for info in status.gpus))
+    return GpuNodeFacts(name, tuple(gpu_facts(info) for info in status.gpus),
+                        plugin_serving=status.device_plugin_serving())
 
 
 def gpu_summaries(gpus: Iterable[Mapping]) -> tuple[GpuSummary, ...]:

@@ -256,7 +256,15 @@ class AmdGpuNodeStatus(_Model):
         description="The node's video and render group ids (host group file). Non-root containers need no "
                     "supplementalGroups under rocshare (Allocate hands them device files they can open); these are "
                     "for admins who set supplementalGroups themselves.")
-    conditions: list[Condition] = Field(default_factory=list, description="Ready.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready (GPUs found, some healthy), MemoryHook (the memory hook library is there) and DevicePlugin "
+                    "(the kubelet has the device list; the extender offers the node only while it is True).")
+
+    def device_plugin_serving(self) -> bool:
+        """False while the DevicePlugin condition says the kubelet lacks the device list; an agent
+        that publishes no such condition is taken at the kubelet's word (its allocatable)."""
+        return next((c.status == "True" for c in self.conditions if c.type == "DevicePlugin"), True)
 
     @model_validator(mode="after")
     def _derive_totals(self) -> AmdGpuNodeStatus:

@@ -20,7 +20,7 @@ from rocshare_agent.hook import (HookCheck, HookCollector, check_hook, hook_cond
                                  hook_transition)
 from rocshare_agent.inventory_loop import InventoryAgent
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment, render_daemonset
-from tests.agent_fakes import MemoryPods
+from tests.agent_fakes import MemoryPods, RecordingKube
 
 NODE = "node-a"
 GPU = GpuInfo(id="GPU-0000000000000001", index=0, render_minor=128, gfx_target_version=90010, cu_count=104,
@@ -161,27 +161,8 @@ def test_the_pool_setting_reaches_the_agent_through_its_daemonset() -> None:
 # ---- the inventory loop publishes it -------------------------------------------------------------
 
 
-class RecordingKube:
-    """Just enough of Kube for one InventoryAgent pass: no Node, the writes recorded."""
-
-    def __init__(self) -> None:
-        self.applied: list[tuple[str, dict]] = []
-        self.created: list[tuple[str, dict]] = []
-
-    async def get(self, path: str) -> dict:
-        return {"metadata": {"name": NODE, "uid": "node-uid"}}
-
-    async def create(self, path: str, body: dict) -> dict:
-        self.created.append((path, body))
-        return body
-
-    async def apply(self, path: str, body: dict, *, field_manager: str) -> dict:
-        self.applied.append((path, body))
-        return body
-
-
 async def test_inventory_pass_publishes_the_condition_and_one_event_per_change(tmp_path: Path) -> None:
-    kube = RecordingKube()
+    kube = RecordingKube(NODE)
     agent = InventoryAgent(kube, node_name=NODE, sysfs_root=tmp_path / "sys", dev_root=None, hook_dir=str(tmp_path),
                            hook_missing=HookMissing.REFUSE)
 

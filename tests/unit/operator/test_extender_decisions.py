@@ -246,6 +246,31 @@ def test_a_node_is_offered_only_once_its_kubelet_lists_the_devices(state: Schedu
     assert feasible(state, pod) == ["n1", "n2", "n3"]
 
 
+def test_a_node_is_not_offered_while_its_agent_says_the_kubelet_lacks_the_device_list(state: SchedulerState) -> None:
+    """An agent restart: the old plugin's socket is gone, so the kubelet holds the devices unhealthy
+    and fails any pod bound there, while its allocatable (posted every 10 s) still lists them. The
+    agent says so (DevicePlugin False) and the node is not offered until it says True again; waiting
+    pods are woken then."""
+    pod = request(memory_mib=1024, cores_pct=10)
+    woken: list[tuple[str, bool]] = []
+    state.index.on_inventory.append(lambda name, offers: woken.append((name, offers)))
+    infos = [gpu("n3", i).model_dump(by_alias=True) for i in range(4)]
+
+    def plugin(status: str, reason: str) -> None:
+        state.on_gpu_node("MODIFIED", {"metadata": {"name": "n3"}, "status": {"gpus": infos, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "GpusFound"},
+            {"type": "DevicePlugin", "status": status, "reason": reason}]}})
+
+    plugin("False", "AgentStopping")
+    assert feasible(state, pod) == ["n1", "n2"]
+    assert filter_nodes(state.snapshot(), pod, ["n3"]).failed["n3"].text() == f"0/0 {NO_INVENTORY}"
+    plugin("False", "NotWatched")
+    assert feasible(state, pod) == ["n1", "n2"]
+    plugin("True", "Serving")
+    assert feasible(state, pod) == ["n1", "n2", "n3"]
+    assert woken == [("n3", False), ("n3", True)]
+
+
 def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
     commit(state, request("busy", memory_mib=32768, cores_pct=50), "n2")
     pod = request(memory_mib=1024, cores_pct=10)

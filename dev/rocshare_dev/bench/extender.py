@@ -8,7 +8,7 @@ allocator made, committed with `state.commit` as bind does. Each timed round is 
 1. filter over the **full** node list (worst case: kube-scheduler sends only the nodes that
    passed its own filters, and with the default percentageOfNodesToScore may stop early),
    the reply rendered as JSON-ready dicts;
-2. prioritize over the nodes filter kept;
+2. prioritize over the nodes filter kept, its reply written as JSON text;
 3. the bind decision on the best node: exactly what `Binder` does except its HTTP calls
    (parse the pod, node_rejection, allocate, encode the record and the HAMi annotation).
 
@@ -26,13 +26,17 @@ The pool's gpuPolicy is `--gpu-policy` (default fragmentation-aware, the recomme
 fragmentation model is on, learnt from the bench's pods as the pod feed would deliver them, and
 looked at again every 50 binds during the timed rounds too; a replaced model scores the nodes planned after it).
 The garbage collector is set as in the live extender (`heap.settle_heap` once the caches
-are built), so its pauses are the ones production sees.
+are built), so its pauses are the ones production sees. Every collection during the timed rounds
+is reported (`gc`): per generation, its longest pause, and how many landed inside a timed
+decision. A collection between decisions (the refresher's turn) is not in any decision's figure,
+but a request arriving during it waits: its longest pause is that wait.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gc
 import json
 import random
@@ -91,6 +95,44 @@ def _default_rounds(nodes: int) -> int:
 # ---- one setting -----------------------------------------------------------------------------
 
 
+class GcPauses:
+    """Every garbage collection while installed (gc.callbacks): (start, end, generation)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float, int]] = []
+        self._started = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((self._started, time.perf_counter(), info["generation"]))
+
+    def summary(self, decisions: Sequence[tuple[float, float]]) -> dict:
+        """Counts and longest pause per generation; those that fell inside a timed decision."""
+        spans = sorted(decisions)
+        inside = [pause for pause in self.pauses if _overlaps(pause, spans)]
+        return {
+            "collections": {str(gen): sum(1 for p in self.pauses if p[2] == gen) for gen in (0, 1, 2)},
+            "longest_pause_ms": {str(gen): round(1000 * max((p[1] - p[0] for p in self.pauses if p[2] == gen),
+                                                            default=0.0), 3) for gen in (0, 1, 2)},
+            "in_decisions": len(inside),
+            "longest_in_decisions_ms": round(1000 * max((p[1] - p[0] for p in inside), default=0.0), 3),
+        }
+
+
+def _overlaps(pause: tuple[float, float, int], spans: Sequence[tuple[float, float]]) -> bool:
+    at = bisect.bisect_right(spans, (pause[0], float("inf"))) - 1
+    return at >= 0 and spans[at][1] > pause[0] or at + 1 < len(spans) and spans[at + 1][0] < pause[1]
+
+
 @dataclass
 class Timings:
     cpu_s: list[float]
@@ -100,6 +142,8 @@ class Timings:
     bind_s: list[float]
     feasible: list[int]
     refresh_cpu_s: list[float]
+    spans: list[tuple[float, float]]
+    """(start, end) of each timed decision, perf_counter seconds."""
 
 
 async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
@@ -119,14 +163,15 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
     try:
         warm_up(state, names)
         refresher = Refresher(state) if refresh else None
-        warm = await _rounds(state, names, live, rounds, rng, cold=False, refresher=refresher)
-        cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True, refresher=refresher)
+        with GcPauses() as pauses:
+            warm = await _rounds(state, names, live, rounds, rng, cold=False, refresher=refresher)
+            cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True, refresher=refresher)
     finally:
         gc.unfreeze()  # this setting's caches become garbage; the next one settles its own
     return {
         "nodes": nodes, "target_occupancy": occupancy, "occupancy": round(reached, 3),
         "pods_in_ledger": len(state.ledger), "rounds": rounds, "build_s": round(build_s, 1),
-        "warm": _summary(warm), "cold": _summary(cold),
+        "warm": _summary(warm), "cold": _summary(cold), "gc": pauses.summary(warm.spans + cold.spans),
     }
 
 
@@ -200,7 +245,7 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
     from rocshare_dev.bench.fleet import NAMESPACE, draw_pods, pod_object
     from rocshare.core.ids import pod_key
 
-    timings = Timings([], [], [], [], [], [], [])
+    timings = Timings([], [], [], [], [], [], [], [])
     pods = draw_pods(rng, "cold" if cold else "warm")
     for _ in range(rounds):
         pod = next(pods)
@@ -254,9 +299,10 @@ def decide(state, body: dict, names: list[str], timings: Timings):
     result.to_json()
     filtered = time.perf_counter()
     scores = prioritize(state.snapshot(), placement_request(body), result.feasible)
+    scores.to_json()
     prioritized = time.perf_counter()
     cpu_scored = time.thread_time()
-    best = max(scores, key=lambda entry: entry["Score"])["Host"] if scores else None
+    best = scores.best()
     cpu_bind = time.thread_time()
     bind_started = time.perf_counter()
     record = _bind_decision(state, body, best) if best else None
@@ -267,6 +313,7 @@ def decide(state, body: dict, names: list[str], timings: Timings):
     timings.prioritize_s.append(prioritized - filtered)
     timings.bind_s.append(done - bind_started)
     timings.feasible.append(len(result.feasible))
+    timings.spans.extend(((started, prioritized), (bind_started, done)))
     return record
 
 
@@ -312,4 +359,6 @@ def _row(result: dict) -> str:
             f"(filter {warm['filter_p99_ms']:.2f}, prioritize {warm['prioritize_p99_ms']:.2f}, "
             f"bind {warm['bind_p99_ms']:.2f}; CPU p99 {warm['cpu_p99_ms']:.2f})  cold p99 {cold['p99_ms']:7.2f} ms  "
             f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s"
-            + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else ""))
+            + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else "")
+            + f"  GC: {result['gc']['in_decisions']} collections in decisions (longest "
+              f"{result['gc']['longest_in_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms")

@@ -29,11 +29,13 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import orjson
+
 from rocshare.api.models import Scheduling
 from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
-from rocshare.core.policies import Policy, ScoringContext, normalize_scores
+from rocshare.core.policies import MAX_EXTENDER_SCORE, Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import KeyMemo
 from rocshare_operator.extender.quota import quota_verdict
@@ -310,15 +312,65 @@ def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> 
     return FilterResult(feasible, failed)
 
 
-def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> list[dict]:
+def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> Priorities:
     decision = _Pass(snap, request)
     fits, misfits = decision.answers(node_names)
-    raw = {name: fits[name] for name in node_names if name in fits}
-    if decision.host_only and raw:
+    raw = list(map(fits.get, node_names))  # None where the pod does not fit (or no GPUs)
+    scored = set(raw)
+    scored.discard(None)
+    if decision.host_only and scored:
         # A node without GPUs strands none: for a pod asking no GPU it is as good as the best GPU
         # node (kube-scheduler's MostAllocated breaks that tie).
-        no_gpus = [name for name in node_names if name not in fits and name not in misfits]
-        if no_gpus:
-            raw.update(dict.fromkeys(no_gpus, max(raw.values())))
-    scores = normalize_scores(raw)
-    return [{"Host": name, "Score": scores.get(name, 0)} for name in node_names]
+        best = max(scored)
+        raw = [best if score is None and name not in misfits else score for name, score in zip(node_names, raw)]
+    level: dict[float | None, int] = score_levels(scored)
+    level[None] = 0
+    return Priorities(node_names, list(map(level.__getitem__, raw)))
+
+
+@dataclass(frozen=True)
+class Priorities:
+    """prioritize's answer: each listed node's 0-10 score, in kube-scheduler's order.
+
+    Kept as two lists and written as JSON text directly (`to_json`): no object per node, so a
+    decision allocates next to nothing the garbage collector must track, and no collection lands
+    inside it (a thousand reply dicts per call set one off nearly every decision)."""
+    names: list[str]
+    levels: list[int]
+
+    def scores(self) -> dict[str, int]:
+        return dict(zip(self.names, self.levels))
+
+    def best(self) -> str | None:
+        """The first node of the highest score (what kube-scheduler picks, but for its own scores)."""
+        if not self.names:
+            return None
+        return self.names[self.levels.index(max(self.levels))]
+
+    def lowered(self, penalties: Mapping[str, int]) -> Priorities:
+        """Scores less each listed node's penalty (never below 0)."""
+        return Priorities(self.names, [max(0, level - penalties.get(name, 0))
+                                       for name, level in zip(self.names, self.levels)])
+
+    def to_json(self) -> orjson.Fragment:
+        """The HostPriorityList, [{"Host": name, "Score": n}, ...], as JSON text."""
+        starts = _host_entries(self.names)
+        entries = map(bytes.__add__, map(starts.__getitem__, self.names), map(_SCORE_ENDINGS.__getitem__, self.levels))
+        return orjson.Fragment(b"[" + b",".join(entries) + b"]")
+
+
+_SCORE_ENDINGS = [b',"Score":%d}' % level for level in range(MAX_EXTENDER_SCORE + 1)]
+_HOST_ENTRIES: dict[str, bytes] = {}
+"""Node name -> b'{"Host":"<name>"' (the name JSON-quoted): kube-scheduler names the same nodes."""
+_HOST_ENTRIES_MAX = 100_000
+
+
+def _host_entries(names: list[str]) -> dict[str, bytes]:
+    """`_HOST_ENTRIES`, holding every one of `names`."""
+    if not _HOST_ENTRIES.keys() >= set(names):
+        if len(_HOST_ENTRIES) + len(names) > _HOST_ENTRIES_MAX:
+            _HOST_ENTRIES.clear()
+        for name in names:
+            if name not in _HOST_ENTRIES:
+                _HOST_ENTRIES[name] = b'{"Host":' + orjson.dumps(name)
+    return _HOST_ENTRIES

@@ -28,7 +28,7 @@ from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import filter_nodes, prioritize
+from rocshare_operator.extender.decisions import Priorities, filter_nodes, prioritize
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
@@ -80,20 +80,18 @@ class ExtenderService:
         self.metrics.decisions.labels("filter", "fit" if result.feasible else "unfit").inc()
         return result.to_json()
 
-    async def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+    async def prioritize(self, args: dict[str, Any]) -> orjson.Fragment:
         names = _node_names(args)
         try:
             request = placement_request(_pod(args))
         except RequestError:
-            return [{"Host": name, "Score": 0} for name in names]
+            return Priorities(names, [0] * len(names)).to_json()
         self.metrics.decisions.labels("prioritize", "scored").inc()
         scores = prioritize(self.state.snapshot(), request, names)
         queued = self.binder.queued
         if queued:
-            for entry in scores:
-                if entry["Host"] in queued:
-                    entry["Score"] = max(0, entry["Score"] - queued[entry["Host"]])
-        return scores
+            scores = scores.lowered(queued)
+        return scores.to_json()
 
     async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         try:

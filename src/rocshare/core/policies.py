@@ -15,7 +15,7 @@ the GPU), never a CU count against a percent.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -260,20 +260,30 @@ def gpu_scorer_for(policy: Policy) -> GpuScorer:
 
 
 def normalize_scores(scores: Mapping[str, float]) -> dict[str, int]:
-    """Min-max to the extender's 0-10 (integers). All equal -> all 0 (no preference).
+    """Min-max to the extender's 0-10 (integers): `score_levels` applied to each node."""
+    level = score_levels(scores.values())
+    return {name: level[value] for name, value in scores.items()}
 
-    Only the best raw score gets 10; every other node at most 9. Rounding alone would put nodes
-    a hair below the best into the top bucket too, and kube-scheduler would pick among them at
-    random; this way its pick is the policy's best (or one of exactly equal ones) whenever the
-    extender's weight outweighs its own scores (manifests/base/scheduler)."""
-    if not scores:
+
+def score_levels(raw_scores: Iterable[float]) -> dict[float, int]:
+    """Each distinct raw score -> its 0-10 level (integers). All equal -> all 0 (no preference).
+
+    Only the best raw score gets 10; every other at most 9. Rounding alone would put nodes a hair
+    below the best into the top bucket too, and kube-scheduler would pick among them at random;
+    this way its pick is the policy's best (or one of exactly equal ones) whenever the extender's
+    weight outweighs its own scores (manifests/base/scheduler). Halves round up. Nodes share raw
+    scores (nodes alike, equal loads): each distinct value is scaled once."""
+    values = set(raw_scores)
+    if not values:
         return {}
-    low, high = min(scores.values()), max(scores.values())
+    low, high = min(values), max(values)
     if high == low:
-        return dict.fromkeys(scores, 0)
-    span = high - low
+        return {high: 0}
+    scale = MAX_EXTENDER_SCORE / (high - low)
+    # round half up; scores nearly all differ (fragmentation-aware), so this runs per node: kept plain
+    level = {value: int((value - low) * scale + 0.5) for value in values}
     below = MAX_EXTENDER_SCORE - 1
-    # Nodes share raw scores (nodes alike, equal loads): each distinct value is scaled once.
-    level = {value: min(below, round((value - low) * MAX_EXTENDER_SCORE / span)) for value in set(scores.values())}
+    for value in [value for value, points in level.items() if points > below]:
+        level[value] = below
     level[high] = MAX_EXTENDER_SCORE
-    return {name: level[value] for name, value in scores.items()}  # an int
+    return level

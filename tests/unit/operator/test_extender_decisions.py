@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
 
 from rocshare.api.models import API_VERSION, GpuInfo
@@ -18,7 +19,7 @@ from rocshare.core.fit import FitFailure
 from rocshare.core import ledger as ledger_module
 from rocshare.core.ids import pod_key
 from rocshare.core.ledger import Ledger
-from rocshare.core.policies import NodeScorer
+from rocshare.core.policies import NodeScorer, normalize_scores
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
 from rocshare_operator.extender import decisions
 from rocshare_operator.extender.decisions import (
@@ -109,8 +110,8 @@ async def test_memoised_filter_and_prioritize_match_a_fresh_plan_through_random_
         result = filter_nodes(state.snapshot(), pod, names + ["missing"])
         for name in names + ["missing"]:
             assert result.failed.get(name) == node_rejection(state.snapshot(), pod, name), (serial, name)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
-        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        scores = prioritize(state.snapshot(), pod, result.feasible).scores()
+        expected = normalize_scores(fresh_scores(state, pod, result.feasible))
         assert scores == {name: expected.get(name, 0) for name in result.feasible}
         if result.feasible and rng.random() < 0.7:
             node = rng.choice(result.feasible)
@@ -125,8 +126,8 @@ def place_and_compare(state: SchedulerState, names: list[str], rng: random.Rando
     for serial in range(pods):
         pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192)), cores_pct=rng.choice((10, 25)))
         result = filter_nodes(state.snapshot(), pod, names)
-        scores = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, result.feasible)}
-        expected = decisions.normalize_scores(fresh_scores(state, pod, result.feasible))
+        scores = prioritize(state.snapshot(), pod, result.feasible).scores()
+        expected = normalize_scores(fresh_scores(state, pod, result.feasible))
         assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
         commit(state, pod, rng.choice(result.feasible))
 
@@ -271,13 +272,26 @@ def test_a_node_is_not_offered_while_its_agent_says_the_kubelet_lacks_the_device
     assert woken == [("n3", False), ("n3", True)]
 
 
+def test_the_priorities_are_written_as_kube_schedulers_host_priority_list() -> None:
+    """The reply text is built without a dict per node: it must still be the list kube-scheduler
+    reads, names JSON-quoted whatever they hold, and a queue penalty never goes below 0."""
+    names = ["n1", 'odd"name\\', "ünï", "n4"]
+    priorities = decisions.Priorities(names, [10, 3, 0, 7])
+    assert orjson.loads(orjson.dumps(priorities.to_json())) == [
+        {"Host": "n1", "Score": 10}, {"Host": 'odd"name\\', "Score": 3}, {"Host": "ünï", "Score": 0},
+        {"Host": "n4", "Score": 7}]
+    assert priorities.lowered({"n1": 4, "n4": 9}).scores() == {"n1": 6, 'odd"name\\': 3, "ünï": 0, "n4": 0}
+    assert priorities.best() == "n1" and decisions.Priorities([], []).best() is None
+    assert orjson.loads(orjson.dumps(decisions.Priorities([], []).to_json())) == []
+
+
 def test_a_pool_switching_policy_changes_the_scores(state: SchedulerState) -> None:
     commit(state, request("busy", memory_mib=32768, cores_pct=50), "n2")
     pod = request(memory_mib=1024, cores_pct=10)
-    binpack = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, ["n1", "n2", "n3"])}
+    binpack = prioritize(state.snapshot(), pod, ["n1", "n2", "n3"]).scores()
     assert max(binpack, key=binpack.get) == "n2"
     set_pool(state, "p", nodePolicy="spread")
-    spread = {e["Host"]: e["Score"] for e in prioritize(state.snapshot(), pod, ["n1", "n2", "n3"])}
+    spread = prioritize(state.snapshot(), pod, ["n1", "n2", "n3"]).scores()
     assert spread["n2"] == 0 and spread["n1"] == spread["n3"] == 10
 
 

@@ -100,7 +100,7 @@ def test_a_pod_asking_no_gpu_may_go_to_nodes_the_extender_does_not_know(state: S
     assert filter_nodes(state.snapshot(), gpu_less, ["n1", "cpu-only"]).feasible == ["n1", "cpu-only"]
     gpu_pod = filter_nodes(state.snapshot(), request(), ["n1", "cpu-only"])
     assert gpu_pod.failed["cpu-only"].reasons == ((NO_INVENTORY, 0),)
-    scores = {entry["Host"]: entry["Score"] for entry in prioritize(state.snapshot(), gpu_less, ["n1", "cpu-only"])}
+    scores = prioritize(state.snapshot(), gpu_less, ["n1", "cpu-only"]).scores()
     assert scores["cpu-only"] >= scores["n1"]  # a node without GPUs strands none
 
 
@@ -113,16 +113,14 @@ async def test_fragmentation_aware_keeps_a_gpu_less_pod_off_the_node_whose_gpus_
         window.add((4000, 1, 1000, ()))
     await state.on_pod("ADDED", pod_object("a", node="n1", cpu="12"))
     await state.on_pod("ADDED", pod_object("b", node="n2", cpu="6"))
-    scores = {entry["Host"]: entry["Score"] for entry in prioritize(state.snapshot(), request(cpu_milli=4000, gpus=0),
-                                                                     ["n1", "n2"])}
+    scores = prioritize(state.snapshot(), request(cpu_milli=4000, gpus=0), ["n1", "n2"]).scores()
     assert scores["n2"] > scores["n1"]
 
 
 async def test_bestfit_prefers_the_node_left_with_less_cpu(state: SchedulerState) -> None:
     set_pool(state, nodePolicy="bestfit", gpuPolicy="binpack")
     await state.on_pod("ADDED", pod_object("a", node="n2", cpu="8"))
-    scores = {entry["Host"]: entry["Score"] for entry in prioritize(state.snapshot(), request(cpu_milli=1000),
-                                                                     ["n1", "n2"])}
+    scores = prioritize(state.snapshot(), request(cpu_milli=1000), ["n1", "n2"]).scores()
     assert scores == {"n1": 0, "n2": 10}
     assert Policy.resolve(Scheduling(nodePolicy=NodePolicy.BESTFIT), request()) == Policy(NodeScorer.BESTFIT)
 

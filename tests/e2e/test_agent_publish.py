@@ -132,7 +132,7 @@ async def test_kubectl_get_amdgpunodes_shows_counts_vram_and_mode(cluster, kube:
     await eventually(lambda: _with_gpus(kube, NODE_A, 8), timeout_s=10, what="MI210 status")
     output = cluster.kubectl("get", "amdgpunodes", NODE_A, NODE_B).stdout
     header, *rows = output.splitlines()
-    assert header.split()[:6] == ["NAME", "GPUS", "HEALTHY", "VRAM-MIB", "MODE", "HEARTBEAT"]
+    assert header.split()[:8] == ["NAME", "GPUS", "HEALTHY", "VRAM-MIB", "MODE", "HEARTBEAT", "PLUGIN", "READY"]
     by_name = {row.split()[0]: row.split() for row in rows}
     assert by_name[NODE_A][1:5] == ["8", "8", "0", "cu"]  # the MI210 capture has no VRAM size
     strix_vram_mib = status_b["gpus"][0]["vramMiB"]

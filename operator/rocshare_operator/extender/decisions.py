@@ -333,8 +333,9 @@ class Priorities:
     """prioritize's answer: each listed node's 0-10 score, in kube-scheduler's order.
 
     Kept as two lists and written as JSON text directly (`to_json`): no object per node, so a
-    decision allocates next to nothing the garbage collector must track, and no collection lands
-    inside it (a thousand reply dicts per call set one off nearly every decision)."""
+    decision allocates next to nothing the garbage collector counts, and rarely sets off a
+    collection (a reply dict per node did so in nearly every decision at 1,000 nodes: ~800 net
+    allocations against the young generation's threshold of 700)."""
     names: list[str]
     levels: list[int]
 

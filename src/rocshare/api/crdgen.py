@@ -73,6 +73,8 @@ CRDS: tuple[CrdSpec, ...] = (
             _column("VRAM-MiB", "integer", ".status.vramTotalMiB", "Real VRAM, MiB"),
             _column("Mode", "string", ".status.operatingMode", "cu or partition"),
             _column("Heartbeat", "date", ".status.lastHeartbeatTime", "Last publication by the agent"),
+            _column("Plugin", "string", '.status.conditions[?(@.type=="DevicePlugin")].status',
+                    "DevicePlugin condition: the kubelet has the device list (the node is offered only then)"),
             _ready_column(),
             _age_column(),
         ),

@@ -115,17 +115,20 @@ class GcPauses:
         else:
             self.pauses.append((self._started, time.perf_counter(), info["generation"]))
 
-    def summary(self, decisions: Sequence[tuple[float, float]]) -> dict:
-        """Counts and longest pause per generation; those that fell inside a timed decision."""
-        spans = sorted(decisions)
-        inside = [pause for pause in self.pauses if _overlaps(pause, spans)]
-        return {
+    def summary(self, **decisions: Sequence[tuple[float, float]]) -> dict:
+        """Counts and longest pause per generation; per named set of timed decisions (warm, cold),
+        the collections that fell inside one of them and the longest of those."""
+        summary = {
             "collections": {str(gen): sum(1 for p in self.pauses if p[2] == gen) for gen in (0, 1, 2)},
             "longest_pause_ms": {str(gen): round(1000 * max((p[1] - p[0] for p in self.pauses if p[2] == gen),
                                                             default=0.0), 3) for gen in (0, 1, 2)},
-            "in_decisions": len(inside),
-            "longest_in_decisions_ms": round(1000 * max((p[1] - p[0] for p in inside), default=0.0), 3),
         }
+        for name, spans in decisions.items():
+            ordered = sorted(spans)
+            inside = [pause for pause in self.pauses if _overlaps(pause, ordered)]
+            summary[f"in_{name}_decisions"] = len(inside)
+            summary[f"longest_in_{name}_decisions_ms"] = round(1000 * max((p[1] - p[0] for p in inside), default=0.0), 3)
+        return summary
 
 
 def _overlaps(pause: tuple[float, float, int], spans: Sequence[tuple[float, float]]) -> bool:
@@ -171,7 +174,7 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
     return {
         "nodes": nodes, "target_occupancy": occupancy, "occupancy": round(reached, 3),
         "pods_in_ledger": len(state.ledger), "rounds": rounds, "build_s": round(build_s, 1),
-        "warm": _summary(warm), "cold": _summary(cold), "gc": pauses.summary(warm.spans + cold.spans),
+        "warm": _summary(warm), "cold": _summary(cold), "gc": pauses.summary(warm=warm.spans, cold=cold.spans),
     }
 
 
@@ -360,5 +363,5 @@ def _row(result: dict) -> str:
             f"bind {warm['bind_p99_ms']:.2f}; CPU p99 {warm['cpu_p99_ms']:.2f})  cold p99 {cold['p99_ms']:7.2f} ms  "
             f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s"
             + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else "")
-            + f"  GC: {result['gc']['in_decisions']} collections in decisions (longest "
-              f"{result['gc']['longest_in_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms")
+            + f"  GC: {result['gc']['in_warm_decisions']} collections in warm decisions (longest "
+              f"{result['gc']['longest_in_warm_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms")

@@ -6,7 +6,8 @@ plans ~150 nodes, ~8 ms at 1,000 nodes, while its pod waits. The refresher does 
 between decisions instead: when the ledger changes (a bind, a pod's event), every recently asked
 shape plans the changed nodes, one shape per turn of the event loop, so a request arriving
 meanwhile waits for at most one shape's work. It changes no answer: it plans exactly what the
-shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule.
+shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule. Its turn ends with the garbage collection its work
+brought near (heap.py), so that collection does not land in the next decision.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import logging
 
 from rocshare_operator.extender import decisions
+from rocshare_operator.extender.heap import collect_when_idle
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,12 @@ class Refresher:
                 log.exception("plan refresher: a refresh failed; the next decisions plan those nodes themselves")
 
     async def catch_up(self) -> int:
-        """Plan every recently asked shape's changed nodes; returns the nodes planned."""
+        """Plan every recently asked shape's changed nodes, then run the garbage collection that
+        work brought near (heap.collect_when_idle); returns the nodes planned."""
         planned = 0
         for memo in self.state.plans.behind(self.state.ledger):
             await asyncio.sleep(0)  # requests first: one shape's work per turn of the loop
             planned += decisions.refresh(self.state.snapshot(), memo)
+        await asyncio.sleep(0)
+        collect_when_idle()
         return planned

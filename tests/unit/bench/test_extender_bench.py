@@ -38,11 +38,11 @@ def test_the_extender_bench_reports_the_refreshers_cpu_apart_and_runs_without_it
 def test_collections_are_counted_and_placed_inside_or_between_decisions() -> None:
     pauses = bench.GcPauses()
     pauses.pauses = [(1.0, 1.1, 0), (2.05, 2.2, 1), (3.5, 3.6, 2), (4.9, 5.1, 0)]
-    decisions = [(2.0, 2.1), (5.0, 5.5), (1.2, 1.9)]
-    summary = pauses.summary(decisions)
+    summary = pauses.summary(warm=[(2.0, 2.1), (5.0, 5.5), (1.2, 1.9)], cold=[(3.0, 3.4)])
     assert summary["collections"] == {"0": 2, "1": 1, "2": 1}
-    assert summary["in_decisions"] == 2  # the one starting inside (2.05) and the one running into one (4.9)
-    assert summary["longest_in_decisions_ms"] == 200.0 and summary["longest_pause_ms"]["2"] == 100.0
+    assert summary["in_warm_decisions"] == 2  # the one starting inside (2.05) and the one running into one (4.9)
+    assert summary["longest_in_warm_decisions_ms"] == 200.0 and summary["longest_pause_ms"]["2"] == 100.0
+    assert summary["in_cold_decisions"] == 0 and summary["longest_in_cold_decisions_ms"] == 0.0
     with bench.GcPauses() as live:
         gc.collect(1)
     assert live.pauses and live.pauses[-1][2] == 1 and live.pauses[-1][0] <= live.pauses[-1][1]

@@ -70,7 +70,7 @@ from rocshare_dev.devcluster.controlplane import (
 )
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
-from rocshare_dev.devcluster.simfleet import SimulatedFleet
+from rocshare_dev.devcluster.simfleet import SimulatedFleet, offered
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 
@@ -313,11 +313,12 @@ async def _measured_burst(stack: _Stack, kube: Kube, namespace: str, count: int,
 
 
 async def _wait_inventories(kube: Kube, nodes: int, *, deadline_s: float) -> None:
-    """Every agent published its GPUs (the extender decides from these, not from allocatable)."""
+    """Every agent published its GPUs and says the kubelet watches its device plugin (the extender
+    offers a node only then)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         items = (await kube.list(object_path(API_VERSION, "amdgpunodes"))).get("items", [])
-        if sum(bool((item.get("status") or {}).get("gpus")) for item in items) >= nodes:
+        if sum(offered(item.get("status") or {}) for item in items) >= nodes:
             await asyncio.sleep(2.0)  # the operator's watch delivers them a moment later
             return
         await asyncio.sleep(1.0)

@@ -42,7 +42,7 @@ from rocshare_dev.bench.trace import TraceNode, TracePod
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_resized
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, PROJECT_ROOT, ControlPlane, Ports, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from rocshare_dev.devcluster.simfleet import make_dev_tree
+from rocshare_dev.devcluster.simfleet import make_dev_tree, offered
 
 
 def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, policy: str, scheduling: dict[str, str],
@@ -194,7 +194,7 @@ class TraceFleet:
 
 async def _wait_inventories(kube: Kube, fleet: TraceFleet, *, deadline_s: float) -> None:
     """Every node Ready with allocatable amd.com/gpu, and every AmdGpuNode published with the
-    node's GPU count (the extender decides from these)."""
+    node's GPU count and its device plugin watched (the extender decides from these)."""
     deadline = time.monotonic() + deadline_s
     wanted = {name: node.gpus for name, node in fleet.nodes.items()}
     while time.monotonic() < deadline:
@@ -208,7 +208,8 @@ async def _wait_inventories(kube: Kube, fleet: TraceFleet, *, deadline_s: float)
         allocatable = {n["metadata"]["name"] for n in nodes
                        if int((n.get("status", {}).get("allocatable") or {}).get("amd.com/gpu", "0")) > 0}
         published = {i["metadata"]["name"] for i in items
-                     if len((i.get("status") or {}).get("gpus") or []) == wanted.get(i["metadata"]["name"], -1)}
+                     if len((i.get("status") or {}).get("gpus") or []) == wanted.get(i["metadata"]["name"], -1)
+                     and offered(i["status"])}
         if set(wanted) <= allocatable & published:
             await asyncio.sleep(3.0)  # the operator's watches deliver them a moment later
             return

@@ -86,7 +86,7 @@ async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
         tasks.create_task(run_inventory_loop(
             kube, node_name=node_name, sysfs_root=config.sysfs_for(node_name), dev_root=config.dev_root,
             interval_s=config.health_interval_s, heartbeat_s=config.heartbeat_s,
-            settings_interval_s=config.settings_interval_s, on_inventory=on_inventory))
+            settings_interval_s=config.settings_interval_s, on_inventory=on_inventory, plugin=service))
         tasks.create_task(pods.run())
         await first_inventory.wait()
         tasks.create_task(unit.run())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
+from rocshare.api.models import AmdGpuNodeStatus
 from rocshare.core.quantity import whole_quantity
 from rocshare.kube.client import Kube, object_path
 
@@ -141,3 +142,11 @@ class SimulatedFleet:
 def _has_gpus(node: dict) -> bool:
     allocatable = node.get("status", {}).get("allocatable", {}).get("amd.com/gpu", "0")
     return whole_quantity(allocatable, name="amd.com/gpu", unit="GPUs") > 0
+
+
+def offered(gpu_node_status: dict) -> bool:
+    """An AmdGpuNode status the extender offers GPUs from: GPUs listed, and the agent's DevicePlugin
+    condition, where it publishes one, True (AmdGpuNodeStatus.device_plugin_serving)."""
+    if not gpu_node_status.get("gpus"):
+        return False
+    return AmdGpuNodeStatus.model_validate(gpu_node_status).device_plugin_serving()

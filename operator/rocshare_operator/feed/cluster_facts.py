@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -122,11 +122,17 @@ class GpuNodeFacts:
     problem: str | None = None  # why the status was refused
     unvalidated: tuple[GpuSummary, ...] = ()  # a refused status's GPUs, as written
     plugin_serving: bool = True  # the DevicePlugin condition (AmdGpuNodeStatus.device_plugin_serving)
+    _summaries: tuple[GpuSummary, ...] | None = field(default=None, compare=False, repr=False)
 
     def summaries(self) -> tuple[GpuSummary, ...]:
+        """Worked out once per facts (pool status reads every member's on each reconcile)."""
         if self.gpus is None:
             return self.unvalidated
-        return tuple(GpuSummary(gpu.id, gpu.cu_count, gpu.vram_mib, gpu.healthy) for gpu in self.gpus)
+        found = self._summaries
+        if found is None:
+            found = tuple(GpuSummary(gpu.id, gpu.cu_count, gpu.vram_mib, gpu.healthy) for gpu in self.gpus)
+            object.__setattr__(self, "_summaries", found)  # frozen: a cache, not a change
+        return found
 
 
 def gpu_facts(info: GpuInfo) -> GpuFacts:

@@ -60,7 +60,7 @@ class PluginState(Protocol):
     @property
     def resources(self) -> list[str]: ...
     def serving(self) -> bool: ...
-    async def serving_changed(self) -> None: ...
+    def serving_changed(self) -> asyncio.Event: ...
 
 
 def _now_rfc3339() -> str:
@@ -319,6 +319,7 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
     try:
         while True:
             started = time.monotonic()
+            plugin_changed = plugin.serving_changed() if plugin is not None else None  # before the check reads it
             try:
                 await agent.check()
             except asyncio.CancelledError:
@@ -326,20 +327,20 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
             except Exception:  # a bug in one pass must not stop the agent publishing
                 log.exception("inventory check failed")
             period_s = min(interval_s, float(agent.settings.health.interval_seconds))
-            await _sleep_unless(plugin, max(0.0, period_s - (time.monotonic() - started)))
+            await _sleep_unless(plugin_changed, max(0.0, period_s - (time.monotonic() - started)))
     except asyncio.CancelledError:
         if plugin is not None:
             await _publish_stopping(agent)
         raise
 
 
-async def _sleep_unless(plugin: PluginState | None, duration_s: float) -> None:
-    """Sleep `duration_s`, or less when the device plugin's serving state changes first."""
-    if plugin is None:
+async def _sleep_unless(changed: asyncio.Event | None, duration_s: float) -> None:
+    """Sleep `duration_s`, or less when `changed` (the device plugin's serving state) is set first."""
+    if changed is None:
         await asyncio.sleep(duration_s)
         return
     try:
-        await asyncio.wait_for(plugin.serving_changed(), timeout=duration_s)
+        await asyncio.wait_for(changed.wait(), timeout=duration_s)
     except TimeoutError:
         pass
 

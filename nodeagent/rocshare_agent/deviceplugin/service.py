@@ -134,9 +134,10 @@ class DevicePluginService:
         """Whether the kubelet has been sent the device list of every resource offered."""
         return all(self._watchers.get(resource, 0) > 0 for resource in self.resources)
 
-    async def serving_changed(self) -> None:
-        """Return when a ListAndWatch stream opens or closes."""
-        await self._serving_changed.wait()
+    def serving_changed(self) -> asyncio.Event:
+        """The event set when a ListAndWatch stream next opens or closes: take it before reading
+        `serving()`, and no change can slip between."""
+        return self._serving_changed
 
     def _count_watcher(self, resource: str, delta: int) -> None:
         self._watchers[resource] = self._watchers.get(resource, 0) + delta

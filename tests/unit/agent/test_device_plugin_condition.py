@@ -48,14 +48,14 @@ class Kubelet:
 async def test_serving_while_a_list_and_watch_stream_has_sent_its_list() -> None:
     plugin = service()
     assert not plugin.serving()
-    changed = asyncio.ensure_future(plugin.serving_changed())
+    changed = asyncio.ensure_future(plugin.serving_changed().wait())
     stream = plugin.list_and_watch(pb.Empty())
     await anext(stream)
     assert not plugin.serving()  # handed to gRPC, not yet written: gRPC asks for the next item once it is
     pending = asyncio.ensure_future(anext(stream))
     await asyncio.wait_for(changed, 1)
     assert plugin.serving()
-    changed = asyncio.ensure_future(plugin.serving_changed())
+    changed = asyncio.ensure_future(plugin.serving_changed().wait())
     pending.cancel()
     await asyncio.gather(pending, return_exceptions=True)
     await stream.aclose()
@@ -100,3 +100,42 @@ async def test_the_loop_republishes_at_once_and_says_stopping_when_cancelled(tmp
     assert loop.cancelled()
     assert device_plugin(kube.published_statuses()[-1]) == ("False", "AgentStopping")
     await kubelet.hang_up()
+
+
+class FlipDuringCheck:
+    """A plugin whose serving state changes while the loop's first check reads it."""
+
+    resources = ["amd.com/gpu"]
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self._changed = asyncio.Event()
+
+    def serving(self) -> bool:
+        self.reads += 1
+        if self.reads == 1:
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+        return self.reads > 1
+
+    def serving_changed(self) -> asyncio.Event:
+        return self._changed
+
+
+async def test_a_change_during_a_check_is_not_missed(tmp_path: Path) -> None:
+    """The loop takes the change event before its check reads the state: a stream opening while
+    discovery runs wakes it at once, not a check period (60 s here) later."""
+    plugin = FlipDuringCheck()
+    kube = RecordingKube(NODE)
+    loop = asyncio.create_task(run_inventory_loop(kube, node_name=NODE, sysfs_root=tmp_path / "sys", dev_root=None,
+                                                  interval_s=60.0, plugin=plugin))
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if plugin.reads >= 2 and kube.published_statuses():
+                break
+        assert plugin.reads >= 2
+        assert device_plugin(kube.published_statuses()[-1]) == ("True", "Serving")
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

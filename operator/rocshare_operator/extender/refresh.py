@@ -6,8 +6,9 @@ plans ~150 nodes, ~8 ms at 1,000 nodes, while its pod waits. The refresher does 
 between decisions instead: when the ledger changes (a bind, a pod's event), every recently asked
 shape plans the changed nodes, one shape per turn of the event loop, so a request arriving
 meanwhile waits for at most one shape's work. It changes no answer: it plans exactly what the
-shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule. Its turn ends with the garbage collection its work
-brought near (heap.py), so that collection does not land in the next decision.
+shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule. Its
+turn ends with the garbage collection its work brought near (heap.py), so that collection does not
+land in the next decision.
 """
 
 from __future__ import annotations

@@ -21,9 +21,8 @@ from rocshare_dev.devcluster.captures import mi210_with_synthetic_vram  # noqa: 
 from rocshare.kube.client import Kube, NotFound, object_path
 from rocshare.api.models import API_VERSION
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from rocshare_dev.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
 
-PEER_CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"
 
 
 def gpu_pod(name: str, *, namespace: str = "default", containers: list[dict[str, str]] | None = None,
@@ -96,7 +95,9 @@ def record_of(pod: dict[str, Any]) -> AllocationRecord:
 
 def runtime_of(pod: dict[str, Any]) -> dict[str, Any]:
     """Per container: what the kubelet peer handed the runtime (envs, devices, mounts)."""
-    return json.loads(pod["metadata"]["annotations"][PEER_CONTAINERS_ANNOTATION])
+    specs = runtime_specs(pod)
+    assert specs is not None, f"the kubelet peer has not admitted pod {pod['metadata'].get('name')}"
+    return specs
 
 
 async def scheduling_failures(kube: Kube, name: str, namespace: str = "default") -> list[str]:

@@ -46,7 +46,8 @@ from rocshare.core.cumask import render_hsa_cu_mask
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import ApiError, Kube, object_path
-from tests.e2e.fleet import PEER_CONTAINERS_ANNOTATION, gpu_pod, mi210_with_synthetic_vram
+from rocshare_dev.devcluster.simnode import runtime_specs
+from tests.e2e.fleet import gpu_pod, mi210_with_synthetic_vram
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
@@ -299,7 +300,8 @@ def env_violations(pods: list[dict], gpu_nodes: list[dict]) -> list[str]:
     problems = []
     for pod in pods:
         annotations = pod["metadata"].get("annotations") or {}
-        if pod.get("status", {}).get("phase") != "Running" or PEER_CONTAINERS_ANNOTATION not in annotations:
+        runtime = runtime_specs(pod)
+        if pod.get("status", {}).get("phase") != "Running" or runtime is None:
             continue
         name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         if ALLOCATION_ANNOTATION not in annotations:
@@ -309,7 +311,6 @@ def env_violations(pods: list[dict], gpu_nodes: list[dict]) -> list[str]:
         if record.node != pod["spec"].get("nodeName"):
             problems.append(f"{name}: record names {record.node}, pod runs on {pod['spec'].get('nodeName')}")
             continue
-        runtime = json.loads(annotations[PEER_CONTAINERS_ANNOTATION])
         try:
             wanted = expected_envs(record, inventories.get(record.node, {}))
         except KeyError as missing:

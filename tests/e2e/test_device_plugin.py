@@ -34,11 +34,11 @@ from rocshare.api.allocation import (
 from rocshare.api.models import OperatingMode, Sharing
 from rocshare.api.node_settings import NodeSettings
 from rocshare_dev.devcluster.simnode import SimulatedNode
+from tests.e2e.fleet import runtime_of
 from rocshare_agent.discovery import discover
 
 pytestmark = pytest.mark.e2e
 
-CONTAINERS_ANNOTATION = "kubelet-peer.rocshare.io/containers"
 NAMESPACE = "dp-e2e"
 HOOK = "/usr/local/vgpu/libamvgpu.so"
 
@@ -100,7 +100,7 @@ def settled_pod(cluster, name: str) -> dict:
 
 
 def container_specs(pod: dict) -> dict:
-    return json.loads(pod["metadata"]["annotations"][CONTAINERS_ANNOTATION])
+    return runtime_of(pod)
 
 
 def slice_(gpu_id: str, memory_mib: int, ranges=(), *, whole: bool = False, cu_count: int = 104) -> DeviceSlice:

@@ -5,9 +5,9 @@
 // real kubelet; everything else a kubelet does (containers, volumes, probes) is left out.
 // The peer keeps its Node object Ready with capacity and allocatable from the device manager,
 // admits the pods bound to its node through the device manager (Allocate, then
-// GetDeviceRunContainerOptions per container), writes what each container would receive into
-// the pod annotation kubelet-peer.rocshare.io/containers, and moves the pod to Running, or to
-// Failed with the kubelet's admission message.
+// GetDeviceRunContainerOptions per container), and moves the pod to Running -- its status then
+// holds what each container would receive, in the condition kubelet-peer.rocshare.io/Containers --
+// or to Failed with the kubelet's admission message.
 //
 // The device manager hard-codes its socket at /var/lib/kubelet/device-plugins/kubelet.sock. To
 // run several nodes on one machine the peer re-executes itself in a private mount namespace

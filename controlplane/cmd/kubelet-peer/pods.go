@@ -15,7 +15,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
@@ -23,8 +22,11 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 )
 
-// ContainersAnnotation holds, per container name, what the container runtime would receive.
-const ContainersAnnotation = "kubelet-peer.rocshare.io/containers"
+// ContainersCondition is the pod condition whose message holds, per container name, what the
+// container runtime would receive (JSON). It rides on the status write that moves the pod to
+// Running: a real kubelet writes nothing else on the pod, so neither does the peer (an extra
+// write would also pass through every admission policy and webhook that matches pods).
+const ContainersCondition = v1.PodConditionType("kubelet-peer.rocshare.io/Containers")
 
 type deviceMount struct {
 	HostPath      string `json:"hostPath"`
@@ -86,12 +88,17 @@ func (p *peer) admit(ctx context.Context, pod *v1.Pod) error {
 		p.admitted.Insert(pod.UID)
 		return p.reject(ctx, pod, "CreateContainerConfigError", err.Error())
 	}
-	if err := p.writeSpecs(ctx, pod, specs); err != nil {
+	text, err := json.Marshal(specs)
+	if err != nil {
 		return err
 	}
 	p.admitted.Insert(pod.UID)
 	klog.InfoS("Pod admitted", "pod", klog.KObj(pod))
-	return p.updatePodStatus(ctx, pod, func(status *v1.PodStatus) { setRunning(pod, status) })
+	return p.updatePodStatus(ctx, pod, func(status *v1.PodStatus) {
+		setRunning(pod, status)
+		setCondition(status, v1.PodCondition{Type: ContainersCondition, Status: v1.ConditionTrue,
+			LastTransitionTime: metav1.Now(), Reason: "RuntimeSpecs", Message: string(text)})
+	})
 }
 
 func (p *peer) runtimeSpecs(ctx context.Context, pod *v1.Pod) (map[string]containerRuntimeSpec, error) {
@@ -140,20 +147,6 @@ func deviceIDs(instances devicemanager.ResourceDeviceInstances) map[string][]str
 		sort.Strings(ids[resource])
 	}
 	return ids
-}
-
-func (p *peer) writeSpecs(ctx context.Context, pod *v1.Pod, specs map[string]containerRuntimeSpec) error {
-	text, err := json.Marshal(specs)
-	if err != nil {
-		return err
-	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"annotations": map[string]string{ContainersAnnotation: string(text)}}})
-	if err != nil {
-		return err
-	}
-	_, err = p.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	return err
 }
 
 func (p *peer) reject(ctx context.Context, pod *v1.Pod, reason, message string) error {

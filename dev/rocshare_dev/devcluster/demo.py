@@ -26,7 +26,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from rocshare_dev.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
 
 RUN = PROJECT_ROOT / "run" / "demo"
 NAMESPACES = ("gpu-demo", "gpu-samples")
@@ -203,7 +203,7 @@ def _slices(pod: dict) -> list[str]:
     if text is None:
         return [f"{meta['name']:<18} {'(pending)':<16}"]
     record = decode_record(text)
-    runtime = json.loads(meta["annotations"].get("kubelet-peer.rocshare.io/containers", "{}"))
+    runtime = runtime_specs(pod) or {}
     lines = []
     for container in record.containers:
         mask = runtime.get(container.name, {}).get("envs", {}).get("HSA_CU_MASK", "(all CUs)")

@@ -23,6 +23,20 @@ from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, e
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
 
 
+PEER_CONTAINERS_CONDITION = "kubelet-peer.rocshare.io/Containers"
+"""The pod condition in which the kubelet peer reports what each container would receive
+(controlplane/cmd/kubelet-peer/pods.go): written with the status that moves the pod to Running."""
+
+
+def runtime_specs(pod: dict) -> dict | None:
+    """Per container name, what the kubelet peer handed the runtime (envs, devices, mounts,
+    deviceIDs); None while the peer has not admitted the pod."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == PEER_CONTAINERS_CONDITION:
+            return json.loads(condition.get("message") or "{}")
+    return None
+
+
 class SimNodeError(RuntimeError):
     pass
 

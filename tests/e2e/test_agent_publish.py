@@ -29,7 +29,7 @@ class RecordingKube(Kube):
     """The real client, remembering every request's method and path."""
 
     def __init__(self, inner: Kube) -> None:
-        super().__init__(inner._api)
+        super().__init__(inner._connection)
         self.requests: list[tuple[str, str, Any]] = []
 
     async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:

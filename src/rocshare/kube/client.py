@@ -1,29 +1,45 @@
-"""A thin async adapter over kubernetes-asyncio: raw JSON requests with typed errors.
+"""A thin async adapter to the API server: raw JSON requests with typed errors.
 
 Everything rocshare stores lives in the API server, so every part talks to it the
 same way: plain dicts in and out (the shapes the API documents), server-side apply
 for objects a part owns, merge patches with resourceVersion preconditions where a
 decision must not race, and list+watch streams for caches. Library errors are
 translated here, once, into `ApiError` subclasses that say whether a retry can help.
+
+kubernetes-asyncio reads the kubeconfig or the in-cluster service account (server, TLS
+files, the bearer token and its refresh); the requests themselves go straight through one
+aiohttp session, bodies encoded and replies decoded with orjson. The generated client's
+request path (parameter sanitising, its own JSON, a session whose idle connections close
+after 15 s) cost the extender's bind about a millisecond of CPU per pod, and a node agent
+that writes every 30-60 s a fresh TLS handshake -- on both ends -- nearly every time.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import orjson
 from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+IDLE_CONNECTION_KEEP_S = 75.0
+"""How long an idle connection is kept for the next request: longer than a node agent's pause
+between writes, shorter than kube-apiserver's own idle timeout (90 s), so a kept connection is
+never one the server has just closed."""
+CONNECTIONS_MAX = 64
+"""Connections at once (each watch holds one for its whole life)."""
+READ_BUFFER_BYTES = 2**21
+"""One watch event may carry an object near etcd's 1.5 MiB limit."""
 
 
 class ApiError(Exception):
@@ -67,10 +83,6 @@ def _error_for(status: int, reason: str, message: str) -> ApiError:
     return kind(status, reason, message)
 
 
-def _translate(error: ApiException) -> ApiError:
-    return _error_from_reply(error.status or 0, error.reason or "", error.body or b"")
-
-
 def _error_from_reply(status: int, reason: str, body: bytes | str) -> ApiError:
     """The API server's Status object names the reason and the offending fields; keep both."""
     try:
@@ -101,11 +113,56 @@ def object_path(api_version: str, plural: str, name: str | None = None, *, names
     return "/".join(parts)
 
 
+class Connection:
+    """The session and credentials every request of one `Kube` goes through."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        self.configuration = configuration
+        self.host = configuration.host.rstrip("/")
+        self.server_hostname = configuration.tls_server_name or None
+        connector = aiohttp.TCPConnector(limit=CONNECTIONS_MAX, keepalive_timeout=IDLE_CONNECTION_KEEP_S,
+                                         ssl=_ssl_context(configuration) if self.host.startswith("https") else False)
+        # The proxy is found once: aiohttp's trust_env looks the environment (and ~/.netrc) up again
+        # in a worker thread on every request, two thread hops per request.
+        self.proxy = configuration.proxy or _env_proxy(self.host)
+        self.session = aiohttp.ClientSession(connector=connector, proxy=self.proxy, read_bufsize=READ_BUFFER_BYTES)
+
+    async def headers(self, accept: str, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if "BearerToken" in self.configuration.api_key:  # the library refreshes a rotated token here
+            headers["Authorization"] = await self.configuration.get_api_key_with_prefix("BearerToken")
+        return headers
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+def _env_proxy(host: str) -> str | None:
+    """The proxy HTTPS_PROXY / HTTP_PROXY name for the API server, unless NO_PROXY exempts it."""
+    parsed = urlsplit(host)
+    if urllib.request.proxy_bypass(parsed.hostname or ""):
+        return None
+    return urllib.request.getproxies().get(parsed.scheme)
+
+
+def _ssl_context(configuration: client.Configuration) -> ssl.SSLContext:
+    """As kubernetes-asyncio builds it from the kubeconfig: the cluster's CA, a client certificate."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 class Kube:
     """One API server connection. Create with `await Kube.connect(kubeconfig)`; close when done."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self._api = api_client
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
 
     @classmethod
     async def connect(cls, kubeconfig: str | os.PathLike[str] | None = None) -> Kube:
@@ -118,10 +175,10 @@ class Kube:
                 config.load_incluster_config(client_configuration=configuration)
             except config.ConfigException:
                 await config.load_kube_config(client_configuration=configuration)
-        return cls(client.ApiClient(configuration))
+        return cls(Connection(configuration))
 
     async def close(self) -> None:
-        await self._api.close()
+        await self._connection.close()
 
     async def __aenter__(self) -> Kube:
         return self
@@ -131,24 +188,18 @@ class Kube:
 
     async def request(self, method: str, path: str, *, body: Any = None, query: dict[str, Any] | None = None,
                       content_type: str = "application/json", timeout_s: float = 30.0) -> dict[str, Any]:
-        """One request; returns the decoded JSON reply or raises ApiError."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        # The library JSON-encodes the body for every content type we use (apply-patch+yaml
-        # included: JSON is YAML), so plain dicts and lists go in as they are.
+        """One request; returns the decoded JSON reply or raises ApiError. Bodies are JSON for every
+        content type used here (apply-patch+yaml included: JSON is YAML)."""
+        connection = self._connection
+        headers = await connection.headers("application/json", content_type if body is not None else None)
         try:
-            response = await self._api.call_api(
-                path, method, query_params=list((query or {}).items()), header_params=headers, body=body,
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_s,
-            )
-        except ApiException as error:
-            raise _translate(error) from None
+            async with connection.session.request(
+                    method, connection.host + path, params=_params(query), headers=headers,
+                    data=orjson.dumps(body) if body is not None else None, server_hostname=connection.server_hostname,
+                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                text = await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Unavailable(0, "Unreachable", str(error) or type(error).__name__) from None
-        response = response[0] if isinstance(response, tuple) else response
-        try:
-            text = await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise Unavailable(0, "ReplyBroken", str(error) or type(error).__name__) from None
         if not 200 <= response.status <= 299:
             raise _error_from_reply(response.status, response.reason or "", text)
         return orjson.loads(text) if text else {}
@@ -188,19 +239,16 @@ class Kube:
         """Stream watch events from `resource_version` until the server ends the watch."""
         params = {**query, "watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
                   "timeoutSeconds": str(timeout_s)}
+        connection = self._connection
         try:
-            response = await self._api.call_api(
-                path, "GET", query_params=list(params.items()), header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=timeout_s + 30,
-            )
-        except ApiException as error:
-            raise _translate(error) from None
+            response = await connection.session.get(
+                connection.host + path, params=_params(params), headers=await connection.headers("application/json"),
+                server_hostname=connection.server_hostname, timeout=aiohttp.ClientTimeout(total=timeout_s + 30))
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Unavailable(0, "Unreachable", str(error) or type(error).__name__) from None
-        response = response[0] if isinstance(response, tuple) else response
-        if not 200 <= response.status <= 299:
-            raise _error_from_reply(response.status, response.reason or "", await response.read())
         try:
+            if not 200 <= response.status <= 299:
+                raise _error_from_reply(response.status, response.reason or "", await response.read())
             async for line in response.content:
                 if line.strip():
                     event = orjson.loads(line)
@@ -209,3 +257,11 @@ class Kube:
             raise Unavailable(0, "WatchBroken", str(error) or type(error).__name__) from None
         finally:
             response.release()
+
+
+def _params(query: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Query parameters as the API server reads them (booleans lower-case, as Go parses them)."""
+    if not query:
+        return []
+    return [(key, ("true" if value else "false") if isinstance(value, bool) else str(value))
+            for key, value in query.items() if value is not None]

@@ -13,11 +13,17 @@ burst of events costs one reconcile per loop, and loops never spin.
 
 Nothing here is state that matters after a restart: every loop reconciles once on
 start, and the `applied` fingerprints only save redundant writes.
+
+A wake whose only reason is USAGE (a slice bound or released) is paced: status that reports
+usage is for people and dashboards, and a burst binding fifty pods a second would otherwise
+rewrite the pool's status five times a second (a write, a watch event to every reader, a pass
+over every member node each time). Any other wake is taken at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +36,10 @@ from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex
 
 LoopKey = tuple[Hashable, ...]  # ("pool", name) or ("share", namespace, name)
+USAGE = "usage"
+"""The wake reason of a slice bound, changed or released: the loop's status reports it."""
+USAGE_PASS_S = 5.0
+"""At most one pass per this many seconds for wakes that are USAGE alone."""
 
 
 def pool_key(name: str) -> LoopKey:
@@ -45,15 +55,27 @@ class LoopState:
     """One reconcile loop's wake-up flag, why it was woken, and what it last wrote."""
 
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by a wake for anything but USAGE alone: the pass must not wait for the usage pace."""
     reasons: set[str] = field(default_factory=set)
     applied: dict[str, Any] = field(default_factory=dict)
     view: Any = None  # what the loop last reconciled (a pool's PoolView): lets events tell whom they concern
+    passed_at: float = float("-inf")
+    """time.monotonic() when the last pass took its reasons."""
 
     def take_reasons(self) -> set[str]:
-        """Clear the flag and return the reasons, before a reconcile, so later wakes cause another pass."""
+        """Clear the flags and return the reasons, before a reconcile, so later wakes cause another pass."""
         self.event.clear()
+        self.urgent.clear()
+        self.passed_at = time.monotonic()
         reasons, self.reasons = self.reasons, set()
         return reasons
+
+    def usage_wait_s(self) -> float:
+        """How long a pass woken by USAGE alone still waits (0: go now)."""
+        if self.urgent.is_set() or self.reasons != {USAGE}:
+            return 0.0
+        return max(0.0, self.passed_at + USAGE_PASS_S - time.monotonic())
 
 
 class Wakeups:
@@ -78,8 +100,9 @@ class Wakeups:
         """Wake one loop; a key without a running loop is fine (it reconciles when it starts)."""
         state = self._loops.get(key)
         if state is not None:
-            if reason:
-                state.reasons.add(reason)
+            state.reasons.add(reason or "")
+            if reason != USAGE:
+                state.urgent.set()
             state.event.set()
 
     def wake_kind(self, kind: str, reason: str = "") -> None:
@@ -87,13 +110,13 @@ class Wakeups:
             if key[0] == kind:
                 self.wake(key, reason)
 
-    def wake_where(self, kind: str, concerned: Callable[[LoopKey, LoopState], bool]) -> None:
+    def wake_where(self, kind: str, concerned: Callable[[LoopKey, LoopState], bool], reason: str = "") -> None:
         for key, state in list(self._loops.items()):
             if key[0] == kind and concerned(key, state):
-                self.wake(key)
+                self.wake(key, reason)
 
-    def wake_shares_in(self, namespace: str) -> None:
-        self.wake_where("share", lambda key, _state: key[1] == namespace)
+    def wake_shares_in(self, namespace: str, reason: str = "") -> None:
+        self.wake_where("share", lambda key, _state: key[1] == namespace, reason)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import kopf
 
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
 from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts
-from rocshare_operator.context import LoopState, OperatorContext, pool_key
+from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_key
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import slices_of
@@ -63,14 +63,14 @@ def pod_changed(ctx: OperatorContext, kind: str, facts: PodFacts) -> None:
         return
     for slices in (before, held):
         if slices is not None and slices.node:
-            _wake_pool_of_node(ctx, slices.node)
-    ctx.wakeups.wake_shares_in(facts.namespace)
+            _wake_pool_of_node(ctx, slices.node, USAGE)
+    ctx.wakeups.wake_shares_in(facts.namespace, USAGE)
 
 
-def _wake_pool_of_node(ctx: OperatorContext, node: str) -> None:
+def _wake_pool_of_node(ctx: OperatorContext, node: str, reason: str = "") -> None:
     facts = ctx.feed.node(node)
     if facts is not None and facts.view.marks.pool:
-        ctx.wakeups.wake(pool_key(facts.view.marks.pool))
+        ctx.wakeups.wake(pool_key(facts.view.marks.pool), reason)
 
 
 @kopf.on.event("apps", "v1", "daemonsets",

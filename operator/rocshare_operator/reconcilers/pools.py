@@ -85,14 +85,24 @@ async def wait_for_feed(ctx: OperatorContext, stopped: kopf.DaemonStopped) -> No
 
 
 async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeout_s: float) -> None:
-    """Sleep until woken, stopped (so Kopf never has to cancel the loop) or `timeout_s` passes."""
-    woken = asyncio.ensure_future(state.event.wait())
+    """Sleep until woken, stopped (so Kopf never has to cancel the loop) or `timeout_s` passes. A wake
+    for usage alone waits out the usage pace (context.USAGE_PASS_S) unless another wake comes first."""
+    if not await _first(state.event, stopped, timeout_s):
+        return
+    await asyncio.sleep(DEBOUNCE_S)
+    pace_s = state.usage_wait_s()
+    if pace_s and not stopped:
+        await _first(state.urgent, stopped, pace_s)
+
+
+async def _first(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: float) -> bool:
+    """Wait for `event`, the loop's stop or `timeout_s`; True when `event` came first."""
+    woken = asyncio.ensure_future(event.wait())
     stopping = asyncio.ensure_future(stopped.wait())
     done, pending = await asyncio.wait({woken, stopping}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
-    if woken in done and not stopped:
-        await asyncio.sleep(DEBOUNCE_S)
+    return woken in done and not stopped
 
 
 async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,

@@ -85,7 +85,36 @@ def _asks_gpus(pod: Mapping[str, Any]) -> bool:
 
 
 def find_in_flight(pods: Iterable[Mapping[str, Any]], node_name: str) -> InFlightPod:
-    waiting = [pod for pod in pods if awaiting_allocation(pod, node_name) and _asks_gpus(pod)]
+    return _in_flight_of([pod for pod in pods if awaiting_allocation(pod, node_name)], node_name)
+
+
+class InFlightFinder:
+    """`find_in_flight` for one node, its last answer kept while the pods awaiting allocation are
+    the same objects (uid and resourceVersion): the kubelet asks about them twice per container
+    (GetPreferredAllocation, then Allocate), and each answer reads the pod's request and record."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._versions: tuple[tuple[str, str], ...] | None = None
+        self._answer: InFlightPod | Refusal | None = None
+
+    def find(self, pods: Iterable[Mapping[str, Any]]) -> InFlightPod:
+        waiting = [pod for pod in pods if awaiting_allocation(pod, self.node_name)]
+        versions = tuple((pod["metadata"].get("uid", ""), pod["metadata"].get("resourceVersion", "")) for pod in waiting)
+        if versions != self._versions:
+            try:
+                self._answer = _in_flight_of(waiting, self.node_name)
+            except Refusal as refusal:
+                self._answer = refusal
+            self._versions = versions
+        if isinstance(self._answer, Refusal):
+            raise Refusal(self._answer.message, self._answer.pod)
+        return self._answer
+
+
+def _in_flight_of(awaiting: list[Mapping[str, Any]], node_name: str) -> InFlightPod:
+    """The one committed pod among those awaiting allocation on the node, or a Refusal."""
+    waiting = [pod for pod in awaiting if _asks_gpus(pod)]
     committed = [pod for pod in waiting if ALLOCATION_ANNOTATION in pod["metadata"].get("annotations", {})]
     if not committed:
         suspect = pod_ref(waiting[0]) if len(waiting) == 1 else None

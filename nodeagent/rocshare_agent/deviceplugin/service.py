@@ -44,7 +44,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import dmem
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
 from rocshare_agent.deviceplugin.devices import plugin_devices
-from rocshare_agent.deviceplugin.inflight import InFlightPod, PodRef, Refusal, find_in_flight, next_container
+from rocshare_agent.deviceplugin.inflight import InFlightFinder, InFlightPod, PodRef, Refusal, next_container
 from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
 from rocshare_agent.deviceplugin.preferred import preferred_ids
 from rocshare_agent.hook import HookCheck, check_hook, missing_message, unlimited_message
@@ -95,6 +95,7 @@ class DevicePluginService:
         self._allocating = asyncio.Lock()
         self._progress: dict[str, int] = {}  # pod uid -> GPU containers served
         self._served: OrderedDict[str, None] = OrderedDict()  # uids fully served, newest last
+        self._finder = InFlightFinder(node_name)
         self._lookup_failing = False  # the last preference lookup failed (warned once until one succeeds)
         self._watchers: dict[str, int] = {}  # resource -> open ListAndWatch streams that sent their list
         self._serving_changed = asyncio.Event()  # set and replaced when `serving()` may have changed
@@ -262,12 +263,12 @@ class DevicePluginService:
         deadline = loop.time() + WATCH_GRACE_S
         while True:
             try:
-                return find_in_flight(self._unserved(self._pods.cached()), self.node_name)
+                return self._finder.find(self._unserved(self._pods.cached()))
             except Refusal:
                 remaining_s = deadline - loop.time()
                 if remaining_s <= 0 or not await self._pods.next_event(remaining_s):
                     break
-        return find_in_flight(self._unserved(await self._pods.fresh()), self.node_name)
+        return self._finder.find(self._unserved(await self._pods.fresh()))
 
     def _unserved(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         return [pod for pod in pods if pod["metadata"].get("uid") not in self._served]

@@ -82,3 +82,32 @@ def test_container_device_count_must_match_the_kubelet_request():
         next_container(in_flight, 0, 2)
     with pytest.raises(Refusal, match="already served"):
         next_container(in_flight, 2, 1)
+
+
+def versioned(body: dict, version: str) -> dict:
+    body["metadata"]["resourceVersion"] = version
+    return body
+
+
+def test_the_finder_answers_again_only_when_the_waiting_pods_change(monkeypatch):
+    """The kubelet asks twice per container about the same pods: the second answer is the first
+    one, without reading the request and record again; a new version of a waiting pod, or a pod
+    joining or leaving the wait, is read afresh, and a refusal is raised each time it stands."""
+    from rocshare_agent.deviceplugin import inflight
+
+    reads = []
+    real = inflight._in_flight_of
+    monkeypatch.setattr(inflight, "_in_flight_of", lambda pods, node: reads.append(len(pods)) or real(pods, node))
+    finder = inflight.InFlightFinder(NODE)
+    running = versioned(pod("running", {"c": 1}, rec=record(("c", 1)), phase="Running"), "5")
+    it = versioned(pod("it", {"c": 1}, rec=record(("c", 1))), "7")
+    first = finder.find([running, it])
+    assert finder.find([running, it]) is first and reads == [1]
+    running["metadata"]["resourceVersion"] = "6"  # not awaiting allocation: no new read
+    assert finder.find([running, it]) is first and reads == [1]
+    other = versioned(pod("other", {"c": 1}, rec=record(("c", 1))), "8")
+    for _ in range(2):
+        with pytest.raises(Refusal, match="2 pods in flight"):
+            finder.find([it, other])
+    assert reads == [1, 2]
+    assert finder.find([versioned(it, "9")]).pod.name == "it" and reads == [1, 2, 1]

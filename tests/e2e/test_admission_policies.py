@@ -2,9 +2,9 @@
 (manifests/base/policy/pods.yaml) refuses what the webhook refused, with the same reasons, and the
 pod-defaults MutatingAdmissionPolicy (manifests/components/pod-defaults-policy; the dev control plane
 serves it, see controlplane.py) sets the scheduler name and the pool's RuntimeClass from the
-operator's parameters (admission/policy_params.py). Proven with the operator stopped: no webhook
-can answer, so whatever is decided here was decided by the API server alone. A memory percentage
-alone still needs the webhook (it adds amd.com/gpu: 1), so it fails closed while the operator is down.
+operator's parameters (admission/policy_params.py), and amd.com/gpu: 1 where a container asks for
+a memory percentage alone. Proven with the operator stopped: no webhook can answer (none is
+installed with the policy), so whatever is decided here was decided by the API server alone.
 """
 
 from __future__ import annotations
@@ -103,10 +103,30 @@ async def test_the_api_server_sets_the_defaults_with_the_operator_down(operator_
     assert plain["spec"]["schedulerName"] == "default-scheduler" and "runtimeClassName" not in plain["spec"]
 
 
-async def test_a_memory_percentage_alone_still_needs_the_webhook(operator_down, carol: Kube) -> None:
-    with pytest.raises(ApiError) as refused:
-        await carol.create(PODS, gpu_pod("pct", namespace=NAMESPACE, **{"gpumem-percentage": "50"}))
-    assert "failed calling webhook" in refused.value.message, refused.value.message
+async def test_a_memory_percentage_alone_gets_one_gpu_from_the_api_server(operator_down, carol: Kube) -> None:
+    """The webhook's last mutation, done by the policy too: a container asking only a memory
+    percentage is given amd.com/gpu: 1 (limits, and requests as the API server defaults them);
+    a container that names its GPUs, and one asking nothing, are left as they are."""
+    pod = gpu_pod("pct", namespace=NAMESPACE, **{"gpumem-percentage": "50"})
+    spec = pod["spec"]
+    spec["initContainers"] = [{**spec["containers"][0], "name": "init"}]
+    spec["containers"] += [{"name": "two", "image": "x", "resources": {"limits": {
+        "amd.com/gpu": "2", "amd.com/gpumem-percentage": "25"}}}, {"name": "none", "image": "x"}]
+    created = (await carol.create(PODS, pod))["spec"]
+    first, two, none = created["containers"]
+    for container in (created["initContainers"][0], first):
+        assert container["resources"]["limits"]["amd.com/gpu"] == "1"
+        assert container["resources"]["requests"]["amd.com/gpu"] == "1"
+    assert two["resources"]["limits"]["amd.com/gpu"] == "2" and not none.get("resources")
+    assert created["schedulerName"] == "rocshare-scheduler"
+
+
+def test_with_the_policy_no_webhook_is_installed(operator, cluster) -> None:
+    """The component leaves the webhooks out: no pod create waits for one (or fails with the operator)."""
+    if not operator.serves_mutating_admission_policy():
+        pytest.skip("this API server does not serve MutatingAdmissionPolicy")
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        assert cluster.kubectl("get", kind, "rocshare-pods", check=False).returncode != 0, kind
 
 
 BAD_PODS = [

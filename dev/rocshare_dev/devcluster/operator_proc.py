@@ -2,9 +2,10 @@
 extender on the port kube-scheduler's configuration names, the admission webhook on
 loopback with a certificate from the cluster's CA, and the webhook configurations
 from manifests/ rewritten to reach it by URL instead of through a Service. On request
-(`install_webhooks(admission_policies=True)`) also the pod admission policies: the
+(`install_webhooks(admission_policies=True)`) the pod admission policies instead: the
 ValidatingAdmissionPolicy and, where the API server serves it, the pod-defaults
-MutatingAdmissionPolicy (issue 18); they are removed again by `stop()`.
+MutatingAdmissionPolicy, which leaves the webhooks out (issue 18); the policies are removed
+again by `stop()`.
 
 Used by the e2e tests (which kill and restart it) and by `make demo`.
 """
@@ -89,9 +90,13 @@ class OperatorProcess:
     def install_webhooks(self, *, admission_policies: bool = False) -> None:
         """Create the manifests' webhook configurations, pointed at this process, which runs as
         the control plane's admin user (so that user is trusted as rocshare's accounts are);
-        with `admission_policies`, the pod admission policies too (see the module docstring)."""
+        with `admission_policies`, the pod admission policies first (see the module docstring),
+        and where the API server serves the pod-defaults MutatingAdmissionPolicy no webhook at all:
+        its component renders none (manifests/components/pod-defaults-policy), as a user's overlay."""
         if admission_policies:
             self.install_admission_policies()
+            if self.mutating_admission_policy_version():
+                return
         ca_bundle = base64.b64encode((self.cluster.pki / "ca.crt").read_bytes()).decode()
         documents = []
         for document in yaml.safe_load_all(WEBHOOKS.read_text()):

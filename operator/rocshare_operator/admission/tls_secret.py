@@ -85,11 +85,16 @@ async def ensure_secret(kube: Kube, settings: TlsSecretSettings) -> TlsBundle:
 
 
 async def publish_ca_bundle(kube: Kube, settings: TlsSecretSettings, bundle: TlsBundle) -> None:
-    """Set `caBundle` of every webhook in both configurations to the bundle's CA certificates."""
+    """Set `caBundle` of every webhook in both configurations to the bundle's CA certificates. A
+    configuration that does not exist is skipped: with the pod-defaults admission policy
+    (manifests/components/pod-defaults-policy) no webhook is installed."""
     wanted = base64.b64encode(bundle.ca_pem).decode()
     for plural in WEBHOOK_CONFIGURATIONS:
         path = object_path("admissionregistration.k8s.io/v1", plural, settings.webhook_configuration)
-        configuration = await kube.get(path)
+        try:
+            configuration = await kube.get(path)
+        except NotFound:
+            continue
         operations = [{"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": wanted}
                       for index, webhook in enumerate(configuration.get("webhooks") or [])
                       if webhook.get("clientConfig", {}).get("caBundle") != wanted]

@@ -195,7 +195,7 @@ def test_pod_policy_trusts_exactly_the_users_the_operator_trusts() -> None:
         (ROOT / "manifests/components/pod-defaults-policy/pod-defaults.yaml").read_text()))
     binding = find(component, "MutatingAdmissionPolicyBinding", "rocshare-pod-defaults")
     assert binding["spec"]["paramRef"] == {"name": "rocshare-admission", "namespace": "rocshare-system",
-                                           "parameterNotFoundAction": "Allow"}
+                                           "parameterNotFoundAction": "Deny"}
 
 
 def render_component(component: str, overlay: Path) -> list[dict]:
@@ -220,3 +220,25 @@ def test_pod_defaults_policy_at_the_beta_and_the_ga_api_version(tmp_path: Path) 
     assert {obj["apiVersion"] for obj in beta} == {"admissionregistration.k8s.io/v1beta1"}
     assert {obj["apiVersion"] for obj in ga} == {"admissionregistration.k8s.io/v1"}
     assert [{**obj, "apiVersion": None} for obj in beta] == [{**obj, "apiVersion": None} for obj in ga]
+
+
+@pytest.mark.parametrize("component", ["manifests/components/pod-defaults-policy",
+                                       "manifests/components/pod-defaults-policy-v1"])
+def test_with_the_pod_defaults_policy_an_overlay_renders_no_webhook(tmp_path: Path, component: str) -> None:
+    """The policy does every mutation the webhook does and the base's ValidatingAdmissionPolicy every
+    check: an overlay with the component renders no webhook configuration (each costs the API server
+    a CEL evaluation of every GPU pod), and everything else of the overlay unchanged."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "manifests/overlays/dev", overlay)],
+        "components": [os.path.relpath(ROOT / component, overlay)]}))
+    result = subprocess.run([str(KUBECTL), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    with_policy = {(obj["kind"], obj["metadata"]["name"]) for obj in yaml.safe_load_all(result.stdout)}
+    plain = {(obj["kind"], obj["metadata"]["name"]) for obj in render("manifests/overlays/dev")}
+    webhooks = {("MutatingWebhookConfiguration", "rocshare-pods"), ("ValidatingWebhookConfiguration", "rocshare-pods")}
+    assert webhooks <= plain
+    assert with_policy == (plain - webhooks) | {("MutatingAdmissionPolicy", "rocshare-pod-defaults"),
+                                                ("MutatingAdmissionPolicyBinding", "rocshare-pod-defaults")}

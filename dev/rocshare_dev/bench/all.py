@@ -320,9 +320,9 @@ NOTES = [
     "* **Extender** (`dev/rocshare_dev/bench/extender.py`): a SchedulerState built in memory through the "
     "informer handlers, N nodes × 8 GPUs from the MI210 and MI300X captures (MI300X folded from its CPX "
     "capture to 8 GPUs of 304 CUs; VRAM is **synthetic**, 64 and 192 GiB: the captures have none), filled "
-    "with allocator-made records. One round = filter over the **full** node list (worst case: "
-    "kube-scheduler sends only nodes that passed its own filters and, with the default "
-    "percentageOfNodesToScore, may score fewer) + prioritize over the feasible nodes + the bind decision "
+    "with allocator-made records. One round = filter over the **full** node list (the profile's "
+    "percentageOfNodesToScore is 100: kube-scheduler sends every node that passed its own filters), "
+    "keeping the nodes the policy ranks best (the shipped profile calls no prioritize) + the bind decision "
     "(parse, node_rejection, allocate, record and HAMi annotation encoding; no HTTP). `extender_p99_ms_N_nodes` "
     "is the worse of 50 % and 90 % occupancy, warm: pods drawn from a 7-shape mix after one untimed pod of "
     "each shape, a pod committed and an older one released after each round, then the plan refresher's "
@@ -368,7 +368,7 @@ def draw_chart(report: dict, path: Path) -> None:
         latency.plot(*zip(*cpu), "k:", marker="^", label="CPU-time p99 (worse occupancy)")
     latency.plot([1000, 5000], [5, 25], "r*", markersize=12, label="p99 targets")
     latency.set(xscale="log", yscale="log", xlabel="nodes (8 GPUs each)", ylabel="ms per pod (wall clock)",
-                title="Extender: filter + prioritize + bind decision")
+                title="Extender: filter (best nodes) + bind decision")
     latency.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     rss = [(n, figures.get(f"operator_rss_mib_{n}_nodes")) for n in sizes]
     rss = [(n, v) for n, v in rss if v is not None]

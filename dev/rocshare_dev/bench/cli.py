@@ -15,7 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                "the openb trace through the real kube-scheduler and extender onto simulated nodes, next to the simulator"),
     "allocate": ("rocshare_dev.bench.allocate", "device plugin Allocate latency for a burst of pods on one node (p99 target 20 ms)"),
     "extender": ("rocshare_dev.bench.extender",
-                 "extender filter + prioritize + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
+                 "extender filter (best nodes) + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
     "e2e": ("rocshare_dev.bench.e2e",
             "pods/s from create to Running on the real control plane, rocshare vs kube-scheduler alone"),
     "cost": ("rocshare_dev.bench.cost",

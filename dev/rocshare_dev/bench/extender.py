@@ -5,12 +5,12 @@ A `SchedulerState` is built in memory through the same handlers the informers ca
 MI300X captures, synthetic VRAM), then filled to a target occupancy with records the core
 allocator made, committed with `state.commit` as bind does. Each timed round is one pod:
 
-1. filter over the **full** node list (worst case: kube-scheduler sends only the nodes that
-   passed its own filters, and with the default percentageOfNodesToScore may stop early),
-   the reply rendered as JSON-ready dicts;
-2. prioritize over the nodes filter kept, its reply written as JSON text;
-3. the bind decision on the best node: exactly what `Binder` does except its HTTP calls
-   (parse the pod, node_rejection, allocate, encode the record and the HAMi annotation).
+1. filter over the **full** node list (kube-scheduler sends every node that passed its own
+   filters: the profile's percentageOfNodesToScore is 100), keeping the nodes the policy ranks
+   best (`decisions.best_nodes`, what the server answers), the reply rendered as JSON-ready dicts;
+2. the bind decision on one of them: exactly what `Binder` does except its HTTP calls (parse the
+   pod, node_rejection, allocate, encode the record and the HAMi annotation).
+The shipped profile calls no prioritize (filter's reply is already the best nodes): it is not timed.
 
 The pod is then committed and an earlier bench pod released, outside the timing, so
 occupancy stays put while nodes change under the caches as they would in a live cluster.
@@ -141,9 +141,9 @@ class Timings:
     cpu_s: list[float]
     total_s: list[float]
     filter_s: list[float]
-    prioritize_s: list[float]
     bind_s: list[float]
     feasible: list[int]
+    """How many nodes filter kept (the best ones)."""
     refresh_cpu_s: list[float]
     spans: list[tuple[float, float]]
     """(start, end) of each timed decision, perf_counter seconds."""
@@ -248,7 +248,7 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
     from rocshare_dev.bench.fleet import NAMESPACE, draw_pods, pod_object
     from rocshare.core.ids import pod_key
 
-    timings = Timings([], [], [], [], [], [], [], [])
+    timings = Timings([], [], [], [], [], [], [])
     pods = draw_pods(rng, "cold" if cold else "warm")
     for _ in range(rounds):
         pod = next(pods)
@@ -272,16 +272,16 @@ async def _rounds(state, names: list[str], live: deque, rounds: int, rng: random
 
 
 def warm_up(state, names: list[str]) -> None:
-    """One untimed filter + prioritize per pod shape of the mix: the steady state of a live extender
+    """One untimed filter per pod shape of the mix: the steady state of a live extender
     (whose modules, the binder's too, were all imported at start: no timed round pays an import)."""
     from rocshare_dev.bench.fleet import POD_MIX, pod_object
     from rocshare.core.holdings import placement_request
     from rocshare_operator.extender import binder  # noqa: F401
-    from rocshare_operator.extender.decisions import filter_nodes, prioritize
+    from rocshare_operator.extender.decisions import best_nodes
 
     for serial, (_, resources) in enumerate(POD_MIX):
         request = placement_request(pod_object(f"warm-up-{serial}", resources))
-        prioritize(state.snapshot(), request, filter_nodes(state.snapshot(), request, names).feasible)
+        best_nodes(state.snapshot(), request, names)
 
 
 def state_caches_cleared(state) -> None:
@@ -291,32 +291,29 @@ def state_caches_cleared(state) -> None:
 
 
 def decide(state, body: dict, names: list[str], timings: Timings):
-    """One pod through filter, prioritize and the bind decision, each timed (kube-scheduler's own
-    pick of the best host between prioritize and bind is not the extender's work: not timed)."""
+    """One pod through filter (which keeps the best nodes) and the bind decision, each timed
+    (kube-scheduler's own pick among filter's nodes, between the two, is not the extender's work:
+    not timed; the bench takes the first)."""
     from rocshare.core.holdings import placement_request
-    from rocshare_operator.extender.decisions import filter_nodes, prioritize
+    from rocshare_operator.extender.decisions import best_nodes
 
     cpu_started = time.thread_time()
     started = time.perf_counter()
-    result = filter_nodes(state.snapshot(), placement_request(body), names)  # as the server reads it
+    result = best_nodes(state.snapshot(), placement_request(body), names)  # as the server reads it
     result.to_json()
     filtered = time.perf_counter()
-    scores = prioritize(state.snapshot(), placement_request(body), result.feasible)
-    scores.to_json()
-    prioritized = time.perf_counter()
-    cpu_scored = time.thread_time()
-    best = scores.best()
+    cpu_filtered = time.thread_time()
+    best = result.feasible[0] if result.feasible else None
     cpu_bind = time.thread_time()
     bind_started = time.perf_counter()
     record = _bind_decision(state, body, best) if best else None
     done = time.perf_counter()
-    timings.cpu_s.append(cpu_scored - cpu_started + time.thread_time() - cpu_bind)
-    timings.total_s.append(prioritized - started + done - bind_started)
+    timings.cpu_s.append(cpu_filtered - cpu_started + time.thread_time() - cpu_bind)
+    timings.total_s.append(filtered - started + done - bind_started)
     timings.filter_s.append(filtered - started)
-    timings.prioritize_s.append(prioritized - filtered)
     timings.bind_s.append(done - bind_started)
     timings.feasible.append(len(result.feasible))
-    timings.spans.extend(((started, prioritized), (bind_started, done)))
+    timings.spans.extend(((started, filtered), (bind_started, done)))
     return record
 
 
@@ -347,9 +344,8 @@ def _summary(t: Timings) -> dict:
         "p50_ms": _ms(t.total_s, 0.5), "p99_ms": _ms(t.total_s, 0.99), "max_ms": _ms(t.total_s, 1.0),
         "cpu_p50_ms": _ms(t.cpu_s, 0.5), "cpu_p99_ms": _ms(t.cpu_s, 0.99),
         "filter_p50_ms": _ms(t.filter_s, 0.5), "filter_p99_ms": _ms(t.filter_s, 0.99),
-        "prioritize_p50_ms": _ms(t.prioritize_s, 0.5), "prioritize_p99_ms": _ms(t.prioritize_s, 0.99),
         "bind_p50_ms": _ms(t.bind_s, 0.5), "bind_p99_ms": _ms(t.bind_s, 0.99),
-        "feasible_nodes_median": int(_quantile(t.feasible, 0.5)), "rounds": len(t.total_s),
+        "best_nodes_median": int(_quantile(t.feasible, 0.5)), "rounds": len(t.total_s),
         **({"refresh_cpu_mean_ms": round(1000 * sum(t.refresh_cpu_s) / len(t.refresh_cpu_s), 3),
             "refresh_cpu_p99_ms": _ms(t.refresh_cpu_s, 0.99)} if t.refresh_cpu_s else {}),
     }
@@ -359,9 +355,9 @@ def _row(result: dict) -> str:
     warm, cold = result["warm"], result["cold"]
     return (f"{result['nodes']:5d} nodes  occupancy {result['occupancy']:.2f}  "
             f"p50 {warm['p50_ms']:7.2f} ms  p99 {warm['p99_ms']:7.2f} ms  "
-            f"(filter {warm['filter_p99_ms']:.2f}, prioritize {warm['prioritize_p99_ms']:.2f}, "
+            f"(filter {warm['filter_p99_ms']:.2f}, "
             f"bind {warm['bind_p99_ms']:.2f}; CPU p99 {warm['cpu_p99_ms']:.2f})  cold p99 {cold['p99_ms']:7.2f} ms  "
-            f"feasible {warm['feasible_nodes_median']}  built in {result['build_s']} s"
+            f"best nodes {warm['best_nodes_median']}  built in {result['build_s']} s"
             + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else "")
             + f"  GC: {result['gc']['in_warm_decisions']} collections in warm decisions (longest "
               f"{result['gc']['longest_in_warm_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms")

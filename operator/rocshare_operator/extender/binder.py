@@ -28,13 +28,11 @@ from dataclasses import dataclass
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record, encode_record
 from rocshare.api.hami import companion_annotations
-from rocshare.core.allocate import allocate
-from rocshare.core.fit import FitFailure
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.holdings import HostRequest, host_request, placement_request
 from rocshare.core.request import PodRequest, RequestError
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
-from rocshare_operator.extender.decisions import Rejection, node_rejection, policy_for
+from rocshare_operator.extender.decisions import Rejection, bind_decision, node_rejection
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
@@ -47,6 +45,15 @@ SEEN_PODS_MAX = 2048
 
 class BindRefused(Exception):
     """The pod cannot be bound to that node now; the message says why (kube-scheduler retries)."""
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """A decision and what it was made from: this very pod object, the state at this count of changes."""
+
+    pod: dict
+    changes: int
+    record: AllocationRecord
 
 
 @dataclass
@@ -82,15 +89,17 @@ class Binder:
         self.queued[node] += 1
         try:
             pod = self._seen_pod(pod_key(namespace, name), uid) or await self._read_pod(path, uid)
+            early = None
             if _existing_record(pod) is None:
                 request = _request(pod)
                 if not request.wants_gpus:
                     await self._bind_host_only(path, pod_key(namespace, name), node, pod, request)
                     return None
-                self._decide(pod, node)  # refuse at once when it can't fit: waiting frees nothing
+                early = _Decided(pod, self.state.changes, self._decide(pod, node, request))
+                # (refused at once when it can't fit: waiting frees nothing)
             async with self._locks.setdefault(node, asyncio.Lock()):
                 await self._wait_for_room(node, pod_key(namespace, name), deadline)
-                return await self._commit_and_bind(path, namespace, name, uid, node, pod)
+                return await self._commit_and_bind(path, namespace, name, uid, node, pod, early)
         finally:
             self.queued[node] -= 1
             if not self.queued[node]:
@@ -110,8 +119,9 @@ class Binder:
         return pod
 
     async def _commit_and_bind(self, path: str, namespace: str, name: str, uid: str, node: str,
-                               pod: dict | None) -> AllocationRecord:
-        """`pod` may be stale: the Binding's resourceVersion precondition catches that."""
+                               pod: dict | None, early: _Decided | None = None) -> AllocationRecord:
+        """`pod` may be stale: the Binding's resourceVersion precondition catches that. `early`: the
+        decision bind made before it waited, taken when neither the pod nor the state changed since."""
         key = pod_key(namespace, name)
         if key in self.state.ledger:
             pod = None  # an earlier attempt's outcome is unknown: only a fresh read tells
@@ -124,7 +134,12 @@ class Binder:
             if existing is not None and existing.node != node:
                 raise BindRefused(f"pod {key} is already committed to node {existing.node}")
             # A record on an unbound pod (written by a rocshare before bindings carried it) is kept.
-            record = existing or self._decide(pod, node)
+            if existing is not None:
+                record = existing
+            elif early is not None and early.pod is pod and early.changes == self.state.changes:
+                record = early.record  # nothing changed while bind waited: the same plan
+            else:
+                record = self._decide(pod, node)
             self.state.commit(key, namespace, record, _host(pod))
             self.state.accounts.gate.acquire(node, key)
             annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
@@ -222,16 +237,11 @@ class Binder:
             await self.state.uncommit(key)
             raise BindRefused(f"binding to {node} failed: {error}") from None
 
-    def _decide(self, pod: dict, node_name: str) -> AllocationRecord:
-        request = _request(pod)
-        snap = self.state.snapshot()
-        rejection = node_rejection(snap, request, node_name)
-        if rejection is not None:
-            raise BindRefused(f"node {node_name} no longer fits: {rejection.text()}")
-        node = snap.inventories[node_name]
-        decision = allocate(node, snap.ledger.usage(node), request, policy_for(snap, node_name, request))
-        if isinstance(decision, FitFailure):
-            raise BindRefused(f"node {node_name} no longer fits: {Rejection.of_fit(decision).text()}")
+    def _decide(self, pod: dict, node_name: str, request: PodRequest | None = None) -> AllocationRecord:
+        """The record to commit on the node now (planned afresh), or BindRefused saying why not."""
+        decision = bind_decision(self.state.snapshot(), request or _request(pod), node_name)
+        if isinstance(decision, Rejection):
+            raise BindRefused(f"node {node_name} no longer fits: {decision.text()}")
         return decision
 
     def _device_types(self, node_name: str) -> dict[str, str]:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from rocshare.api.models import Scheduling
-from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner
+from rocshare.api.allocation import AllocationRecord
+from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner, allocate
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.policies import MAX_EXTENDER_SCORE, Policy, ScoringContext, score_levels
@@ -138,13 +139,13 @@ class _Pass:
         node = self._inventories.get(name)
         if node is None or not node.gpus:
             return None if self.host_only else self.no_inventory()
-        first = self._whole_node_rejection(name, node)
+        first = self.whole_node_rejection(name, node)
         if first is not None:
             return first
         answer = self.answer(name, node)
         return answer if isinstance(answer, Rejection) else None
 
-    def _whole_node_rejection(self, name: str, node: NodeInventory) -> Rejection | None:
+    def whole_node_rejection(self, name: str, node: NodeInventory) -> Rejection | None:
         """What rejects the whole node before the planner is asked: a blocked node, the quota."""
         if self._blocked and name in self._blocked and not self.host_only:
             return self._whole(BLOCKED, len(node.gpus))
@@ -155,7 +156,7 @@ class _Pass:
         return None
 
     def whole_node_rejections(self, names: list[str]) -> dict[str, Rejection]:
-        """`_whole_node_rejection` of each listed node with GPUs (none at all in the usual case:
+        """`whole_node_rejection` of each listed node with GPUs (none at all in the usual case:
         no blocked node, no quota on the namespace)."""
         if self.quota_free and not (self._blocked and not self.host_only):
             return {}
@@ -163,7 +164,7 @@ class _Pass:
         for name in names:
             node = self._inventories.get(name)
             if node is not None and node.gpus:
-                first = self._whole_node_rejection(name, node)
+                first = self.whole_node_rejection(name, node)
                 if first is not None:
                     found[name] = first
         return found
@@ -283,6 +284,21 @@ def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection 
     return _Pass(snap, request, memoised=False).rejection(name)
 
 
+def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationRecord | Rejection:
+    """Bind's choice on the node, planned afresh against the ledger as it is now: the record to
+    commit, or why the pod no longer fits there. One plan does both (what the pod fits does not
+    depend on the scores: the core's `allocate` decides with the pool's policy alone)."""
+    decision = _Pass(snap, request, memoised=False)
+    node = snap.inventories.get(name)
+    if node is None or not node.gpus:
+        return decision.no_inventory()
+    first = decision.whole_node_rejection(name, node)
+    if first is not None:
+        return first
+    record = allocate(node, snap.ledger.usage(node), request, policy_for(snap, name, request))
+    return Rejection.of_fit(record) if isinstance(record, FitFailure) else record
+
+
 def refresh(snap: Snapshot, memo: KeyMemo) -> int:
     """Plan now the nodes the ledger changed since the key's last look -- exactly what the key's
     next decision would plan (refresh.py does this between decisions). Returns how many."""
@@ -295,7 +311,12 @@ def refresh(snap: Snapshot, memo: KeyMemo) -> int:
 
 
 def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> FilterResult:
-    decision = _Pass(snap, request)
+    return _filtered(_Pass(snap, request), node_names)[0]
+
+
+def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Mapping[str, float], Mapping[str, Rejection]]:
+    """Which listed nodes the pod fits and why the others not; with the planner's tables, which
+    prioritize reads again for the feasible nodes."""
     fits, misfits = decision.answers(node_names)
     feasible = [name for name in node_names if name in fits]
     failed = {name: misfits[name] for name in node_names if name in misfits}
@@ -309,12 +330,44 @@ def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> 
     if first:
         feasible = [name for name in feasible if name not in first]
         failed.update(first)
-    return FilterResult(feasible, failed)
+    return FilterResult(feasible, failed), fits, misfits
+
+
+def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
+               queued: Mapping[str, int] | None = None) -> FilterResult:
+    """filter's reply: of the nodes the pod fits, only those prioritize would rank best -- the
+    highest 0-10 level over every feasible node, less one level per bind under way there (`queued`).
+
+    kube-scheduler adds its own score plugins (0-100 each) to the extender's level times 10 times its
+    weight; with the weight the profile used (1000) one level outweighed every plugin together, so
+    the plugins only ever broke ties inside the top level. Handing kube-scheduler that top level
+    alone keeps its pick exactly (the same nodes, the same tie-breaks), while it scores a handful of
+    nodes instead of every feasible one and needs no prioritize call at all (the profile names
+    none: manifests/base/scheduler). The nodes left out fit: they are not FailedNodes, and the
+    pod's status never names them (kube-scheduler reports failures only when no node is left)."""
+    decision = _Pass(snap, request)
+    result, fits, misfits = _filtered(decision, node_names)
+    feasible = result.feasible
+    if len(feasible) < 2:
+        return result
+    levels = _levels(decision, fits, misfits, feasible)
+    if queued:
+        # as prioritize's reply was lowered (a score below 0 is not one kube-scheduler takes)
+        levels = [max(0, level - queued[name]) if name in queued else level for name, level in zip(feasible, levels)]
+    top = max(levels)
+    return FilterResult([name for name, level in zip(feasible, levels) if level == top], result.failed)
 
 
 def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> Priorities:
     decision = _Pass(snap, request)
     fits, misfits = decision.answers(node_names)
+    return Priorities(node_names, _levels(decision, fits, misfits, node_names))
+
+
+def _levels(decision: _Pass, fits: Mapping[str, float], misfits: Mapping[str, Rejection],
+            node_names: list[str]) -> list[int]:
+    """Each listed node's 0-10 level: the planner's raw scores scaled over these nodes (0 where the
+    pod does not fit)."""
     raw = list(map(fits.get, node_names))  # None where the pod does not fit (or no GPUs)
     scored = set(raw)
     scored.discard(None)
@@ -325,7 +378,7 @@ def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> Pr
         raw = [best if score is None and name not in misfits else score for name, score in zip(node_names, raw)]
     level: dict[float | None, int] = score_levels(scored)
     level[None] = 0
-    return Priorities(node_names, list(map(level.__getitem__, raw)))
+    return list(map(level.__getitem__, raw))
 
 
 @dataclass(frozen=True)

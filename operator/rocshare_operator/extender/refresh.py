@@ -17,7 +17,7 @@ import asyncio
 import logging
 
 from rocshare_operator.extender import decisions
-from rocshare_operator.extender.heap import collect_when_idle
+from rocshare_operator.extender.heap import IdleCollector
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ class Refresher:
     def __init__(self, state: SchedulerState) -> None:
         self.state = state
         self._wake = asyncio.Event()
+        self._collector = IdleCollector()
         state.ledger.on_change.append(self._wake.set)
 
     async def run(self) -> None:
@@ -42,11 +43,11 @@ class Refresher:
 
     async def catch_up(self) -> int:
         """Plan every recently asked shape's changed nodes, then run the garbage collection that
-        work brought near (heap.collect_when_idle); returns the nodes planned."""
+        work brought near (heap.IdleCollector); returns the nodes planned."""
         planned = 0
         for memo in self.state.plans.behind(self.state.ledger):
             await asyncio.sleep(0)  # requests first: one shape's work per turn of the loop
             planned += decisions.refresh(self.state.snapshot(), memo)
         await asyncio.sleep(0)
-        collect_when_idle()
+        self._collector.collect()
         return planned

@@ -28,7 +28,7 @@ from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import Priorities, filter_nodes, prioritize
+from rocshare_operator.extender.decisions import Priorities, best_nodes, prioritize
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
@@ -64,7 +64,7 @@ class ExtenderService:
         except RequestError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
-        result = filter_nodes(self.state.snapshot(), request, names)
+        result = best_nodes(self.state.snapshot(), request, names, self.binder.queued)
         if result.feasible:
             self.binder.saw(_pod(args))
         else:
@@ -81,6 +81,8 @@ class ExtenderService:
         return result.to_json()
 
     async def prioritize(self, args: dict[str, Any]) -> orjson.Fragment:
+        """Not called by the shipped profile (filter already keeps only the best nodes); served for
+        configurations that still name a prioritizeVerb: over filter's reply every level is equal."""
         names = _node_names(args)
         try:
             request = placement_request(_pod(args))

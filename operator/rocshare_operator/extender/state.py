@@ -75,6 +75,9 @@ class SchedulerState:
     workloads: PoolWorkloads = field(init=False)
     retrier: Retrier | None = None
     scheduler_name: str = "rocshare-scheduler"
+    changes: int = 0
+    """Counts every event and commit taken: a decision made at one count still stands at the same
+    count (nothing it read has changed), so bind need not plan twice when it did not wait."""
 
     def __post_init__(self) -> None:
         self.accounts = Accounts(self.index.cu_counts)
@@ -91,21 +94,27 @@ class SchedulerState:
     # ---- events ------------------------------------------------------------------------------
 
     def on_node(self, kind: str, node: dict[str, Any]) -> None:
+        self.changes += 1
         self.index.on_node(kind, node)
 
     def on_node_facts(self, kind: str, node: NodeFacts, before: NodeFacts | None = None) -> None:
+        self.changes += 1
         self.index.on_node_facts(kind, node, before)
 
     def on_gpu_node(self, kind: str, obj: dict[str, Any]) -> None:
+        self.changes += 1
         self.index.on_gpu_node(kind, obj)
 
     def on_gpu_node_facts(self, kind: str, facts: GpuNodeFacts, before: GpuNodeFacts | None = None) -> None:
+        self.changes += 1
         self.index.on_gpu_node_facts(kind, facts, before)
 
     def on_pool(self, kind: str, obj: dict[str, Any]) -> None:
+        self.changes += 1
         self.index.on_pool(kind, obj)
 
     def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
+        self.changes += 1
         self.index.on_quota(kind, quota)
 
     async def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
@@ -113,6 +122,7 @@ class SchedulerState:
         await self.on_pod_facts(kind, pod_facts(pod))
 
     async def on_pod_facts(self, kind: str, pod: PodFacts, _before: PodFacts | None = None) -> None:
+        self.changes += 1
         if self.retrier is not None:
             self._track_waiting(pod, ended=kind == "DELETED" or pod.finished)
         self.workloads.on_pod(kind, pod)
@@ -149,12 +159,15 @@ class SchedulerState:
     # ---- bind's accounting (the binder's side effects) ------------------------------------------
 
     def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
+        self.changes += 1
         self.accounts.commit(key, namespace, record, host)
 
     def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
+        self.changes += 1
         self.accounts.commit_host(key, node, host)
 
     async def uncommit(self, key: PodKey) -> None:
+        self.changes += 1
         self.accounts.uncommit(key)
 
     # ---- read-only views (tests, metrics, benches) --------------------------------------------

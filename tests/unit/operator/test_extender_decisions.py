@@ -23,7 +23,7 @@ from rocshare.core.policies import NodeScorer, normalize_scores
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
 from rocshare_operator.extender import decisions
 from rocshare_operator.extender.decisions import (
-    NO_INVENTORY, Rejection, filter_nodes, node_rejection, policy_for, prioritize)
+    NO_INVENTORY, Rejection, best_nodes, filter_nodes, node_rejection, policy_for, prioritize)
 from rocshare_operator.extender.state import NodeMemo, SchedulerState
 
 NAMESPACE = "team"
@@ -130,6 +130,59 @@ def place_and_compare(state: SchedulerState, names: list[str], rng: random.Rando
         expected = normalize_scores(fresh_scores(state, pod, result.feasible))
         assert scores == {name: expected.get(name, 0) for name in result.feasible}, serial
         commit(state, pod, rng.choice(result.feasible))
+
+
+EXTENDER_WEIGHT = 1000
+"""The weight the profile gave prioritize before filter kept only the best nodes."""
+PLUGINS_MAX = 1300
+"""kube-scheduler's score plugins left on, all at their maximum (docs/placement.md)."""
+
+
+def kube_scheduler_pick(feasible: list[str], plugins: dict[str, int], levels: dict[str, int] | None = None) -> str:
+    """kube-scheduler's choice: the extender's level x 10 x its weight (when it has a prioritize)
+    plus its own plugins' score (here distinct per node, so the pick is unique)."""
+    levels = levels or {}
+    return max(feasible, key=lambda name: 10 * EXTENDER_WEIGHT * levels.get(name, 0) + plugins[name])
+
+
+async def test_filter_keeping_the_best_nodes_leaves_kube_schedulers_pick_as_prioritize_made_it() -> None:
+    """Through random churn, with binds under way: the node kube-scheduler picks among filter's best
+    nodes by its own plugins is the node it picked when prioritize scored every feasible node. Only
+    nodes prioritize ranks lower are left out, and they are not reported as failed."""
+    rng = random.Random(11)
+    state = SchedulerState()
+    set_pool(state, "p", nodePolicy=rng.choice(("binpack", "spread")))
+    names = [f"n{i}" for i in range(16)]
+    for name in names:
+        add_node(state, name, gpus=rng.choice((2, 4, 8)))
+    narrowed = 0
+    for serial in range(250):
+        pod = request(f"p{serial}", memory_mib=rng.choice((2048, 8192, 16384)), cores_pct=rng.choice((10, 25, None)),
+                      gpus=rng.choice((1, 1, 2)))
+        queued = {name: rng.randint(1, 2) for name in rng.sample(names, 3)}
+        plugins = dict(zip(names, rng.sample(range(PLUGINS_MAX + 1), len(names))))
+        full = filter_nodes(state.snapshot(), pod, names)
+        best = best_nodes(state.snapshot(), pod, names, queued)
+        assert best.failed == full.failed and set(best.feasible) <= set(full.feasible)
+        if full.feasible:
+            levels = prioritize(state.snapshot(), pod, full.feasible).lowered(queued).scores()
+            assert kube_scheduler_pick(best.feasible, plugins) == kube_scheduler_pick(full.feasible, plugins, levels)
+            assert len({levels[name] for name in best.feasible}) == 1
+            narrowed += len(best.feasible) < len(full.feasible)
+            commit(state, pod, rng.choice(best.feasible))
+        if rng.random() < 0.3 and state.ledger.records():
+            key = rng.choice(list(state.ledger.records()))
+            await release(state, request(key.partition("/")[2]))
+    assert narrowed > 100  # the test saw filter leave nodes out, not only trivial replies
+
+
+def test_best_nodes_of_a_pod_that_fits_one_node_or_none_are_filters(state: SchedulerState) -> None:
+    commit(state, request("big", gpus=4), "n1")
+    commit(state, request("big2", gpus=4), "n2")
+    whole = request(gpus=1)
+    assert best_nodes(state.snapshot(), whole, ["n1", "n2", "n3"], {"n3": 5}) == \
+        filter_nodes(state.snapshot(), whole, ["n1", "n2", "n3"])
+    assert best_nodes(state.snapshot(), request(gpus=8), ["n1", "n2", "n3"]).feasible == []
 
 
 async def test_nodes_of_pools_with_different_policies_are_answered_by_their_own() -> None:

@@ -28,11 +28,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 
 import orjson
 
 from rocshare.api.models import Scheduling
 from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner
+from rocshare.core.bulk import BulkPlanner, handles
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.policies import MAX_EXTENDER_SCORE, Policy, ScoringContext, score_levels
@@ -47,6 +49,10 @@ NO_INVENTORY = "NoGpuInventory"
 kubelet (AmdGpuNode condition DevicePlugin False), or it is in no pool."""
 BLOCKED = "UndecodableAllocationRecord"
 """A pod on the node cannot be accounted for (its record or object cannot be read): its GPUs stay blocked."""
+BULK_MIN_NODES = 48
+"""Nodes to plan from which a decision plans them in bulk (rocshare.core.bulk), where the request's
+form allows: below it, the bulk planner's fixed cost (some hundred array operations) exceeds the
+scalar planner's per-node work."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +104,13 @@ def policy_for(snap: Snapshot, node_name: str, request: PodRequest) -> Policy:
 
 @dataclass(frozen=True, slots=True)
 class _Way:
-    """How one pod is planned under one policy: the core's planner and, unless bind is
-    asking (it always plans afresh), the memo of this (request, policy)."""
+    """How one pod is planned under one policy: the core's planner, its bulk planner where the
+    request's form allows one, and, unless bind is asking (it always plans afresh), the memo of
+    this (request, policy)."""
 
     planner: PodPlanner
     memo: KeyMemo | None
+    bulk: BulkPlanner | None = None
 
 
 class _Pass:
@@ -203,11 +211,27 @@ class _Pass:
             return fits, misfits
         memo = way.memo
         known_fits, known_misfits = memo.fits, memo.misfits
-        for name in [name for name in names if name not in known_fits and name not in known_misfits]:
+        unknown = [name for name in names if name not in known_fits and name not in known_misfits]
+        if way.bulk is not None and len(unknown) >= BULK_MIN_NODES:
+            self._plan_in_bulk(unknown, way)
+            return known_fits, known_misfits
+        for name in unknown:
             node = inventories.get(name)
             if node is not None and node.gpus:
                 memo.store(name, self._plan(node, way))
         return known_fits, known_misfits
+
+    def _plan_in_bulk(self, names: list[str], way: _Way) -> None:
+        """Plan the listed nodes with GPUs at once and store the answers in the memo: the same
+        answers `_plan` would store one by one (the bulk planner's are `PodPlanner.plan`'s)."""
+        nodes = list(map(self._inventories.get, names))
+        if not all(node is not None and node.gpus for node in nodes):
+            kept = [node is not None and bool(node.gpus) for node in nodes]
+            names, nodes = list(compress(names, kept)), list(compress(nodes, kept))
+        found = way.bulk.plan(self.snap.fleet, names, nodes, self._ledger, self._inventories)
+        rejections = [self._verdict(failure) for failure in found.failures]
+        way.memo.store_all(zip(found.fit_names, found.scores),
+                           zip(found.misfit_names, map(rejections.__getitem__, found.failure_ids)))
 
     def _plan(self, node: NodeInventory, way: _Way) -> float | Rejection:
         usage = self._ledger.usage(node)
@@ -258,7 +282,9 @@ class _Pass:
         if found is None:
             memo = self.snap.plans.answers((self._request_key, policy, model_of), self._ledger, self.request) \
                 if self.memoised else None
-            found = self._ways[(policy, ctx)] = _Way(PodPlanner(self.request, policy, ctx), memo)
+            planner = PodPlanner(self.request, policy, ctx)
+            bulk = BulkPlanner(planner) if memo is not None and handles(self.request, policy) else None
+            found = self._ways[(policy, ctx)] = _Way(planner, memo, bulk)
         return found
 
     def no_inventory(self) -> Rejection:

@@ -17,7 +17,10 @@ for the same pod, and later pods of the same shape find the answers there. Answe
 that name no GPU uuid depend only on the node's shape and usage, and are also shared between
 nodes alike. Per call, what is the same for every node is worked out once: the policy of each
 pool (usually one for all), one `PodPlanner` per policy (it works out each node shape's
-needs once), one `Rejection` per distinct failure (rendered once). Quota, blocked nodes
+needs once), one `Rejection` per distinct failure (rendered once). When a decision must plan
+many nodes (`BULK_MIN_NODES`; the first pod of a never-seen shape plans them all) and the
+request's form allows, the core's bulk planner (rocshare.core.bulk) plans them at once on
+arrays; its answers are `PodPlanner.plan`'s, bit for bit, and go into the memo as one by one. Quota, blocked nodes
 and pools are read fresh on every call. The memo holds answers, not capacity: bind
 (`node_rejection` + the core's `allocate`) always plans again against the current
 ledger, under its per-node lock.

@@ -122,7 +122,9 @@ class BulkPlanner:
         reads_model = self.gpu_kind in ("fragmentation", "fgd") or self.node_kind in ("fgd", "fragmentation")
         self.model = planner.ctx.fragmentation if reads_model else None
         self._tasks: TaskArrays | None = None
-        self._needs: dict[int, _Needs] = {}
+        self._tasks_of: tuple[dict[str, int] | None, int] = (None, 0)
+        """The product codes `_tasks` was made for (the fleet's table, and how many it held)."""
+        self._needs: dict[int, tuple[ShapeTable, _Needs]] = {}
         self._failure_ids: dict[tuple, int] = {}
         self._failures: list[FitFailure] = []
 
@@ -131,8 +133,9 @@ class BulkPlanner:
         """The answer for each of `names` (nodes with GPUs; `nodes[i]` is `names[i]`'s inventory).
         `positions`: also the GPUs chosen on each node that fits (for tests: the plan's choice)."""
         batches = fleet.locate(names, nodes, ledger, inventories)
-        if self.model is not None and (self._tasks is None or self._tasks.products != len(fleet.products)):
+        if self.model is not None and self._tasks_of != (fleet.products, len(fleet.products)):
             self._tasks = TaskArrays(self.model, list(fleet.products))
+            self._tasks_of = (fleet.products, len(fleet.products))
         tasks = len(self._tasks.weights) if self._tasks is not None else 1
         fits = np.zeros(len(names), bool)
         scores = np.zeros(len(names))
@@ -177,9 +180,11 @@ class BulkPlanner:
     def _needs_of(self, block: Block, shape: np.ndarray) -> _Needs:
         """The request's needs for every shape the nodes have (worked out once per shape)."""
         table = block.shapes
-        needs = self._needs.get(id(block))
+        kept = self._needs.get(id(table))
+        needs = kept[1] if kept is not None and kept[0] is table else None
         if needs is None or len(needs.known) < len(table.nodes):
-            needs = self._needs[id(block)] = _grown_needs(needs, len(table.nodes), block.width)
+            needs = _grown_needs(needs, len(table.nodes), block.width)
+            self._needs[id(table)] = (table, needs)
         if not needs.known.all():
             for sid in np.unique(shape).tolist():
                 if not needs.known[sid]:

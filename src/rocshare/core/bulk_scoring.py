@@ -112,7 +112,6 @@ class TaskArrays:
     def __init__(self, model: FragmentationModel, products: list[str]) -> None:
         tasks = model.workload.tasks
         self.model = model
-        self.products = len(products)
         need = np.array([t.share_milli for t in tasks], np.int64)[:, None, None]
         gpus = np.array([t.gpus for t in tasks], np.int64)
         self._need = {np.dtype(np.int64): need, np.dtype(np.int32): _narrowed(need)}

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.api.models import GpuPolicy, OmittedCores
 from rocshare.core import bulk_scoring
 from rocshare.core.allocate import PodPlanner, allocate
@@ -232,6 +233,25 @@ def test_every_policy_and_model_is_compared_on_one_fleet() -> None:
                     assert not mismatches(nodes, ledger, request, policy, ScoringContext(model), fleet), (policy, request)
 
 
+def test_a_gpu_overfilled_by_conflicting_records_is_answered_exactly_too() -> None:
+    """Free shares far below zero (records that conflict, which the allocator never writes) take the
+    planner's int64 path; the answers still equal the scalar planner's."""
+    rng = random.Random(31)
+    nodes = [random_node(rng, f"o{i:02d}") for i in range(20)]
+    ledger = Ledger()
+    fill(rng, nodes, ledger, 60)
+    for i, node in enumerate(nodes[:5]):
+        device = DeviceSlice(gpu_id=node.gpus[0].gpu_id, memory_mib=10**12, cu_ranges=[], cu_count=1)
+        record = AllocationRecord(node=node.name, containers=[ContainerAllocation(name="c", devices=[device])])
+        ledger.apply(record, PodKey(f"ns/conflict-{i}"))
+    assert min(min(ledger.usage(node).free_milli) for node in nodes[:5]) < -10**6
+    request = PodRequest("ns", "p", (ContainerRequest("c", False, 1, memory_mib=1024, cores_pct=10),), cpu_milli=1000)
+    for policy in (Policy(NodeScorer.FRAGMENTATION, GpuPolicy.FRAGMENTATION_AWARE),
+                   Policy(NodeScorer.FGD, GpuPolicy.FRAGMENTATION_AWARE), Policy(NodeScorer.BESTFIT)):
+        for model in MODELS:
+            assert not mismatches(nodes, ledger, request, policy, ScoringContext(model), FleetArrays())
+
+
 def test_requests_outside_the_bulk_forms_are_left_to_the_scalar_planner() -> None:
     one = ContainerRequest("c", False, 1, memory_mib=1024)
     two = ContainerRequest("c", False, 2, memory_mib=1024)
@@ -275,6 +295,26 @@ def test_the_fleet_rows_follow_the_ledger_and_replaced_inventories() -> None:
     fill(rng, nodes, other, 20)
     ledger = other
     assert_rows_hold_the_ledgers_usage()
+
+
+def test_one_bulk_planner_asked_again_after_the_fleet_started_over_answers_afresh() -> None:
+    """A planner keeps per-shape needs between calls; a fleet that starts over (another ledger, a
+    dropped journal) numbers its shapes anew, and the planner must not read the old numbering."""
+    rng = random.Random(41)
+    first = [random_node(rng, f"a{i:02d}") for i in range(30)]
+    second = [random_node(rng, f"a{i:02d}") for i in range(30)]  # the same names, other shapes
+    request = PodRequest("ns", "p", (ContainerRequest("c", False, 1, memory_mib=4096, cores_pct=25),))
+    policy, ctx = Policy(NodeScorer.FRAGMENTATION, GpuPolicy.FRAGMENTATION_AWARE), ScoringContext(MODELS[2])
+    fleet, planner = FleetArrays(), BulkPlanner(PodPlanner(request, policy, ctx))
+    for nodes in (first, second):
+        ledger = Ledger()
+        fill(rng, nodes, ledger, 80)
+        found = planner.plan(fleet, [n.name for n in nodes], nodes, ledger, {n.name: n for n in nodes})
+        answers = dict(zip(found.fit_names, found.scores))
+        answers.update(zip(found.misfit_names, (found.failures[i] for i in found.failure_ids)))
+        for node in nodes:
+            plan = PodPlanner(request, policy, ctx).plan(node, ledger.usage(node))
+            assert answers[node.name] == (plan if isinstance(plan, FitFailure) else plan.score), node.name
 
 
 # ---- the comparison sees what a careless vectorisation gets wrong -------------------------------

@@ -63,14 +63,14 @@ def random_node(rng: random.Random, name: str) -> NodeInventory:
     specs = []
     for i in range(count):
         if kind == "mi210":
-            spec = gpu(i, node=name, numa=i // 4, peers=tuple(p for p in range(4 * (i // 4), 4 * (i // 4) + 4) if p != i),
-                       **MI210)
+            hive = range(4 * (i // 4), 4 * (i // 4) + 4)
+            spec = gpu(i, node=name, numa=i // 4, peers=tuple(p for p in hive if p != i), **MI210)
         elif kind == "mi300x":
             spec = gpu(i, node=name, numa=i // 4, peers=tuple(p for p in range(count) if p != i), **MI300X)
         elif kind == "partitions":
-            spec = dataclasses.replace(gpu(i, node=name, numa=0, memory_mib=24576, cu_count=38, product="AMD Instinct MI300X",
-                                           partition=True),
-                                       resource=rng.choice(("amd.com/gpu", "amd.com/cpx_nps4")))
+            part = gpu(i, node=name, numa=0, memory_mib=24576, cu_count=38, product="AMD Instinct MI300X",
+                       partition=True)
+            spec = dataclasses.replace(part, resource=rng.choice(("amd.com/gpu", "amd.com/cpx_nps4")))
         elif kind == "rdna":
             spec = gpu(i, node=name, numa=None, **(W7900 if i == 0 else MI210))
         else:
@@ -188,8 +188,8 @@ def compare_fleet(seed: int, *, rounds: int = 3, nodes_count: int = 40, requests
             wrong = mismatches(nodes, ledger, request, policy, ctx, fleet)
             assert not wrong, (seed, round_, request, policy, model and model.workload, wrong[:3])
             compared += len(nodes)
-            fitted += sum(not isinstance(a, FitFailure) for a in scalar_answers(nodes, ledger,
-                                                                               PodPlanner(request, policy, ctx)).values())
+            answers = scalar_answers(nodes, ledger, PodPlanner(request, policy, ctx)).values()
+            fitted += sum(not isinstance(answer, FitFailure) for answer in answers)
         for key in rng.sample(live, k=min(len(live), nodes_count // 2)):  # loads change between rounds
             ledger.release(key)
             live.remove(key)
@@ -230,7 +230,8 @@ def test_every_policy_and_model_is_compared_on_one_fleet() -> None:
         for model in MODELS:
             for request in requests:
                 if handles(request, policy):
-                    assert not mismatches(nodes, ledger, request, policy, ScoringContext(model), fleet), (policy, request)
+                    wrong = mismatches(nodes, ledger, request, policy, ScoringContext(model), fleet)
+                    assert not wrong, (policy, request)
 
 
 def test_a_gpu_overfilled_by_conflicting_records_is_answered_exactly_too() -> None:

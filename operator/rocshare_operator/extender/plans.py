@@ -17,7 +17,7 @@ nodes, in-flight pods are read fresh on every call).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,11 @@ class KeyMemo:
             self.fits[name] = answer
         else:
             self.misfits[name] = answer
+
+    def store_all(self, fits: Iterable[tuple[str, float]], misfits: Iterable[tuple[str, Any]]) -> None:
+        """`store` for many nodes: (name, score) pairs and (name, rejection) pairs."""
+        self.fits.update(fits)
+        self.misfits.update(misfits)
 
     def drop(self, name: str) -> None:
         self.fits.pop(name, None)

@@ -6,9 +6,11 @@ plans ~150 nodes, ~8 ms at 1,000 nodes, while its pod waits. The refresher does 
 between decisions instead: when the ledger changes (a bind, a pod's event), every recently asked
 shape plans the changed nodes, one shape per turn of the event loop, so a request arriving
 meanwhile waits for at most one shape's work. It changes no answer: it plans exactly what the
-shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule. Its
-turn ends with the garbage collection its work brought near (heap.py), so that collection does not
-land in the next decision.
+shape's next decision would (`decisions.refresh`), under the plan cache's one validity rule. It
+also keeps the bulk planner's arrays (rocshare.core.fleet) in step with the ledger -- and fills them
+once, a slice of nodes per turn, when they are empty -- so a cold decision reads no journal and
+places no node itself. Its turn ends with the garbage collection its work brought near (heap.py),
+so that collection does not land in the next decision.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from rocshare_operator.extender.heap import IdleCollector
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
+FILL_SLICE = 500
+"""Nodes placed into the empty bulk arrays per turn of the loop (a few milliseconds each)."""
 
 
 class Refresher:
@@ -42,12 +46,29 @@ class Refresher:
                 log.exception("plan refresher: a refresh failed; the next decisions plan those nodes themselves")
 
     async def catch_up(self) -> int:
-        """Plan every recently asked shape's changed nodes, then run the garbage collection that
-        work brought near (heap.IdleCollector); returns the nodes planned."""
+        """Plan every recently asked shape's changed nodes, bring the bulk arrays up to date, then
+        run the garbage collection that work brought near (heap.IdleCollector); returns the nodes
+        planned."""
         planned = 0
         for memo in self.state.plans.behind(self.state.ledger):
             await asyncio.sleep(0)  # requests first: one shape's work per turn of the loop
             planned += decisions.refresh(self.state.snapshot(), memo)
         await asyncio.sleep(0)
+        await self._keep_arrays()
         self._collector.collect()
         return planned
+
+    async def _keep_arrays(self) -> None:
+        """The ledger's changes into the bulk arrays; when they are empty (at start), every node with
+        GPUs placed there, FILL_SLICE per turn. The arrays check themselves on every use, so this
+        only moves work out of decisions."""
+        fleet, ledger, inventories = self.state.fleet, self.state.ledger, self.state.inventories
+        fleet.sync(ledger, inventories)
+        if not fleet.empty:
+            return
+        names = [name for name, node in inventories.items() if node.gpus]
+        for start in range(0, len(names), FILL_SLICE):
+            nodes = [(name, inventories.get(name)) for name in names[start:start + FILL_SLICE]]
+            nodes = [(name, node) for name, node in nodes if node is not None and node.gpus]  # may have gone
+            fleet.locate([name for name, _ in nodes], [node for _, node in nodes], ledger, inventories)
+            await asyncio.sleep(0)

@@ -1,11 +1,13 @@
-"""The scheduler's view of the cluster, in three parts with one job each, and the snapshot
+"""The scheduler's view of the cluster, in parts with one job each, and the snapshot
 decisions read.
 
 * `ClusterIndex` (index.py): nodes, their GPUs, pools and quotas, fed by events;
 * `Accounts` (accounts.py): the ledger of what every live pod holds, the namespaces' used
   figures, the pods that cannot be accounted for, and the in-flight gate that bind acquires
   and the pod watch releases;
-* `NodeMemo` (plans.py): the plan cache, which owns the rule for when an answer is valid.
+* `NodeMemo` (plans.py): the plan cache, which owns the rule for when an answer is valid;
+* `FleetArrays` (rocshare.core.fleet): every node's loads as arrays, which the bulk planner reads
+  (it follows the ledger's journal itself).
 
 `SchedulerState` wires them to the cluster feed (Nodes, Pods and AmdGpuNodes, watched once for
 the process) and to the retrier; `snapshot()` is what filter, prioritize and bind's decision
@@ -22,6 +24,7 @@ from typing import Any
 
 from rocshare.api.allocation import AllocationRecord
 from rocshare.api.models import AmdGpuPoolSpec, ShareLimits
+from rocshare.core.fleet import FleetArrays
 from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest
 from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
@@ -48,6 +51,8 @@ class Snapshot:
     plans: NodeMemo
     workloads: PoolWorkloads
     """Each pool's fragmentation model (workloads.py), for the scorers that read one."""
+    fleet: FleetArrays
+    """The nodes' loads as arrays, for the bulk planner (rocshare.core.fleet); kept in step by itself."""
     _index: ClusterIndex
     _accounts: Accounts
 
@@ -71,6 +76,7 @@ class Snapshot:
 class SchedulerState:
     index: ClusterIndex = field(default_factory=ClusterIndex)
     plans: NodeMemo = field(default_factory=NodeMemo)
+    fleet: FleetArrays = field(default_factory=FleetArrays)
     accounts: Accounts = field(init=False)
     workloads: PoolWorkloads = field(init=False)
     retrier: Retrier | None = None
@@ -89,7 +95,8 @@ class SchedulerState:
     def snapshot(self) -> Snapshot:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
-                        frozenset(self.accounts.blocked_nodes()), self.plans, self.workloads, index, self.accounts)
+                        frozenset(self.accounts.blocked_nodes()), self.plans, self.workloads, self.fleet, index,
+                        self.accounts)
 
     # ---- events ------------------------------------------------------------------------------
 

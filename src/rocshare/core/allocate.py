@@ -101,7 +101,7 @@ class PodPlanner:
         host = _host_failure(node, usage, self.request)
         if host is not None:
             return host
-        fits, barred = self._shape_facts(node)
+        fits, barred = self.shape_facts(node)
         cpu_before = node.cpu_milli - usage.cpu_milli if node.cpu_milli else None
         cpu_after = cpu_before - self.request.cpu_milli if cpu_before is not None else None
         loads = list(usage.loads)
@@ -116,7 +116,9 @@ class PodPlanner:
                         tuple(free))
         return Plan(tuple(placed), tuple(loads), self._node_scorer(view, self.request, self.ctx))
 
-    def _shape_facts(self, node: NodeInventory) -> tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]:
+    def shape_facts(self, node: NodeInventory) -> tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]:
+        """Per GPU container its need of each GPU of the node (`_ContainerFit`), and per GPU the
+        reason no load changes (health, the pod's type and uuid filters), or None."""
         facts = self._shapes.get(node.shape)
         if facts is None:
             fits = tuple(_container_fit(node, container) for container in self.request.gpu_containers)

@@ -83,6 +83,11 @@ class FragmentationModel:
         self._access: dict[str, tuple[bool, ...]] = {}
         self.gpu_per_cpu = workload.gpu_milli_per_cpu_milli
 
+    @property
+    def cpu_thresholds(self) -> tuple[int, ...]:
+        """The tasks' distinct CPU asks, ascending: free CPU matters only through which it clears."""
+        return self._thresholds
+
     def stranded_milli(self, free_milli: int, cpu_free_milli: int | None) -> float:
         """Free GPU share the node's free CPU cannot feed (CPU untracked: none)."""
         if cpu_free_milli is None or not self.gpu_per_cpu:
@@ -143,8 +148,12 @@ class FragmentationModel:
         return small if hosts >= task.gpus else total_free
 
     def _accepts(self, product: str, position: int) -> bool:
+        return self.access(product)[position]
+
+    def access(self, product: str) -> tuple[bool, ...]:
+        """Per task, in the workload's order: whether it accepts a GPU of this (lower-case) product."""
         access = self._access.get(product)
         if access is None:
             access = tuple(not t.types or any(x in product for x in t.types) for t in self.workload.tasks)
             self._access[product] = access
-        return access[position]
+        return access

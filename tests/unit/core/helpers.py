@@ -13,7 +13,7 @@ def gpu(i: int, *, memory_mib: int = 65536, cu_count: int = 104, product: str = 
     return GpuSpec(
         gpu_id=GpuId(f"GPU-{node}-{i:04d}"), index=i, memory_mib=memory_mib, cu_count=cu_count, product=product,
         gfx_target_version=gfx, cu_per_wgp=cu_per_wgp, numa=numa,
-        xgmi_peers=frozenset(GpuId(f"GPU-{node}-{p:04d}") for p in peers), split_count=split_count,
+        xgmi_peers=tuple(sorted({GpuId(f"GPU-{node}-{p:04d}") for p in peers})), split_count=split_count,
         healthy=healthy, partition=partition,
     )
 

@@ -366,7 +366,8 @@ def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Map
 def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
                queued: Mapping[str, int] | None = None) -> FilterResult:
     """filter's reply: of the nodes the pod fits, only those prioritize would rank best -- the
-    highest 0-10 level over every feasible node, less one level per bind under way there (`queued`).
+    highest 0-10 level over every feasible node, less one level per bind under way there (`queued`,
+    below 0 too: see below).
 
     kube-scheduler adds its own score plugins (0-100 each) to the extender's level times 10 times its
     weight; with the weight the profile used (1000) one level outweighed every plugin together, so
@@ -382,8 +383,11 @@ def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
         return result
     levels = _levels(decision, fits, misfits, feasible)
     if queued:
-        # as prioritize's reply was lowered (a score below 0 is not one kube-scheduler takes)
-        levels = [max(0, level - queued[name]) if name in queued else level for name, level in zip(feasible, levels)]
+        # Not clamped at 0 as prioritize's scores must be: in a burst every node may have binds
+        # queued, and clamped they would all tie at 0, so kube-scheduler's own scores would pick --
+        # MostAllocated, which counts the pods it has sent to bind: the very node with the most
+        # binds waiting, over and over, until it is full and every further bind there fails.
+        levels = [level - queued[name] if name in queued else level for name, level in zip(feasible, levels)]
     top = max(levels)
     return FilterResult([name for name, level in zip(feasible, levels) if level == top], result.failed)
 

@@ -147,8 +147,9 @@ def kube_scheduler_pick(feasible: list[str], plugins: dict[str, int], levels: di
 
 async def test_filter_keeping_the_best_nodes_leaves_kube_schedulers_pick_as_prioritize_made_it() -> None:
     """Through random churn, with binds under way: the node kube-scheduler picks among filter's best
-    nodes by its own plugins is the node it picked when prioritize scored every feasible node. Only
-    nodes prioritize ranks lower are left out, and they are not reported as failed."""
+    nodes by its own plugins is the node it picked when prioritize scored every feasible node (its
+    levels less the binds under way, not clamped at 0: see the next test). Only nodes ranked lower
+    are left out, and they are not reported as failed."""
     rng = random.Random(11)
     state = SchedulerState()
     set_pool(state, "p", nodePolicy=rng.choice(("binpack", "spread")))
@@ -165,7 +166,8 @@ async def test_filter_keeping_the_best_nodes_leaves_kube_schedulers_pick_as_prio
         best = best_nodes(state.snapshot(), pod, names, queued)
         assert best.failed == full.failed and set(best.feasible) <= set(full.feasible)
         if full.feasible:
-            levels = prioritize(state.snapshot(), pod, full.feasible).lowered(queued).scores()
+            levels = {name: level - queued.get(name, 0)
+                      for name, level in prioritize(state.snapshot(), pod, full.feasible).scores().items()}
             assert kube_scheduler_pick(best.feasible, plugins) == kube_scheduler_pick(full.feasible, plugins, levels)
             assert len({levels[name] for name in best.feasible}) == 1
             narrowed += len(best.feasible) < len(full.feasible)
@@ -174,6 +176,15 @@ async def test_filter_keeping_the_best_nodes_leaves_kube_schedulers_pick_as_prio
             key = rng.choice(list(state.ledger.records()))
             await release(state, request(key.partition("/")[2]))
     assert narrowed > 100  # the test saw filter leave nodes out, not only trivial replies
+
+
+def test_binds_under_way_steer_pods_away_even_when_every_node_ties(state: SchedulerState) -> None:
+    """All nodes alike (every level 0) and binds queued on all of them, most on n1: the nodes with
+    the fewest binds waiting are kept. Clamped at 0, as prioritize's scores are, all three would tie
+    and kube-scheduler's MostAllocated -- which counts the pods sent to bind -- would pick n1 again."""
+    pod = request(memory_mib=1024, cores_pct=10)
+    assert best_nodes(state.snapshot(), pod, ["n1", "n2", "n3"], {"n1": 5, "n2": 1, "n3": 2}).feasible == ["n2"]
+    assert set(best_nodes(state.snapshot(), pod, ["n1", "n2", "n3"], {"n1": 5}).feasible) == {"n2", "n3"}
 
 
 def test_best_nodes_of_a_pod_that_fits_one_node_or_none_are_filters(state: SchedulerState) -> None:

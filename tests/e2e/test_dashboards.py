@@ -476,8 +476,9 @@ def test_rocshare_dashboard_rate_panels(scraped: Setting) -> None:
     assert set(requests) == set(counts) == {labels(verb=verb) for verb in ("filter", "prioritize", "bind")}
     for key, value in counts.items():
         assert math.isclose(requests[key] * window, value, rel_tol=0.05, abs_tol=1e-9), (sorted(key), value)
-    # kube-scheduler calls prioritize only when more than one node passes the filter.
+    # The shipped profile names no prioritize (filter answers with the best nodes): its series stay at 0.
     assert counts[labels(verb="filter")] > 0 and counts[labels(verb="bind")] > 0
+    assert counts[labels(verb="prioritize")] == 0
     for quantile in ("p50", "p99"):
         latency = prometheus.query(substitute(panels[f"Extender latency {quantile} by verb [A]"], window), at)
         assert set(latency) == set(counts)

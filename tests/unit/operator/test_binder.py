@@ -201,3 +201,48 @@ async def test_a_pod_gone_after_an_unanswered_binding_holds_nothing(state: Sched
     with pytest.raises(BindRefused):
         await binder.bind("ns", "p", "uid-p", "n1")
     assert "ns/p" not in state.ledger and "n1" not in state.inflight
+
+
+def count_decisions(monkeypatch) -> list[int]:
+    """How many times bind plans (binder.bind_decision calls)."""
+    calls = [0]
+    real = binder_module.bind_decision
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(binder_module, "bind_decision", counted)
+    return calls
+
+
+async def test_a_bind_that_did_not_wait_plans_once(state: SchedulerState, monkeypatch) -> None:
+    calls = count_decisions(monkeypatch)
+    binder = Binder(OnePodServer(pod()), state)
+    binder.saw(pod())
+    await binder.bind("ns", "p", "uid-p", "n1")
+    assert calls == [1]
+
+
+async def test_a_bind_that_waited_while_the_ledger_changed_plans_again_and_takes_what_is_left(
+        state: SchedulerState, monkeypatch) -> None:
+    """The early decision is taken only while nothing changed: here the CUs it chose are taken by
+    another commit while the bind waits for the node's in-flight pod, and the record bind writes
+    plans around them."""
+    calls = count_decisions(monkeypatch)
+    other = {**pod(), "metadata": {**pod()["metadata"], "name": "other", "uid": "uid-other"}}
+    other_server = OnePodServer(other)
+    await Binder(other_server, state).bind("ns", "other", "uid-other", "n1")
+    binder = Binder(OnePodServer(pod()), state)
+    binder.saw(pod())
+    binding = asyncio.ensure_future(binder.bind("ns", "p", "uid-p", "n1"))
+    await asyncio.sleep(0.05)  # waiting for "other", in flight on n1
+    assert calls == [2] and not binding.done()
+    early = binder_module.bind_decision(state.snapshot(), binder_module.placement_request(pod()), "n1")
+    state.commit("ns/third", "ns", early)  # what the early decision chose, taken meanwhile
+    admitted = {**other_server.pod, "status": {"phase": "Running", "startTime": "2026-12-02T00:00:00Z"}}
+    await state.on_pod("MODIFIED", admitted)  # the kubelet admitted "other": the gate opens
+    record = await binding
+    assert calls == [4]  # (the test's own plan is the third) planned again after the wait
+    taken = {tuple(r) for c in early.containers for d in c.devices for r in d.cu_ranges}
+    assert taken and not taken & {tuple(r) for c in record.containers for d in c.devices for r in d.cu_ranges}

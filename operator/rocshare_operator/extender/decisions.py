@@ -22,7 +22,7 @@ many nodes (`BULK_MIN_NODES`; the first pod of a never-seen shape plans them all
 request's form allows, the core's bulk planner (rocshare.core.bulk) plans them at once on
 arrays; its answers are `PodPlanner.plan`'s, bit for bit, and go into the memo as one by one. Quota, blocked nodes
 and pools are read fresh on every call. The memo holds answers, not capacity: bind
-(`node_rejection` + the core's `allocate`) always plans again against the current
+(`bind_decision`) always plans again against the current
 ledger, under its per-node lock.
 """
 
@@ -37,7 +37,7 @@ import orjson
 
 from rocshare.api.models import Scheduling
 from rocshare.api.allocation import AllocationRecord
-from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner, allocate
+from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner, record_from_plan
 from rocshare.core.bulk import BulkPlanner, handles
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
@@ -183,7 +183,7 @@ class _Pass:
 
     def answer(self, name: str, node: NodeInventory) -> float | Rejection:
         """The core planner's verdict for the node: the score, or the typed reasons it does not fit."""
-        way = self._uniform or self._way_of(name)
+        way = self.way_of(name)
         memo = way.memo
         if memo is None:
             return self._plan(node, way)
@@ -266,6 +266,10 @@ class _Pass:
             ways.add(self._way_key(Policy.resolve(Scheduling(), self.request), None))
         return self._way(*ways.pop()) if len(ways) == 1 else None
 
+    def way_of(self, name: str) -> _Way:
+        """How the node is planned: the one way of every node, or its pool's."""
+        return self._uniform or self._way_of(name)
+
     def _way_of(self, name: str) -> _Way:
         pool = self._node_pools.get(name)
         found = self._pool_ways.get(pool)
@@ -316,8 +320,9 @@ def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection 
 
 def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationRecord | Rejection:
     """Bind's choice on the node, planned afresh against the ledger as it is now: the record to
-    commit, or why the pod no longer fits there. One plan does both (what the pod fits does not
-    depend on the scores: the core's `allocate` decides with the pool's policy alone)."""
+    commit, or why the pod no longer fits there. One plan does both, by the planner filter ranked
+    the node with (the pool's policy and, where it reads one, its fragmentation model), so the GPUs
+    bind takes are the ones the node's score assumed."""
     decision = _Pass(snap, request, memoised=False)
     node = snap.inventories.get(name)
     if node is None or not node.gpus:
@@ -325,8 +330,9 @@ def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationR
     first = decision.whole_node_rejection(name, node)
     if first is not None:
         return first
-    record = allocate(node, snap.ledger.usage(node), request, policy_for(snap, name, request))
-    return Rejection.of_fit(record) if isinstance(record, FitFailure) else record
+    usage = snap.ledger.usage(node)
+    plan = decision.way_of(name).planner.plan(node, usage)
+    return Rejection.of_fit(plan) if isinstance(plan, FitFailure) else record_from_plan(node, usage, request, plan)
 
 
 def refresh(snap: Snapshot, memo: KeyMemo) -> int:

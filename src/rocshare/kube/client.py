@@ -148,13 +148,16 @@ def _env_proxy(host: str) -> str | None:
 
 
 def _ssl_context(configuration: client.Configuration) -> ssl.SSLContext:
-    """As kubernetes-asyncio builds it from the kubeconfig: the cluster's CA, a client certificate."""
+    """As kubernetes-asyncio builds it from the kubeconfig: the cluster's CA, a client certificate, its
+    verification switches."""
     context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
     if configuration.cert_file:
         context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
     if not configuration.verify_ssl:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    if configuration.disable_strict_ssl_verification:
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     return context
 
 

@@ -378,9 +378,10 @@ def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
     kube-scheduler adds its own score plugins (0-100 each) to the extender's level times 10 times its
     weight; with the weight the profile used (1000) one level outweighed every plugin together, so
     the plugins only ever broke ties inside the top level. Handing kube-scheduler that top level
-    alone keeps its pick exactly (the same nodes, the same tie-breaks), while it scores a handful of
-    nodes instead of every feasible one and needs no prioritize call at all (the profile names
-    none: manifests/base/scheduler). The nodes left out fit: they are not FailedNodes, and the
+    alone keeps its pick (the same nodes, the same tie-breaks; only where binds under way would have
+    been clamped at 0 does it differ, on purpose, see below), while it scores a handful of nodes
+    instead of every feasible one and needs no prioritize call at all (the profile names none:
+    manifests/base/scheduler). The nodes left out fit: they are not FailedNodes, and the
     pod's status never names them (kube-scheduler reports failures only when no node is left)."""
     decision = _Pass(snap, request)
     result, fits, misfits = _filtered(decision, node_names)
@@ -434,12 +435,6 @@ class Priorities:
 
     def scores(self) -> dict[str, int]:
         return dict(zip(self.names, self.levels))
-
-    def best(self) -> str | None:
-        """The first node of the highest score (what kube-scheduler picks, but for its own scores)."""
-        if not self.names:
-            return None
-        return self.names[self.levels.index(max(self.levels))]
 
     def lowered(self, penalties: Mapping[str, int]) -> Priorities:
         """Scores less each listed node's penalty (never below 0)."""

@@ -345,7 +345,6 @@ def test_the_priorities_are_written_as_kube_schedulers_host_priority_list() -> N
         {"Host": "n1", "Score": 10}, {"Host": 'odd"name\\', "Score": 3}, {"Host": "ünï", "Score": 0},
         {"Host": "n4", "Score": 7}]
     assert priorities.lowered({"n1": 4, "n4": 9}).scores() == {"n1": 6, 'odd"name\\': 3, "ünï": 0, "n4": 0}
-    assert priorities.best() == "n1" and decisions.Priorities([], []).best() is None
     assert orjson.loads(orjson.dumps(decisions.Priorities([], []).to_json())) == []
 
 

@@ -33,6 +33,12 @@ LABEL org.opencontainers.image.title="rocshare-node-agent" \
       org.opencontainers.image.description="rocshare node agent: AMD GPU discovery, device plugin, monitor" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/rocshare/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# libdrm's amdgpu.ids (/usr/share/libdrm/amdgpu.ids): the marketing names of Radeon boards,
+# whose DRM folder leaves product_name empty (discovery/names.py; without it the built-in table
+# and "AMD GPU <id>" are all the agent has).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libdrm-common \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/rocshare /opt/rocshare
 # The agent runs as root (the DaemonSet also makes it privileged, with hostPID), because its
 # job is the host's devices, not its own container:

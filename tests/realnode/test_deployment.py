@@ -96,6 +96,18 @@ def test_agent_registered_on_the_real_kubelet_and_the_node_advertises_gpus(deplo
     assert len(gpu_node["status"]["gpus"]) == 8, gpu_node["status"]
 
 
+def test_agent_image_names_gpus_from_libdrms_table(deployed: Deployed) -> None:
+    # `rocshare discover` as a user runs it on the node, inside the agent's own container: the
+    # image carries libdrm's amdgpu.ids (Debian's libdrm-common), which names the MI210 by its
+    # device id; without it the name would come from rocshare's built-in table.
+    pod = deployed.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-node-agent")["items"][0]
+    out = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "agent", "--",
+                           "rocshare", "discover", "--json", f"--sysfs-root={deployed.host.sysfs_root}").stdout
+    gpus = json.loads(out)["gpus"]
+    assert len(gpus) == 8
+    assert {(gpu["product"], gpu["productSource"]) for gpu in gpus} == {("AMD Instinct MI210", "amdgpu.ids-device-id")}
+
+
 @pytest.fixture(scope="module")
 def slice_pod(deployed: Deployed) -> dict:
     pod = deploy.slice_pod("slice-4g-25pct", WORKLOADS, memory_mib=4096, cores_pct=25)

@@ -137,9 +137,20 @@ async def test_scaled_pool_slices_oversubscribe_with_xnack(running) -> None:
 
 
 async def test_the_guides_two_users_fill_two_gpus(running) -> None:
-    gpus_a = {d.gpu_id for d in _devices(running["gpu-samples/user-a"])}
-    gpus_b = {d.gpu_id for d in _devices(running["gpu-samples/user-b"])}
-    assert len(gpus_a) == 2 and gpus_a == gpus_b
+    # Both users are pinned to demo-mi210-b, but the pool packs nodes (binpack), so another sample
+    # may land there too (one-gpu-by-uuid's GPU exists on both MI210 nodes). The guide's point holds
+    # either way: the two users' four slices open at most two GPUs no other pod uses, never four --
+    # on an otherwise empty node exactly user A's two; next to another pod, a user may pack onto
+    # that pod's GPU instead, which is fuller.
+    users = [running[f"gpu-samples/{name}"] for name in ("user-a", "user-b")]
+    assert {record_of(pod).node for pod in users} == {"demo-mi210-b"}
+    gpus_a, gpus_b = ({d.gpu_id for d in _devices(pod)} for pod in users)
+    assert len(gpus_a) == len(gpus_b) == 2
+    others = {d.gpu_id for key, pod in running.items() if key not in ("gpu-samples/user-a", "gpu-samples/user-b")
+              and record_of(pod).node == "demo-mi210-b" for d in _devices(pod)}
+    assert len((gpus_a | gpus_b) - others) <= 2, (gpus_a, gpus_b, others)
+    if not others:
+        assert gpus_a == gpus_b
 
 
 async def test_policies_and_non_root_pods_run(running) -> None:

@@ -142,11 +142,12 @@ async def test_the_guides_two_users_fill_two_gpus(running) -> None:
     # either way: the two users' four slices open at most two GPUs no other pod uses, never four --
     # on an otherwise empty node exactly user A's two; next to another pod, a user may pack onto
     # that pod's GPU instead, which is fuller.
-    users = [running[f"gpu-samples/{name}"] for name in ("user-a", "user-b")]
+    keys = ("gpu-samples/user-a", "gpu-samples/user-b")
+    users = [running[key] for key in keys]
     assert {record_of(pod).node for pod in users} == {"demo-mi210-b"}
     gpus_a, gpus_b = ({d.gpu_id for d in _devices(pod)} for pod in users)
     assert len(gpus_a) == len(gpus_b) == 2
-    others = {d.gpu_id for key, pod in running.items() if key not in ("gpu-samples/user-a", "gpu-samples/user-b")
+    others = {d.gpu_id for key, pod in running.items() if key not in keys
               and record_of(pod).node == "demo-mi210-b" for d in _devices(pod)}
     assert len((gpus_a | gpus_b) - others) <= 2, (gpus_a, gpus_b, others)
     if not others:

@@ -28,6 +28,7 @@ from rocshare_dev.realnode.rig import RealNode
 RUN_ROOT = PROJECT_ROOT / "run" / "realnode-test"
 NAMESPACE = "rocshare-system"
 WORKLOADS = "realnode-e2e"
+AGENT_LABEL = "app.kubernetes.io/name=rocshare-node-agent"
 HOOK_STAND_IN = b"rocshare test stand-in for libamvgpu.so\n"
 TIMINGS: dict[str, float] = {}  # seconds from the session's start of each step, for the summary
 
@@ -104,7 +105,7 @@ def deployed(real_node: RealNode) -> Deployed:
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(deploy.pool_manifest(host)))
 
     def agent_running() -> bool:
-        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-node-agent",
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", AGENT_LABEL,
                                           "-o", "json").stdout)["items"]
         return any(pod["status"].get("phase") == "Running" and all(
             status.get("ready") for status in pod["status"].get("containerStatuses", [])) for pod in pods)

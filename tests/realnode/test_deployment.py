@@ -19,7 +19,8 @@ from rocshare.core.cumask import render_hsa_cu_mask
 from rocshare_dev.devcluster.controlplane import k8s_version
 from rocshare_dev.realnode import deploy
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
-from tests.realnode.conftest import HOOK_STAND_IN, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, wait_for
+from rocshare_agent.discovery.names import SOURCE_IDS_DEVICE
+from tests.realnode.conftest import AGENT_LABEL, HOOK_STAND_IN, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 HOOK = "/usr/local/vgpu/libamvgpu.so"
@@ -100,12 +101,12 @@ def test_agent_image_names_gpus_from_libdrms_table(deployed: Deployed) -> None:
     # `rocshare discover` as a user runs it on the node, inside the agent's own container: the
     # image carries libdrm's amdgpu.ids (Debian's libdrm-common), which names the MI210 by its
     # device id; without it the name would come from rocshare's built-in table.
-    pod = deployed.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-node-agent")["items"][0]
+    pod = deployed.json("get", "pods", "-n", NAMESPACE, "-l", AGENT_LABEL)["items"][0]
     out = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "agent", "--",
                            "rocshare", "discover", "--json", f"--sysfs-root={deployed.host.sysfs_root}").stdout
     gpus = json.loads(out)["gpus"]
     assert len(gpus) == 8
-    assert {(gpu["product"], gpu["productSource"]) for gpu in gpus} == {("AMD Instinct MI210", "amdgpu.ids-device-id")}
+    assert {(gpu["product"], gpu["productSource"]) for gpu in gpus} == {("AMD Instinct MI210", SOURCE_IDS_DEVICE)}
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,9 @@ import pytest
 import yaml
 
 from rocshare_dev.realnode import deploy
-from tests.realnode.conftest import HOOK_STAND_IN, NAMESPACE, WORKLOADS, Deployed, describe, wait_for
+from tests.realnode.conftest import AGENT_LABEL, HOOK_STAND_IN, NAMESPACE, WORKLOADS, Deployed, describe, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-AGENT_LABEL = "app.kubernetes.io/name=rocshare-node-agent"
 
 
 def hook_condition(deployed: Deployed) -> dict | None:

@@ -18,6 +18,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                  "extender filter (best nodes) + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
     "e2e": ("rocshare_dev.bench.e2e",
             "pods/s from create to Running on the real control plane, rocshare vs kube-scheduler alone"),
+    "floor": ("rocshare_dev.bench.floor",
+              "bench e2e's ceiling: rocshare's admission, profile and extender protocol with an extender that "
+              "decides nothing, against plain kube-scheduler"),
     "cost": ("rocshare_dev.bench.cost",
              "operator RSS with 100-5,000 nodes and 4 pods each; agent CPU and RSS idle and in a 200-pod burst"),
     "all": ("rocshare_dev.bench.all",

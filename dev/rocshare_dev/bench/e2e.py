@@ -155,7 +155,7 @@ async def _run(root: Path, *, nodes: int, pods: int, gpus_per_node: int, burst_t
             hami_note = f"not run: {error}"
             print(f"rocshare-dev bench e2e: HAMi's scheduler: {error}", file=sys.stderr)
     cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), with_scheduler=False)
-    stack = _Stack(cluster)
+    stack = Stack(cluster)
     hami_result = None
     try:
         cluster.start()
@@ -185,7 +185,7 @@ async def _run(root: Path, *, nodes: int, pods: int, gpus_per_node: int, burst_t
     return figures
 
 
-class _Stack:
+class Stack:
     """What the run started besides the control plane, stopped in reverse order."""
 
     def __init__(self, cluster: ControlPlane) -> None:
@@ -194,6 +194,8 @@ class _Stack:
         self.operator: OperatorProcess | None = None
         self.baseline_scheduler: subprocess.Popen | None = None
         self.hami: hami.HamiScheduler | None = None
+        self.extra_pids: dict[str, int] = {}
+        """More processes to count, by name (bench floor's extender, which bench floor stops itself)."""
 
     def stop_baseline_scheduler(self) -> None:
         if self.baseline_scheduler is not None:
@@ -221,22 +223,23 @@ class _Stack:
             pids.update(fleet.pids)
         if self.hami is not None:
             pids.update(self.hami.pids)
+        pids.update(self.extra_pids)
         return pids
 
 
 # ---- phases ----------------------------------------------------------------------------------
 
 
-async def _baseline_phase(stack: _Stack, kube: Kube, root: Path, *, nodes: int, pods: int, gpus_per_node: int,
+async def _baseline_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, pods: int, gpus_per_node: int,
                           timeout_s: float) -> dict[str, Any]:
-    stack.baseline_scheduler = _start_baseline_scheduler(stack.cluster)
+    stack.baseline_scheduler = start_baseline_scheduler(stack.cluster)
     fleet = SimulatedFleet(kubeconfig=stack.cluster.kubeconfig, work_dir=root / "baseline-nodes", node_count=nodes,
                            baseline_gpus=gpus_per_node, prefix="base-",
                            labels=SIM_LABEL)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     spec = {"schedulerName": BASELINE_SCHEDULER}
-    result = await _measured_burst(stack, kube, "bench-baseline", pods, {"amd.com/gpu": "1"}, spec, timeout_s)
+    result = await measured_burst(stack, kube, "bench-baseline", pods, {"amd.com/gpu": "1"}, spec, timeout_s)
     await delete_all(kube, "bench-baseline")
     fleet.stop()
     await kube.request("DELETE", object_path("v1", "nodes"), query={"labelSelector": _selector()},
@@ -245,7 +248,7 @@ async def _baseline_phase(stack: _Stack, kube: Kube, root: Path, *, nodes: int, 
     return result
 
 
-async def _rocshare_phase(stack: _Stack, kube: Kube, root: Path, *, nodes: int, pods: int,
+async def _rocshare_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, pods: int,
                           timeout_s: float, admission: str = "policies") -> dict[str, Any]:
     cluster = stack.cluster
     stack.operator = OperatorProcess(cluster)
@@ -259,10 +262,10 @@ async def _rocshare_phase(stack: _Stack, kube: Kube, root: Path, *, nodes: int, 
     await fleet.start(kube)
     await _wait_inventories(kube, nodes, deadline_s=120)
     await _wait_admission_params(stack, deadline_s=60)
-    return await _measured_burst(stack, kube, "bench-rocshare", pods, SLICE, {}, timeout_s)
+    return await measured_burst(stack, kube, "bench-rocshare", pods, SLICE, {}, timeout_s)
 
 
-async def _wait_admission_params(stack: _Stack, *, deadline_s: float) -> None:
+async def _wait_admission_params(stack: Stack, *, deadline_s: float) -> None:
     """The operator wrote the pod-defaults policy's parameters (else the webhook still mutates)."""
     if not stack.operator.policies:
         return
@@ -275,7 +278,7 @@ async def _wait_admission_params(stack: _Stack, *, deadline_s: float) -> None:
     raise RuntimeError(f"the operator did not write its admission parameters within {deadline_s:.0f} s")
 
 
-async def _hami_phase(stack: _Stack, kube: Kube, binary: Path, *, nodes: int, pods: int, timeout_s: float,
+async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pods: int, timeout_s: float,
                       node_lock_timeout: str) -> dict[str, Any]:
     """HAMi's scheduler on the rocshare phase's nodes, rocshare's operator and admission gone."""
     await delete_all(kube, "bench-rocshare")
@@ -287,13 +290,13 @@ async def _hami_phase(stack: _Stack, kube: Kube, binary: Path, *, nodes: int, po
     stack.hami = hami.HamiScheduler(stack.cluster, binary, node_lock_timeout=node_lock_timeout)
     stack.hami.start(nodes=nodes)
     spec = {"schedulerName": hami.SCHEDULER_NAME}
-    return await _measured_burst(stack, kube, "bench-hami", pods, SLICE, spec, timeout_s, until="bound")
+    return await measured_burst(stack, kube, "bench-hami", pods, SLICE, spec, timeout_s, until="bound")
 
 
-async def _measured_burst(stack: _Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],
+async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],
                           spec: dict[str, Any], timeout_s: float, until: str = "running") -> dict[str, Any]:
     """One warm-up pod (every cache filled, every path taken once), then the burst."""
-    warm = await run_burst(kube, [_pod("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
+    warm = await run_burst(kube, [bench_pod("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
                            until=until)
     if (warm.running if until == "running" else warm.bound) != 1:
         raise RuntimeError(f"{namespace}: the warm-up pod did not get {until}: {warm.failed or 'timed out'}")
@@ -302,7 +305,7 @@ async def _measured_burst(stack: _Stack, kube: Kube, namespace: str, count: int,
     requests_before = _api_requests(stack.cluster)
     cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
     machine_before, load_before = _machine_cpu_s(), os.getloadavg()[0]
-    burst = await run_burst(kube, [_pod(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
+    burst = await run_burst(kube, [bench_pod(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
                             namespace=namespace, timeout_s=timeout_s, until=until)
     cpu = {name: round(_cpu_s(pid) - cpu_before[name], 1) for name, pid in pids.items()}
     requests = _api_requests(stack.cluster) - requests_before
@@ -332,7 +335,7 @@ def _selector() -> str:
     return ",".join(f"{key}={value}" for key, value in SIM_LABEL.items())
 
 
-def _pod(name: str, namespace: str, limits: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+def bench_pod(name: str, namespace: str, limits: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
             "spec": {**spec, "terminationGracePeriodSeconds": 0, "containers": [
                 {"name": "c0", "image": "rocm/pytorch", "resources": {"limits": dict(limits)}}]}}
@@ -346,7 +349,7 @@ def _pool() -> dict[str, Any]:
                      "health": {"intervalSeconds": 3600}}}
 
 
-def _start_baseline_scheduler(cluster: ControlPlane) -> subprocess.Popen:
+def start_baseline_scheduler(cluster: ControlPlane) -> subprocess.Popen:
     """A second kube-scheduler, same binary and client settings, one profile and no extender."""
     config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
     config.pop("extenders", None)
@@ -385,7 +388,7 @@ def _api_requests(cluster: ControlPlane) -> Counter[str]:
     return counts
 
 
-def _per_pod(requests: Counter[str], pods: int) -> dict[str, float]:
+def requests_per_pod(requests: Counter[str], pods: int) -> dict[str, float]:
     """Requests per Running pod, the kinds that happen at least once per ten pods."""
     return {kind: round(count / pods, 2) for kind, count in requests.most_common() if pods and count * 10 >= pods}
 
@@ -426,13 +429,13 @@ def _figures(*, nodes: int, pods: int, gpus_per_node: int, baseline: dict[str, A
         "e2e_partial_pods_per_s": round(ours.running / ours.elapsed_s, 1) if ours.elapsed_s else None,
         # CPU per Running pod, over every process of the stack: a figure other users of the machine
         # barely move, unlike pods/s (the bench's own watch is left out).
-        "e2e_cpu_ms_per_pod": _cpu_ms_per_pod(rocshare["cpu_s"], ours.running),
-        "e2e_baseline_cpu_ms_per_pod": _cpu_ms_per_pod(baseline["cpu_s"], base.running),
-        "e2e_operator_cpu_ms_per_pod": _cpu_ms_per_pod({"operator": rocshare["cpu_s"].get("operator", 0.0)},
+        "e2e_cpu_ms_per_pod": cpu_ms_per_pod(rocshare["cpu_s"], ours.running),
+        "e2e_baseline_cpu_ms_per_pod": cpu_ms_per_pod(baseline["cpu_s"], base.running),
+        "e2e_operator_cpu_ms_per_pod": cpu_ms_per_pod({"operator": rocshare["cpu_s"].get("operator", 0.0)},
                                                        ours.running),
         "e2e_cpu_s_by_process": rocshare["cpu_s"], "e2e_baseline_cpu_s_by_process": baseline["cpu_s"],
-        "e2e_api_requests_per_pod": _per_pod(rocshare["requests"], ours.running),
-        "e2e_baseline_api_requests_per_pod": _per_pod(baseline["requests"], base.running),
+        "e2e_api_requests_per_pod": requests_per_pod(rocshare["requests"], ours.running),
+        "e2e_baseline_api_requests_per_pod": requests_per_pod(baseline["requests"], base.running),
         "e2e_cpu_s_other_users": rocshare["others_cpu_s"], "e2e_baseline_cpu_s_other_users": baseline["others_cpu_s"],
         "e2e_load_1m_before_burst": rocshare["load_1m_before"],
         "e2e_baseline_load_1m_before_burst": baseline["load_1m_before"],
@@ -469,7 +472,7 @@ def _hami_figures(result: dict[str, Any] | None, note: str, *, hami_src: Path | 
                                        "record): they end Failed; bound is the common measure",
         "e2e_hami_create_s": _r(burst.create_s),
         "e2e_hami_cpu_s_by_process": result["cpu_s"],
-        "e2e_hami_api_requests_per_pod": _per_pod(result["requests"], max(burst.bound, 1)),
+        "e2e_hami_api_requests_per_pod": requests_per_pod(result["requests"], max(burst.bound, 1)),
         "e2e_hami_load_1m_before_burst": result["load_1m_before"],
         "e2e_rocshare_to_hami_bound_ratio": (round(ours.bound_per_s / burst.bound_per_s, 2)
                                              if burst.bound_per_s else None),
@@ -493,7 +496,7 @@ def _unfinished_hami_ratios(burst: BurstResult, ours: BurstResult, partial: floa
     }
 
 
-def _cpu_ms_per_pod(cpu_s: dict[str, float], running: int) -> float | None:
+def cpu_ms_per_pod(cpu_s: dict[str, float], running: int) -> float | None:
     spent_s = sum(value for name, value in cpu_s.items() if name != "bench")
     return round(1000 * spent_s / running, 1) if running else None
 

@@ -1,0 +1,3 @@
+module rocshare.dev/floor-extender
+
+go 1.22

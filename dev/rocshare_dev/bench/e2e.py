@@ -294,7 +294,7 @@ async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pod
 
 
 async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],
-                          spec: dict[str, Any], timeout_s: float, until: str = "running") -> dict[str, Any]:
+                         spec: dict[str, Any], timeout_s: float, until: str = "running") -> dict[str, Any]:
     """One warm-up pod (every cache filled, every path taken once), then the burst."""
     warm = await run_burst(kube, [bench_pod("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
                            until=until)
@@ -432,7 +432,7 @@ def _figures(*, nodes: int, pods: int, gpus_per_node: int, baseline: dict[str, A
         "e2e_cpu_ms_per_pod": cpu_ms_per_pod(rocshare["cpu_s"], ours.running),
         "e2e_baseline_cpu_ms_per_pod": cpu_ms_per_pod(baseline["cpu_s"], base.running),
         "e2e_operator_cpu_ms_per_pod": cpu_ms_per_pod({"operator": rocshare["cpu_s"].get("operator", 0.0)},
-                                                       ours.running),
+                                                      ours.running),
         "e2e_cpu_s_by_process": rocshare["cpu_s"], "e2e_baseline_cpu_s_by_process": baseline["cpu_s"],
         "e2e_api_requests_per_pod": requests_per_pod(rocshare["requests"], ours.running),
         "e2e_baseline_api_requests_per_pod": requests_per_pod(baseline["requests"], base.running),

@@ -130,7 +130,7 @@ async def _run(root: Path, binary: Path, *, nodes: int, pods: int, rounds: int, 
             bursts = []
             for _ in range(rounds):
                 bursts.append(await _plain_burst(stack, kube, pods, burst_timeout_s))
-                bursts.append(await _floor_burst(stack, kube, pods, burst_timeout_s, config, floor_spec))
+                bursts.append(await _floor_burst(stack, kube, pods, burst_timeout_s, config, floor_spec, profile))
             return bursts
     finally:
         if extender is not None:
@@ -150,24 +150,24 @@ async def _plain_burst(stack: e2e.Stack, kube: Kube, pods: int, timeout_s: float
 
 
 async def _floor_burst(stack: e2e.Stack, kube: Kube, pods: int, timeout_s: float, config: Path,
-                       spec: dict[str, Any]) -> dict[str, Any]:
+                       spec: dict[str, Any], profile: str) -> dict[str, Any]:
     cluster = stack.cluster
     _extender_call(cluster, "reset")
     cluster.start_scheduler(config_path=config)
     try:
         result = await e2e.measured_burst(stack, kube, FLOOR, pods, e2e.SLICE, spec, timeout_s)
         binds = _extender_call(cluster, "binds")["binds"]
-        as_rocshare = await _pods_as_rocshare_binds(kube)
+        as_rocshare = await _pods_as_rocshare_binds(kube, profile)
         await delete_all(kube, FLOOR)
     finally:
         stop_process(cluster.pids.pop("kube-scheduler"), "kube-scheduler")
     return {"kind": "floor", "floor_extender_binds": binds, "floor_pods_as_rocshare_binds": as_rocshare, **result}
 
 
-async def _pods_as_rocshare_binds(kube: Kube) -> int:
+async def _pods_as_rocshare_binds(kube: Kube, profile: str) -> int:
     """The burst's pods that are what rocshare's bind leaves: on rocshare's profile, with the record."""
     pods = (await kube.list(object_path("v1", "pods", namespace=FLOOR))).get("items", [])
-    return sum(1 for pod in pods if pod["spec"].get("schedulerName") == _profile_name()
+    return sum(1 for pod in pods if pod["spec"].get("schedulerName") == profile
                and ALLOCATION_ANNOTATION in (pod["metadata"].get("annotations") or {}))
 
 
@@ -188,8 +188,8 @@ def _floor_scheduler_config(cluster: ControlPlane, *, full_scoring: bool) -> Pat
 
 async def _install_rocshare_admission(cluster: ControlPlane, kube: Kube, profile: str) -> None:
     """rocshare's pod policies as `bench e2e` installs them, their bindings also leaving out the
-    plain namespace, and the parameters the operator would write; then wait until a dry-run create
-    of a floor pod comes back defaulted (the API server's policy caches are filled)."""
+    plain namespace, and the parameters the operator would write; then wait until dry-run creates
+    show a floor pod defaulted and a plain one left alone (the API server's policy caches are filled)."""
     operator = OperatorProcess(cluster)
     operator.install_admission_policies()
     if not operator.serves_mutating_admission_policy():
@@ -244,8 +244,9 @@ def _extender_call(cluster: ControlPlane, path: str) -> dict[str, Any]:
 
 
 def record_annotations(node: str) -> dict[str, str]:
-    """What rocshare's bind writes for `bench e2e`'s slice pod (4 GiB, 25 % of an MI210's 104 CUs)
-    on GPU 3 of `node`: the record and HAMi's companions, so the floor's pods are as large."""
+    """The annotations rocshare's bind writes for `bench e2e`'s slice pod (4 GiB, 25 % of an MI210's
+    104 CUs) on one GPU of `node`: the record and HAMi's companions, so the floor's pods are about as
+    large (the GPU id is PCI-style, 8 characters shorter than an MI210's GPU-<16 hex> id)."""
     gpu_id = "0000:c3:00.0"
     record = AllocationRecord(node=node, containers=[ContainerAllocation(name="c0", devices=[
         DeviceSlice(gpuId=gpu_id, memoryMiB=4096, cuRanges=[(0, 25)], cuCount=26, coresPct=25)])])

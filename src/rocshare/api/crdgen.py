@@ -156,9 +156,9 @@ def crd(spec: CrdSpec) -> dict[str, Any]:
     spec_schema = openapi_schema(spec.spec_model)
     status_schema = openapi_schema(spec.status_model)
     properties = {
-        "apiVersion": {"type": "string", "description": "rocshare.io/v1alpha1"},
-        "kind": {"type": "string", "description": spec.kind},
-        "metadata": {"type": "object"},
+        "apiVersion": {"type": "string", "description": f"The object's API group and version: {models.API_VERSION}."},
+        "kind": {"type": "string", "description": f"The object's kind: {spec.kind}."},
+        "metadata": {"type": "object"},  # the API server allows nothing more here, and explains ObjectMeta itself
         "spec": spec_schema,
         "status": status_schema,
     }

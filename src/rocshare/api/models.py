@@ -72,6 +72,8 @@ class HealthSourceKind(StrEnum):
 
 
 class Condition(_Model):
+    """One observation of the object's state, as Kubernetes conditions are: type, status, reason, message."""
+
     type: str = Field(description="Condition type, e.g. Ready or Degraded.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="One CamelCase word saying why.")
@@ -165,6 +167,8 @@ class AgentSettings(_Model):
 
 
 class AmdGpuPoolSpec(_Model):
+    """Which nodes the pool holds and how their GPUs are shared, placed, health-checked and served."""
+
     node_selector: dict[str, str] = Field(
         alias="nodeSelector", description="Label selector (matchLabels form) choosing the pool's nodes."
     )
@@ -178,6 +182,8 @@ class AmdGpuPoolSpec(_Model):
 
 
 class AmdGpuPoolStatus(_Model):
+    """The pool's nodes and GPUs summed by the operator, with its Ready and Degraded conditions."""
+
     nodes: int = Field(default=0, ge=0, description="Nodes in the pool.")
     gpus_total: int = Field(default=0, alias="gpusTotal", ge=0, description="GPUs (or partitions) in the pool.")
     gpus_healthy: int = Field(default=0, alias="gpusHealthy", ge=0, description="Healthy GPUs.")
@@ -230,16 +236,22 @@ class GpuInfo(_Model):
 
 
 class DiscoveryProblem(_Model):
+    """A sysfs entry the agent skipped while discovering GPUs, and why."""
+
     path: str = Field(description="The sysfs entry that could not be used.")
     reason: str = Field(description="What is wrong with it.")
 
 
 class DeviceGroup(_Model):
+    """A host group that owns GPU device files (video or render) and its id on this node."""
+
     name: str = Field(description="Group name on the node: video or render.")
     gid: int = Field(ge=0, description="Its numeric id on this node.")
 
 
 class AmdGpuNodeStatus(_Model):
+    """What the node's agent found and serves: its GPUs, their health, and the agent's conditions."""
+
     gpus: list[GpuInfo] = Field(default_factory=list, description="Every GPU or partition on the node.")
     gpus_total: int = Field(default=0, alias="gpusTotal", ge=0,
                             description="GPUs (or partitions) listed; derived from gpus, for `kubectl get`.")
@@ -298,6 +310,8 @@ class AmdGpuShareSpec(_Model):
 
 
 class SliceHolder(_Model):
+    """One pod of the namespace that holds GPU slices, and what it holds."""
+
     pod: str = Field(description="Pod name.")
     node: str = Field(default="", description="Node it runs on.")
     gpu_ids: list[str] = Field(default_factory=list, alias="gpuIds", description="GPUs it holds.")
@@ -312,6 +326,8 @@ class ShareUsage(_Model):
 
 
 class AmdGpuShareStatus(_Model):
+    """What the namespace holds now against its limits, the pods holding it and the ResourceQuota it owns."""
+
     used: ShareUsage = Field(default_factory=ShareUsage, description="What the namespace holds now.")
     pods: list[SliceHolder] = Field(default_factory=list, description="Pods holding slices (at most 100 listed).")
     pods_total: int = Field(default=0, alias="podsTotal", ge=0, description="Pods holding slices, all of them.")

@@ -16,7 +16,7 @@ endif
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
 .PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps helm chart
+	real-node-deps images real-node-up real-node-down observability-deps helm chart docs docs-reference
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -30,6 +30,8 @@ help:
 	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
 	@echo "make real-node-up a real kubelet + containerd node beside the control plane, in its own netns; real-node-down"
 	@echo "make chart        charts/rocshare from manifests/ (the chart is generated; make helm builds helm)"
+	@echo "make docs         the documentation site from docs/ into site/ (mkdocs, strict)"
+	@echo "make docs-reference  docs/reference/*.md from the CRDs, the metrics and the Helm values"
 
 # Python environment, pinned: pyproject.toml pins direct dependencies, constraints.txt the rest.
 $(STAMP): pyproject.toml dev/pyproject.toml constraints.txt
@@ -54,6 +56,14 @@ helm:
 # fails when it is stale, and proves `helm template` equals `kubectl kustomize`).
 chart: $(STAMP) controlplane
 	$(BIN)/rocshare-dev chart
+
+# The documentation site: docs/ -> site/, strict (a broken link fails). `make test` builds it too
+# (tests/unit/test_docs_site.py); docs/reference/ is generated (make docs-reference).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-reference: $(STAMP)
+	$(BIN)/rocshare-dev docs reference
 
 crds: $(STAMP)
 	$(BIN)/rocshare crds --out crds

@@ -1,4 +1,4 @@
-"""`rocshare-dev`: the harness's one entry point (benchmarks, the local control plane, the demo).
+"""`rocshare-dev`: the harness's one entry point (benchmarks, the local control plane, the demo, the docs).
 
 The product's own command is `rocshare`; this one is installed only with the dev extras.
 """
@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      add_help=False))
     _passthrough(commands.add_parser("chart", help="write charts/rocshare from manifests/ (--check: fail when stale)",
                                      add_help=False))
+    _passthrough(commands.add_parser("docs", help="docs reference: write docs/reference/*.md from the code (--check)",
+                                     add_help=False))
     _passthrough(commands.add_parser("demo", help="make demo: control plane, operator, simulated fleet, samples: up | down",
                                      add_help=False))
     return parser
@@ -38,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "chart":
         from rocshare_dev.chart import main as chart_main
         return chart_main(args.rest)
+    if args.command == "docs":
+        from rocshare_dev.docsgen import main as docs_main
+        return docs_main(args.rest)
     if args.command == "cluster":
         from rocshare_dev.devcluster.__main__ import main as cluster_main
         return cluster_main(args.rest)

@@ -1,4 +1,4 @@
-"""rocshare installed with Helm on the real node, as HAMi's users install (README, "Deploy"):
+"""rocshare installed with Helm on the real node, as HAMi's users install (README.md, "Install on a cluster"; docs/install.md):
 `helm install` of charts/rocshare with the images built here, a pool, a slice pod Running in
 its real container; `helm upgrade` with a changed value that reaches the running operator pod;
 `helm uninstall` leaves none of the chart's objects: only its CRDs (Helm never deletes a

@@ -1,4 +1,4 @@
-"""rocshare deployed on the real node as a user deploys it (README, "Deploy on a cluster"):
+"""rocshare deployed on the real node as a user deploys it (README.md, "Install on a cluster"; docs/install.md):
 
     kubectl apply --server-side -k <overlay>
 

@@ -109,7 +109,7 @@ def test_order_of_sources():
     assert (unknown.name, unknown.source) == ("AMD GPU abcd (gfx1201)", SOURCE_GENERIC)
 
 
-# What users write in amd.com/use-gputype (README, Configure): case-insensitive substrings.
+# What users write in amd.com/use-gputype (docs/requesting-gpus.md, Annotations): case-insensitive substrings.
 GPUTYPE_MATCHES = {
     "mi210-8gpu-xgmi": ("MI210", "instinct", "mi2"),
     "mi300x-8gpu-cpx": ("MI300X", "mi300", "Instinct MI300X"),

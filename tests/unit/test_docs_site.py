@@ -61,3 +61,15 @@ def test_readme_links_resolve() -> None:
     assert targets
     missing = [target for target in targets if not (ROOT / target).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_readme_is_a_five_minute_read_that_leads_to_the_docs() -> None:
+    """Issue 33: at most ~150 lines, and from it alone a newcomer finds how to install, how to ask
+    for a slice and where a Pending pod is explained."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 160
+    for needed in ("helm install rocshare charts/rocshare", "kubectl apply --server-side -k manifests/overlays/",
+                   "amd.com/gpumem", "amd.com/gpumem-percentage", "amd.com/gpucores",
+                   "kubectl get amdgpunodes,amdgpupools,amdgpushares", "docs/troubleshooting.md",
+                   "docs/benchmarks.md", "make demo", "make test"):
+        assert needed in text, needed

@@ -2,11 +2,13 @@
 docs/troubleshooting.md.
 
 The reasons are found by reading the product's code, not from the catalogue: every string that is
-a scheduler filter reason (the `Reason` enum), an Event's reason (`reason=` of kopf.warn, the
-agent's `warn(pod, reason, ...)`, the operator's `_post(key, reason, ...)`, a node `Transition`),
-a condition's reason (`Condition(reason=...)`, `ConditionState(type, status, reason, ...)`, the
-Degraded issues' `(reason, message)` tuples), a `"reason": ...` dict entry or a module constant
-named `*REASON*`. A reason added in any of those forms without a troubleshooting entry fails here.
+a scheduler filter reason (the `Reason` enum, a whole-node rejection `_whole(reason, ...)`, and the
+reasons the extender's rejection counter is created with), an Event's reason (`reason=` of
+kopf.warn, the agent's `warn(pod, reason, ...)`, the operator's `_post(key, reason, ...)`, a node
+`Transition`), a condition's reason (`Condition(reason=...)`, `ConditionState(type, status, reason,
+...)`, the Degraded issues' `(reason, message)` tuples), a `"reason": ...` dict entry or a module
+constant named `*REASON*`; a module constant passed in any of those places counts as its value.
+A reason added in any of those forms without a troubleshooting entry fails here.
 """
 
 from __future__ import annotations
@@ -19,17 +21,28 @@ from pathlib import Path
 from rocshare.api import reasons
 from rocshare.core.fit import Reason
 from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY
+from rocshare_operator.extender.metrics import ExtenderMetrics
+from rocshare_operator.extender.state import SchedulerState
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("src/rocshare", "operator/rocshare_operator", "nodeagent/rocshare_agent")
 PAGE = ROOT / "docs" / "troubleshooting.md"
 WORD = re.compile(r"^[A-Z][A-Za-z0-9]+$")
-EMITTERS = {"warn": 1, "_post": 1, "Transition": 0, "ConditionState": 2}
+EMITTERS = {"warn": 1, "_post": 1, "Transition": 0, "ConditionState": 2, "_whole": 0, "whole_node": 0}
 """Callable name -> the position of its reason argument."""
 
 
-def _text(node: ast.AST | None) -> str | None:
+def _text(node: ast.AST | None, constants: dict[str, str] | None = None) -> str | None:
+    """A string literal's value, or a module constant's when `node` names one."""
+    if isinstance(node, ast.Name) and constants:
+        return constants.get(node.id)
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _module_constants(tree: ast.Module) -> dict[str, str]:
+    return {node.targets[0].id: node.value.value for node in tree.body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
 
 
 def _called(call: ast.Call) -> str:
@@ -37,19 +50,19 @@ def _called(call: ast.Call) -> str:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
-def _from_call(call: ast.Call) -> Iterator[str | None]:
-    yield from (_text(keyword.value) for keyword in call.keywords if keyword.arg == "reason")
+def _from_call(call: ast.Call, constants: dict[str, str]) -> Iterator[str | None]:
+    yield from (_text(keyword.value, constants) for keyword in call.keywords if keyword.arg == "reason")
     position = EMITTERS.get(_called(call))
     if position is not None and len(call.args) > position:
-        yield _text(call.args[position])
+        yield _text(call.args[position], constants)
     first = call.args[0] if call.args else None
     if _called(call) == "append" and isinstance(first, ast.Tuple) and first.elts:
-        yield _text(first.elts[0])
+        yield _text(first.elts[0], constants)
 
 
-def _candidates(node: ast.AST) -> Iterator[str | None]:
+def _candidates(node: ast.AST, constants: dict[str, str]) -> Iterator[str | None]:
     if isinstance(node, ast.Call):
-        yield from _from_call(node)
+        yield from _from_call(node, constants)
     elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
         if "REASON" in node.targets[0].id or node.targets[0].id in ("NO_INVENTORY", "BLOCKED"):
             yield _text(node.value)
@@ -64,8 +77,10 @@ def emitted_by_code() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for folder in PRODUCT:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                for word in _candidates(node):
+            tree = ast.parse(path.read_text(), str(path))
+            constants = _module_constants(tree)
+            for node in ast.walk(tree):
+                for word in _candidates(node, constants):
                     if word and WORD.match(word):
                         found.setdefault(word, set()).add(str(path.relative_to(ROOT)))
     return found
@@ -99,8 +114,13 @@ def test_the_catalogue_holds_exactly_what_the_code_emits() -> None:
 
 
 def test_filter_reasons_are_the_extenders() -> None:
-    expected = {reason.value for reason in Reason} | {NO_INVENTORY, BLOCKED}
-    assert {reason.name for reason in reasons.FILTER_REASONS} == expected
+    """The filter reasons are the fit reasons and the extender's whole-node ones, and exactly the
+    reasons its rejection counter is created with (every one it can count)."""
+    counted = {sample.labels["reason"] for family in ExtenderMetrics(SchedulerState()).registry.collect()
+               if family.name == "rocshare_extender_node_rejections" for sample in family.samples
+               if "reason" in sample.labels}
+    assert {reason.value for reason in Reason} | {NO_INVENTORY, BLOCKED} <= counted
+    assert {reason.name for reason in reasons.FILTER_REASONS} == counted
 
 
 def test_every_reason_has_a_troubleshooting_entry() -> None:

@@ -136,7 +136,7 @@ def deployed(real_node: RealNode) -> Deployed:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    """Say how long the real node took (the README quotes these)."""
+    """Say how long the real node took (docs/benchmarks-analysis.md quotes these)."""
     if TIMINGS:
         terminalreporter.write_line("real node: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMINGS.items()))
 

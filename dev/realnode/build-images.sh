@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make images`: every image the real-node rig runs, built here without any registry.
-#   localhost/rocshare/base:bookworm      mmdebstrap minbase bookworm + python3, python3-venv
+#   localhost/rocshare/base:trixie        mmdebstrap minbase trixie (Debian 13) + python3 (3.13), python3-venv
 #   localhost/rocshare/pause:dev          controlplane/cmd/pause (static), from scratch
 #   localhost/rocshare/operator:dev       images/operator.Dockerfile on the local base
 #   localhost/rocshare/node-agent:dev     images/agent.Dockerfile on the local base
 #   localhost/rocshare/kube-scheduler:v<K8S_VERSION>   the control plane's own kube-scheduler binary
-#   localhost/rocshare/workload:dev       the local base, for the tests' slice pods
+#   localhost/rocshare/workload:dev       the local base + the hook's stub ROCm runtime and hook-probe
+#                                         (make -C hook install-probe), for the tests' slice pods
 # Each ends as a docker-archive in .cache/images/<name>.tar (what the rig imports into
 # containerd), cached by a content stamp: a second run with unchanged inputs does nothing.
 # buildah keeps its storage under .cache/containers, so the base image is cached there too.
@@ -32,21 +33,24 @@ save() {  # save <image> <archive name> <stamp>
   echo "images: $2 built ($1)"
 }
 
-# ---- base: a bookworm rootfs with Debian's python3 (3.11) -----------------------------------
-base=localhost/rocshare/base:bookworm
-base_stamp=$(echo "minbase bookworm python3 python3-venv ca-certificates v1" | sha256sum | cut -c1-16)
+# ---- base: a trixie rootfs with Debian's python3 (3.13) -------------------------------------
+# The public images' base is python:3.13-slim-trixie (images/*.Dockerfile); this one matches it:
+# the same Debian release (so libdrm's amdgpu.ids is trixie's) and the same Python minor.
+suite=trixie
+base=localhost/rocshare/base:$suite
+base_stamp=$(echo "minbase $suite python3 python3-venv ca-certificates v1" | sha256sum | cut -c1-16)
 if ! fresh base "$base_stamp"; then
   start=$(date +%s)
-  if [ "$(cat "$cache/bookworm-rootfs.stamp" 2>/dev/null)" != "$base_stamp" ]; then
+  if [ "$(cat "$cache/$suite-rootfs.stamp" 2>/dev/null)" != "$base_stamp" ]; then
     # --format=tar: the output is a tarball whatever its name (a directory target would hold
     # mmdebstrap's /proc and /sys mounts while it runs).
     mmdebstrap --quiet --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates \
-      bookworm "$cache/bookworm-rootfs.tar.part"
-    mv "$cache/bookworm-rootfs.tar.part" "$cache/bookworm-rootfs.tar"
-    echo "$base_stamp" > "$cache/bookworm-rootfs.stamp"
+      $suite "$cache/$suite-rootfs.tar.part"
+    mv "$cache/$suite-rootfs.tar.part" "$cache/$suite-rootfs.tar"
+    echo "$base_stamp" > "$cache/$suite-rootfs.stamp"
   fi
   c=$(buildah from scratch)
-  buildah add --quiet "$c" "$cache/bookworm-rootfs.tar" / >/dev/null
+  buildah add --quiet "$c" "$cache/$suite-rootfs.tar" / >/dev/null
   buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
     --cmd /bin/bash "$c"
   buildah commit --quiet --rm "$c" "$base" >/dev/null

@@ -204,3 +204,21 @@ def test_the_link_is_always_a_whole_library_while_it_is_swapped(tmp_path: Path, 
         watcher.join()
     assert seen and {said for said, _ in seen} <= {"rocshare-hook 1.2.3", "rocshare-hook 1.3.0"}, set(seen)
     assert {size for _, size in seen} <= sizes, set(seen)
+
+
+# ---- the agent's start-up step -----------------------------------------------------------------------
+
+
+def test_the_agent_installs_only_for_a_rocshare_pool_and_survives_a_failure(tmp_path: Path, elf_files: dict[str, Path],
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from rocshare.api.models import HookLibrary
+    from rocshare_agent.app import AgentConfig, _install_hook
+
+    external = AgentConfig(node_name="n", hook_path=str(tmp_path / "ext"), hook_library=HookLibrary.EXTERNAL,
+                           hook_source=elf_files["rocshare"])
+    _install_hook(external)
+    assert not (tmp_path / "ext").exists()  # the admin's folder is never written
+    _install_hook(AgentConfig(node_name="n", hook_path=str(tmp_path / "vgpu"), hook_source=elf_files["rocshare"]))
+    assert check_hook(str(tmp_path / "vgpu")).library == "rocshare-hook 1.2.3"
+    _install_hook(AgentConfig(node_name="n", hook_path=str(tmp_path / "bad"), hook_source=tmp_path / "absent.so"))
+    assert "cannot install" in caplog.text and not check_hook(str(tmp_path / "bad")).present

@@ -33,7 +33,7 @@ RUN /opt/rocshare/bin/pip install --no-deps . \
 # A compiler only in this stage; the run stage gets the one library (docs/memory-hook.md).
 FROM ${BASE_IMAGE} AS hook
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc make libc6-dev \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc make libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY hook ./hook

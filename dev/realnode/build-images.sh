@@ -25,6 +25,7 @@ buildah() { command buildah --root "$root/.cache/containers/storage" --runroot "
 # stamp <files...>: a short hash of the files' contents and names.
 stamp() { (for f in "$@"; do echo "$f"; cat "$f"; done) | sha256sum | cut -c1-16; }
 sources_stamp() { stamp "$@" $(find src operator nodeagent -type f \( -name '*.py' -o -name '*.j2' -o -name '*.proto' -o -name '*.yaml' -o -name '*.lua' -o -name '*.typed' \) -not -path '*/__pycache__/*' | sort); }
+hook_files() { find hook -type f -not -path 'hook/build/*' | sort; }  # the memory hook's sources (C, Makefile)
 fresh() { [ -f "$cache/$1.tar" ] && [ "$(cat "$cache/$1.stamp" 2>/dev/null)" = "$2" ]; }
 save() {  # save <image> <archive name> <stamp>
   rm -f "$cache/$2.tar"
@@ -80,9 +81,18 @@ if ! fresh kube-scheduler "$sched_stamp"; then
 fi
 
 # ---- workload: what the tests' slice pods run -------------------------------------------
-if ! fresh workload "$base_stamp"; then
-  buildah tag "$base" localhost/rocshare/workload:dev
-  save localhost/rocshare/workload:dev workload "$base_stamp"
+# The base plus the hook's stub ROCm runtime and hook-probe under /opt/rocm-stub, built here by
+# the hook's own Makefile (`make -C hook install-probe`): a slice pod runs hook-probe on the
+# stub runtime with the hook rocshare installed on the node (tests/realnode/test_hook_enforces.py).
+workload_stamp=$(stamp "$cache/base.stamp" $(hook_files))
+if ! fresh workload "$workload_stamp"; then
+  probe_root="$root/$cache/workload-root"
+  rm -rf "$probe_root"
+  make --no-print-directory -C hook install-probe DESTDIR="$probe_root" >/dev/null
+  c=$(buildah from "$base")
+  buildah copy --quiet "$c" "$probe_root" / >/dev/null
+  buildah commit --quiet --rm "$c" localhost/rocshare/workload:dev >/dev/null
+  save localhost/rocshare/workload:dev workload "$workload_stamp"
 fi
 
 # ---- operator and agent: the project's Dockerfiles, on the local base ---------------------
@@ -97,7 +107,8 @@ if [ -n "$ca_bundle" ] && [ -f "$ca_bundle" ]; then
 fi
 for app in operator agent; do
   name=$([ "$app" = agent ] && echo node-agent || echo operator)
-  app_stamp=$(sources_stamp "images/$app.Dockerfile" "images/$app.Dockerfile.dockerignore" pyproject.toml constraints.txt "$cache/base.stamp")
+  hook_sources=$([ "$app" = agent ] && hook_files || true)  # the agent image builds the hook
+  app_stamp=$(sources_stamp "images/$app.Dockerfile" "images/$app.Dockerfile.dockerignore" pyproject.toml constraints.txt "$cache/base.stamp" $hook_sources)
   fresh "$name" "$app_stamp" && continue
   start=$(date +%s)
   # chroot isolation and the host network: RUN steps need PyPI, and no CNI is set up for buildah.

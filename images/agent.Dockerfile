@@ -37,8 +37,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY hook ./hook
-# ROCSHARE_HOOK_REAL_RUNTIME=0: the real HIP runtime is for the hook's tests, not its build.
-RUN ROCSHARE_HOOK_REAL_RUNTIME=0 make -C hook \
+# Only the library (not the stub runtime or the tests). hook/deps.sh fetches the ROCm headers it
+# compiles against; ROCSHARE_HOOK_REAL_RUNTIME=0: the real HIP runtime is for the tests, not the build.
+RUN ROCSHARE_HOOK_REAL_RUNTIME=0 make -C hook build/librocshare-hook.so \
  && install -D -m 0644 hook/build/librocshare-hook.so /opt/rocshare/hook/librocshare-hook.so
 
 # ---- run -----------------------------------------------------------------------------------

@@ -41,10 +41,22 @@ static uint64_t vram_bytes(void)
 
 static int devices(void) { int n = rocshare_stub_gpu_count(); return n > MAX_DEVICES ? MAX_DEVICES : n; }
 
+#define GONE ((uintptr_t)1) /* a freed entry: lookups go past it, inserts reuse it */
+
+static uint32_t home(uintptr_t key) { return (uint32_t)((key >> 12) * 0x9E3779B1u) & (TABLE_SLOTS - 1); }
+
 static struct alloc *find_locked(uintptr_t key, int kind)
 {
-	for (uint32_t n = 0, i = (uint32_t)(key >> 12) & (TABLE_SLOTS - 1); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1))
-		if (table_g[i].key == key && (!kind || table_g[i].kind == kind))
+	for (uint32_t n = 0, i = home(key); n < TABLE_SLOTS && table_g[i].key; n++, i = (i + 1) & (TABLE_SLOTS - 1))
+		if (table_g[i].key == key && table_g[i].kind == kind)
+			return &table_g[i];
+	return NULL;
+}
+
+static struct alloc *free_slot_locked(uintptr_t key)
+{
+	for (uint32_t n = 0, i = home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1))
+		if (table_g[i].key == 0 || table_g[i].key == GONE)
 			return &table_g[i];
 	return NULL;
 }
@@ -61,7 +73,7 @@ static hipError_t record(uintptr_t *key, uint64_t bytes, int device, int kind)
 			*key = next_address_g;
 			next_address_g += (bytes + 4095) / 4096 * 4096 + 4096;
 		}
-		struct alloc *slot = find_locked(0, 0);
+		struct alloc *slot = free_slot_locked(*key);
 		if (!slot) {
 			err = hipErrorOutOfMemory;
 		} else {
@@ -81,7 +93,7 @@ static hipError_t forget(uintptr_t key, int kind)
 	if (a) {
 		if (a->kind != K_MANAGED)
 			used_g[a->device] -= a->bytes;
-		a->key = 0;
+		a->key = GONE;
 	}
 	pthread_mutex_unlock(&lock_g);
 	return a ? hipSuccess : hipErrorInvalidValue;

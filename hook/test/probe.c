@@ -6,7 +6,7 @@
  *   hook-probe alloc <bytes>   one hipMalloc; prints its result, holds it until stdin closes
  *   hook-probe info            hipMemGetInfo only
  *   hook-probe fork <bytes>    allocate, fork; the child reports its own view and allocation
- *   hook-probe bench <pairs>   ns per hipMalloc+hipFree pair: p50, p99
+ *   hook-probe bench <pairs>   ns per hipMalloc+hipFree pair after as many untimed: p50, p99
  *
  * The limit L is HIP_DEVICE_MEMORY_LIMIT_0 read here (MiB with "m"), else 1 GiB. */
 #include <stdio.h>
@@ -221,6 +221,11 @@ static int run_bench(int pairs)
 	long long *ns = malloc(sizeof *ns * (size_t)pairs);
 	if (!ns)
 		return 1;
+	for (int i = 0; i < pairs; i++) { /* warm-up, untimed: first-touch page faults of both tables */
+		void *p;
+		if (hipMalloc(&p, 4096) == hipSuccess)
+			hipFree(p);
+	}
 	for (int i = 0; i < pairs; i++) {
 		struct timespec a, b;
 		void *p;

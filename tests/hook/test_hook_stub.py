@@ -94,15 +94,20 @@ class Holder:
         self.proc.wait(timeout=30)
 
 
+def _alloc_once(hook_build: HookBuild, env, mib: int) -> str:
+    """One hipMalloc of mib in a new process that frees and exits at once: its result."""
+    holder = Holder(hook_build, env, mib)
+    holder.close()
+    return holder.result
+
+
 def test_processes_of_one_container_share_one_account(hook_build: HookBuild, tmp_path):
     env = _slice_env(hook_build, tmp_path)
     holders = [Holder(hook_build, env, 300) for _ in range(3)]
     try:
         assert [h.result for h in holders] == ["hipSuccess"] * 3
         assert hook_build.probe_json(env, "info")["memGetInfo"]["free"] == (LIMIT_MIB - 900) * MIB
-        fourth = Holder(hook_build, env, 300)
-        assert fourth.result == "hipErrorOutOfMemory"
-        fourth.close()
+        assert _alloc_once(hook_build, env, 300) == "hipErrorOutOfMemory"
         holders[0].close()  # frees on exit: its 300 MiB come back
         assert hook_build.probe_json(env, "info")["memGetInfo"]["free"] == (LIMIT_MIB - 600) * MIB
     finally:
@@ -115,7 +120,7 @@ def test_a_killed_process_gives_its_memory_back(hook_build: HookBuild, tmp_path)
     env = _slice_env(hook_build, tmp_path)
     victim = Holder(hook_build, env, 1000)
     assert victim.result == "hipSuccess"
-    assert Holder(hook_build, env, 100).result == "hipErrorOutOfMemory"
+    assert _alloc_once(hook_build, env, 100) == "hipErrorOutOfMemory"
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(timeout=30)
     after = Holder(hook_build, env, 1000)
@@ -153,3 +158,27 @@ def test_python_through_ctypes(hook_build: HookBuild, tmp_path):
     hip_success, hip_error_out_of_memory = 0, 2  # hipError_t values in hip_runtime_api.h
     assert json.loads(out.stdout) == {"at": hip_success, "past": hip_error_out_of_memory, "free": 0,
                                       "total": LIMIT_MIB * MIB, "freed": hip_success}
+
+
+def test_oversubscribed_slice_falls_back_to_managed_memory(hook_build: HookBuild, tmp_path):
+    # deviceMemoryScaling 2: a 1024 MiB slice on a GPU that has only 512 MiB
+    small_gpu = {"ROCSHARE_STUB_VRAM_MIB": "512"}
+    plain_env = _slice_env(hook_build, tmp_path, **small_gpu)
+    over_env = _slice_env(hook_build, tmp_path, HIP_OVERSUBSCRIBE="true", **small_gpu)
+    assert _alloc_once(hook_build, plain_env, 800) == "hipErrorOutOfMemory"  # the GPU's own refusal, passed through
+    assert hook_build.probe_json(plain_env, "info")["memGetInfo"]["free"] == 512 * MIB
+    assert hook_build.probe_json(over_env, "info")["memGetInfo"] == {"result": "hipSuccess", "free": LIMIT_MIB * MIB,
+                                                                     "total": LIMIT_MIB * MIB}
+    held = Holder(hook_build, over_env, 800)  # past the GPU, within the slice: managed memory
+    try:
+        assert held.result == "hipSuccess"
+        assert _alloc_once(hook_build, over_env, 300) == "hipErrorOutOfMemory"  # past the slice
+    finally:
+        held.close()
+
+
+def test_a_gpu_without_a_limit_is_untouched(hook_build: HookBuild, tmp_path):
+    # a limit on GPU 1 only: everything the probe does on GPU 0 is as without the hook
+    env = hook_build.env(tmp_path, ROCSHARE_STUB_DEVICES="2", HIP_DEVICE_MEMORY_LIMIT_1="256m")
+    bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False, ROCSHARE_STUB_DEVICES="2"))
+    assert hook_build.probe_json(env) == bare

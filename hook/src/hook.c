@@ -354,61 +354,81 @@ static hipError_t oversubscribed(hipError_t err, void **ptr, size_t size)
 	return managed ? managed(ptr, size, hipMemAttachGlobal) : err;
 }
 
-static hipError_t w_hipMalloc(void **ptr, size_t size)
+/* The shape of every counted allocation: reserve bytes on dev, call the runtime (which writes the
+ * new pointer, array or handle to *out), maybe fall back to managed memory, settle. */
+typedef hipError_t (*alloc_call)(void **out, size_t size, const void *args);
+
+static hipError_t counted(int dev, uint64_t bytes, int kind, void **out, alloc_call call, const void *args,
+			  int may_oversubscribe)
 {
-	int dev = current_device();
 	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
+	struct process *p = reserve(dev, bytes, &err);
 	if (err != hipSuccess)
 		return err;
-	err = REAL(&hip_map_g, hipMalloc)(ptr, size);
-	err = oversubscribed(err, ptr, size);
-	return p ? settle(p, err, ptr ? (uintptr_t)*ptr : 0, K_PTR, dev, size) : err;
+	err = call(out, bytes, args);
+	if (may_oversubscribe)
+		err = oversubscribed(err, out, bytes);
+	return p ? settle(p, err, out ? (uintptr_t)*out : 0, kind, dev, bytes) : err;
+}
+
+static hipError_t counted_alloc(void **ptr, size_t size, alloc_call call, const void *args, int may_oversubscribe)
+{
+	return counted(current_device(), size, K_PTR, ptr, call, args, may_oversubscribe);
+}
+
+static hipError_t call_malloc(void **ptr, size_t size, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipMalloc)(ptr, size);
+}
+
+static hipError_t call_ext_malloc(void **ptr, size_t size, const void *flags)
+{
+	return REAL(&hip_map_g, hipExtMallocWithFlags)(ptr, size, *(const unsigned int *)flags);
+}
+
+static hipError_t call_managed(void **ptr, size_t size, const void *flags)
+{
+	return REAL(&hip_map_g, hipMallocManaged)(ptr, size, *(const unsigned int *)flags);
+}
+
+static hipError_t call_async(void **ptr, size_t size, const void *stream)
+{
+	return REAL(&hip_map_g, hipMallocAsync)(ptr, size, (hipStream_t)stream);
+}
+
+struct pool_args { hipMemPool_t pool; hipStream_t stream; };
+
+static hipError_t call_from_pool(void **ptr, size_t size, const void *args)
+{
+	const struct pool_args *a = args;
+	return REAL(&hip_map_g, hipMallocFromPoolAsync)(ptr, size, a->pool, a->stream);
+}
+
+static hipError_t w_hipMalloc(void **ptr, size_t size)
+{
+	return counted_alloc(ptr, size, call_malloc, NULL, 1);
 }
 
 static hipError_t w_hipExtMallocWithFlags(void **ptr, size_t size, unsigned int flags)
 {
-	int dev = current_device();
-	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipExtMallocWithFlags)(ptr, size, flags);
-	err = oversubscribed(err, ptr, size);
-	return p ? settle(p, err, ptr ? (uintptr_t)*ptr : 0, K_PTR, dev, size) : err;
+	return counted_alloc(ptr, size, call_ext_malloc, &flags, 1);
 }
 
 static hipError_t w_hipMallocManaged(void **ptr, size_t size, unsigned int flags)
 {
-	int dev = current_device();
-	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMallocManaged)(ptr, size, flags);
-	return p ? settle(p, err, ptr ? (uintptr_t)*ptr : 0, K_PTR, dev, size) : err;
+	return counted_alloc(ptr, size, call_managed, &flags, 0);
 }
 
 static hipError_t w_hipMallocAsync(void **ptr, size_t size, hipStream_t stream)
 {
-	int dev = current_device();
-	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMallocAsync)(ptr, size, stream);
-	return p ? settle(p, err, ptr ? (uintptr_t)*ptr : 0, K_PTR, dev, size) : err;
+	return counted_alloc(ptr, size, call_async, stream, 0);
 }
 
 static hipError_t w_hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream)
 {
-	int dev = current_device();
-	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMallocFromPoolAsync)(ptr, size, pool, stream);
-	return p ? settle(p, err, ptr ? (uintptr_t)*ptr : 0, K_PTR, dev, size) : err;
+	struct pool_args a = {pool, stream};
+	return counted_alloc(ptr, size, call_from_pool, &a, 0);
 }
 
 static hipError_t w_hipFree(void *ptr)
@@ -500,70 +520,71 @@ static uint64_t channel_bytes(const hipChannelFormatDesc *desc)
 	return desc ? (uint64_t)(desc->x + desc->y + desc->z + desc->w) / 8 : 0;
 }
 
-static hipError_t array_alloc(uint64_t bytes, hipArray **array, hipError_t (*call)(hipArray **, const void *, const void *),
-			      const void *a, const void *b)
+struct array_args {
+	const void *desc; /* hipChannelFormatDesc, HIP_ARRAY_DESCRIPTOR or HIP_ARRAY3D_DESCRIPTOR */
+	size_t width, height, depth;
+	unsigned int flags;
+};
+
+static hipError_t array_alloc(uint64_t bytes, hipArray **array, alloc_call call, const struct array_args *args)
 {
-	int dev = current_device();
-	hipError_t err;
-	struct process *p = reserve(dev, bytes, &err);
-	if (err != hipSuccess)
-		return err;
-	err = call(array, a, b);
-	return p ? settle(p, err, array ? (uintptr_t)*array : 0, K_ARRAY, dev, bytes) : err;
+	return counted(current_device(), bytes, K_ARRAY, (void **)array, call, args, 0);
 }
 
-struct array_args { size_t width, height, depth; unsigned int flags; };
-
-static hipError_t call_malloc_array(hipArray **array, const void *desc, const void *args)
+static hipError_t call_malloc_array(void **array, size_t unused, const void *args)
 {
 	const struct array_args *x = args;
-	return REAL(&hip_map_g, hipMallocArray)(array, desc, x->width, x->height, x->flags);
+	(void)unused;
+	return REAL(&hip_map_g, hipMallocArray)((hipArray **)array, x->desc, x->width, x->height, x->flags);
 }
 
 static hipError_t w_hipMallocArray(hipArray **array, const hipChannelFormatDesc *desc, size_t width, size_t height,
 				   unsigned int flags)
 {
-	struct array_args x = {width, height, 0, flags};
-	return array_alloc(sat_mul(channel_bytes(desc), dims(width, height, 0)), array, call_malloc_array, desc, &x);
+	struct array_args x = {desc, width, height, 0, flags};
+	return array_alloc(sat_mul(channel_bytes(desc), dims(width, height, 0)), array, call_malloc_array, &x);
 }
 
-static hipError_t call_malloc_3d_array(hipArray **array, const void *desc, const void *args)
+static hipError_t call_malloc_3d_array(void **array, size_t unused, const void *args)
 {
 	const struct array_args *x = args;
 	hipExtent e = {x->width, x->height, x->depth};
-	return REAL(&hip_map_g, hipMalloc3DArray)(array, desc, e, x->flags);
+	(void)unused;
+	return REAL(&hip_map_g, hipMalloc3DArray)((hipArray **)array, x->desc, e, x->flags);
 }
 
 static hipError_t w_hipMalloc3DArray(hipArray **array, const struct hipChannelFormatDesc *desc, struct hipExtent extent,
 				     unsigned int flags)
 {
-	struct array_args x = {extent.width, extent.height, extent.depth, flags};
+	struct array_args x = {desc, extent.width, extent.height, extent.depth, flags};
 	return array_alloc(sat_mul(channel_bytes(desc), dims(extent.width, extent.height, extent.depth)), array,
-			   call_malloc_3d_array, desc, &x);
+			   call_malloc_3d_array, &x);
 }
 
-static hipError_t call_array_create(hipArray **array, const void *desc, const void *unused)
+static hipError_t call_array_create(void **array, size_t unused, const void *args)
 {
 	(void)unused;
-	return REAL(&hip_map_g, hipArrayCreate)(array, desc);
+	return REAL(&hip_map_g, hipArrayCreate)((hipArray **)array, ((const struct array_args *)args)->desc);
 }
 
 static hipError_t w_hipArrayCreate(hipArray **array, const HIP_ARRAY_DESCRIPTOR *d)
 {
+	struct array_args x = {d, 0, 0, 0, 0};
 	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, 0)) : 0;
-	return array_alloc(bytes, array, call_array_create, d, NULL);
+	return array_alloc(bytes, array, call_array_create, &x);
 }
 
-static hipError_t call_array_3d_create(hipArray **array, const void *desc, const void *unused)
+static hipError_t call_array_3d_create(void **array, size_t unused, const void *args)
 {
 	(void)unused;
-	return REAL(&hip_map_g, hipArray3DCreate)(array, desc);
+	return REAL(&hip_map_g, hipArray3DCreate)((hipArray **)array, ((const struct array_args *)args)->desc);
 }
 
 static hipError_t w_hipArray3DCreate(hipArray **array, const HIP_ARRAY3D_DESCRIPTOR *d)
 {
+	struct array_args x = {d, 0, 0, 0, 0};
 	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, d->Depth)) : 0;
-	return array_alloc(bytes, array, call_array_3d_create, d, NULL);
+	return array_alloc(bytes, array, call_array_3d_create, &x);
 }
 
 static hipError_t w_hipFreeArray(hipArray *array)
@@ -575,16 +596,20 @@ static hipError_t w_hipFreeArray(hipArray *array)
 
 /* ---- virtual memory (PyTorch's expandable segments): physical handles count ---- */
 
+struct mem_create_args { const hipMemAllocationProp *prop; unsigned long long flags; };
+
+static hipError_t call_mem_create(void **handle, size_t size, const void *args)
+{
+	const struct mem_create_args *a = args;
+	return REAL(&hip_map_g, hipMemCreate)((hipMemGenericAllocationHandle_t *)handle, size, a->prop, a->flags);
+}
+
 static hipError_t w_hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
 				 unsigned long long flags)
 {
 	int dev = prop && prop->location.type == hipMemLocationTypeDevice ? prop->location.id : -1;
-	hipError_t err;
-	struct process *p = reserve(dev, size, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMemCreate)(handle, size, prop, flags);
-	return p ? settle(p, err, handle ? (uintptr_t)*handle : 0, K_HANDLE, dev, size) : err;
+	struct mem_create_args a = {prop, flags};
+	return counted(dev, size, K_HANDLE, (void **)handle, call_mem_create, &a, 0);
 }
 
 static hipError_t w_hipMemRelease(hipMemGenericAllocationHandle_t handle)

@@ -182,3 +182,10 @@ def test_a_gpu_without_a_limit_is_untouched(hook_build: HookBuild, tmp_path):
     env = hook_build.env(tmp_path, ROCSHARE_STUB_DEVICES="2", HIP_DEVICE_MEMORY_LIMIT_1="256m")
     bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False, ROCSHARE_STUB_DEVICES="2"))
     assert hook_build.probe_json(env) == bare
+
+
+def test_bind_now_bindings_are_wrapped_too(hook_build: HookBuild, tmp_path):
+    # LD_BIND_NOW resolves every function at start instead of at first call (glibc >= 2.35 audits both)
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path, LD_BIND_NOW="1"))
+    assert result["hipMalloc"]["past_limit"] == "hipErrorOutOfMemory"
+    assert result["memGetInfo"]["total"] == LIMIT_MIB * MIB

@@ -173,7 +173,7 @@ static void *real_fn(void **slot, struct link_map **lib, const char *name)
 
 /* ---- per-process state: wiped on fork ---- */
 
-enum kind { K_PTR = 1, K_ARRAY, K_HANDLE, K_QUEUE };
+enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_QUEUE };
 struct entry {
 	uintptr_t key; /* 0 empty, TOMBSTONE freed */
 	uint64_t bytes;
@@ -340,7 +340,8 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 
 static void *real_hipMalloc, *real_hipExtMallocWithFlags, *real_hipMallocAsync, *real_hipMallocFromPoolAsync,
 	*real_hipFreeAsync, *real_hipMallocPitch, *real_hipMemAllocPitch, *real_hipMalloc3D, *real_hipMallocArray,
-	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray, *real_hipMemCreate,
+	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray,
+	*real_hipMallocMipmappedArray, *real_hipMipmappedArrayCreate, *real_hipFreeMipmappedArray, *real_hipMipmappedArrayDestroy, *real_hipMemCreate,
 	*real_hipMemRelease, *real_hipMemGetInfo, *real_hipGetDeviceProperties, *real_hipDeviceTotalMem,
 	*real_hipDeviceGetAttribute, *real_hsa_queue_create, *real_hsa_queue_destroy, *real_hsa_amd_queue_cu_set_mask;
 
@@ -523,7 +524,7 @@ static uint64_t channel_bytes(const hipChannelFormatDesc *desc)
 struct array_args {
 	const void *desc; /* hipChannelFormatDesc, HIP_ARRAY_DESCRIPTOR or HIP_ARRAY3D_DESCRIPTOR */
 	size_t width, height, depth;
-	unsigned int flags;
+	unsigned int flags, levels;
 };
 
 static hipError_t array_alloc(uint64_t bytes, hipArray **array, alloc_call call, const struct array_args *args)
@@ -541,7 +542,7 @@ static hipError_t call_malloc_array(void **array, size_t unused, const void *arg
 static hipError_t w_hipMallocArray(hipArray **array, const hipChannelFormatDesc *desc, size_t width, size_t height,
 				   unsigned int flags)
 {
-	struct array_args x = {desc, width, height, 0, flags};
+	struct array_args x = {desc, width, height, 0, flags, 0};
 	return array_alloc(sat_mul(channel_bytes(desc), dims(width, height, 0)), array, call_malloc_array, &x);
 }
 
@@ -556,7 +557,7 @@ static hipError_t call_malloc_3d_array(void **array, size_t unused, const void *
 static hipError_t w_hipMalloc3DArray(hipArray **array, const struct hipChannelFormatDesc *desc, struct hipExtent extent,
 				     unsigned int flags)
 {
-	struct array_args x = {desc, extent.width, extent.height, extent.depth, flags};
+	struct array_args x = {desc, extent.width, extent.height, extent.depth, flags, 0};
 	return array_alloc(sat_mul(channel_bytes(desc), dims(extent.width, extent.height, extent.depth)), array,
 			   call_malloc_3d_array, &x);
 }
@@ -569,7 +570,7 @@ static hipError_t call_array_create(void **array, size_t unused, const void *arg
 
 static hipError_t w_hipArrayCreate(hipArray **array, const HIP_ARRAY_DESCRIPTOR *d)
 {
-	struct array_args x = {d, 0, 0, 0, 0};
+	struct array_args x = {d, 0, 0, 0, 0, 0};
 	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, 0)) : 0;
 	return array_alloc(bytes, array, call_array_create, &x);
 }
@@ -582,9 +583,67 @@ static hipError_t call_array_3d_create(void **array, size_t unused, const void *
 
 static hipError_t w_hipArray3DCreate(hipArray **array, const HIP_ARRAY3D_DESCRIPTOR *d)
 {
-	struct array_args x = {d, 0, 0, 0, 0};
+	struct array_args x = {d, 0, 0, 0, 0, 0};
 	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, d->Depth)) : 0;
 	return array_alloc(bytes, array, call_array_3d_create, &x);
+}
+
+/* A mipmapped array takes every level: each halves width, height and depth (at least 1). */
+static uint64_t mipmap_elements(size_t w, size_t h, size_t d, unsigned int levels)
+{
+	uint64_t sum = 0;
+	for (unsigned int l = 0; l < levels && l < 64; l++) {
+		uint64_t lw = w >> l ? w >> l : 1, lh = h >> l ? h >> l : 1, ld = d >> l ? d >> l : 1;
+		uint64_t level = dims(lw, h ? lh : 0, d ? ld : 0);
+		sum = sum + level < sum ? UINT64_MAX : sum + level;
+	}
+	return sum;
+}
+
+static hipError_t call_malloc_mipmapped(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	hipExtent e = {x->width, x->height, x->depth};
+	(void)unused;
+	return REAL(&hip_map_g, hipMallocMipmappedArray)((hipMipmappedArray_t *)array, x->desc, e, x->levels, x->flags);
+}
+
+static hipError_t w_hipMallocMipmappedArray(hipMipmappedArray_t *array, const struct hipChannelFormatDesc *desc,
+					    struct hipExtent e, unsigned int levels, unsigned int flags)
+{
+	struct array_args x = {desc, e.width, e.height, e.depth, flags, levels};
+	uint64_t bytes = sat_mul(channel_bytes(desc), mipmap_elements(e.width, e.height, e.depth, levels));
+	return counted(current_device(), bytes, K_MIPMAP, (void **)array, call_malloc_mipmapped, &x, 0);
+}
+
+static hipError_t call_mipmapped_create(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	(void)unused;
+	return REAL(&hip_map_g, hipMipmappedArrayCreate)((hipMipmappedArray_t *)array, (HIP_ARRAY3D_DESCRIPTOR *)x->desc,
+							  x->levels);
+}
+
+static hipError_t w_hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+	struct array_args x = {d, 0, 0, 0, 0, levels};
+	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels,
+				     mipmap_elements(d->Width, d->Height, d->Depth, levels)) : 0;
+	return counted(current_device(), bytes, K_MIPMAP, (void **)array, call_mipmapped_create, &x, 0);
+}
+
+static hipError_t w_hipFreeMipmappedArray(hipMipmappedArray_t array)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipFreeMipmappedArray)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
+}
+
+static hipError_t w_hipMipmappedArrayDestroy(hipMipmappedArray_t array)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipMipmappedArrayDestroy)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
 }
 
 static hipError_t w_hipFreeArray(hipArray *array)
@@ -769,6 +828,8 @@ static const struct wrapper wrappers_g[] = {
 	W(&hip_map_g, hipFreeAsync), W(&hip_map_g, hipMallocPitch), W(&hip_map_g, hipMemAllocPitch),
 	W(&hip_map_g, hipMalloc3D), W(&hip_map_g, hipMallocArray), W(&hip_map_g, hipMalloc3DArray),
 	W(&hip_map_g, hipArrayCreate), W(&hip_map_g, hipArray3DCreate), W(&hip_map_g, hipFreeArray),
+	W(&hip_map_g, hipMallocMipmappedArray), W(&hip_map_g, hipMipmappedArrayCreate),
+	W(&hip_map_g, hipFreeMipmappedArray), W(&hip_map_g, hipMipmappedArrayDestroy),
 	W(&hip_map_g, hipMemCreate), W(&hip_map_g, hipMemRelease), W(&hip_map_g, hipMemGetInfo),
 	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
 	W(&hsa_map_g, hsa_queue_create), W(&hsa_map_g, hsa_queue_destroy), W(&hsa_map_g, hsa_amd_queue_cu_set_mask),

@@ -20,7 +20,7 @@
 int rocshare_stub_gpu_count(void);
 int rocshare_stub_cu_count(void);
 
-enum kind { K_DEV = 1, K_MANAGED, K_ARRAY, K_HANDLE };
+enum kind { K_DEV = 1, K_MANAGED, K_ARRAY, K_MIPMAP, K_HANDLE };
 struct alloc { uintptr_t key; uint64_t bytes; int device, kind; };
 
 static pthread_mutex_t lock_g = PTHREAD_MUTEX_INITIALIZER;
@@ -253,6 +253,52 @@ EXPORT hipError_t hipFreeArray(hipArray *array)
 		free(array);
 	return err;
 }
+
+static uint64_t mipmap_span(size_t w, size_t h, size_t d, unsigned int levels)
+{
+	uint64_t sum = 0;
+	for (unsigned int l = 0; l < levels && l < 64; l++)
+		sum += (uint64_t)(w >> l ? w >> l : 1) * (h ? (h >> l ? h >> l : 1) : 1) * (d ? (d >> l ? d >> l : 1) : 1);
+	return sum;
+}
+
+static hipError_t mipmap_alloc(hipMipmappedArray_t *array, uint64_t bytes)
+{
+	if (!array)
+		return hipErrorInvalidValue;
+	hipMipmappedArray_t a = calloc(1, sizeof *a);
+	if (!a)
+		return hipErrorOutOfMemory;
+	uintptr_t key = (uintptr_t)a;
+	hipError_t err = record(&key, bytes, current_g, K_MIPMAP);
+	if (err != hipSuccess)
+		free(a);
+	*array = err == hipSuccess ? a : NULL;
+	return err;
+}
+
+EXPORT hipError_t hipMallocMipmappedArray(hipMipmappedArray_t *array, const struct hipChannelFormatDesc *desc,
+					  struct hipExtent e, unsigned int levels, unsigned int flags)
+{
+	(void)flags;
+	return desc ? mipmap_alloc(array, channel_bytes(desc) * mipmap_span(e.width, e.height, e.depth, levels)) : hipErrorInvalidValue;
+}
+
+EXPORT hipError_t hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+	return d ? mipmap_alloc(array, format_bytes(d->Format) * d->NumChannels * mipmap_span(d->Width, d->Height, d->Depth, levels))
+		 : hipErrorInvalidValue;
+}
+
+EXPORT hipError_t hipFreeMipmappedArray(hipMipmappedArray_t array)
+{
+	hipError_t err = forget((uintptr_t)array, K_MIPMAP);
+	if (err == hipSuccess)
+		free(array);
+	return err;
+}
+
+EXPORT hipError_t hipMipmappedArrayDestroy(hipMipmappedArray_t array) { return hipFreeMipmappedArray(array); }
 
 EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop, unsigned long long flags)
 {

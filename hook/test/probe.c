@@ -74,6 +74,18 @@ static hipError_t a_array3dcreate(void **h, unsigned long long n)
 	HIP_ARRAY3D_DESCRIPTOR d = {256, 1024, n / MIB, HIP_AD_FORMAT_UNSIGNED_INT8, 4, 0};
 	return hipArray3DCreate((hipArray **)h, &d);
 }
+/* At most n bytes as a 2-level mipmap of 1-byte texels: a W x 2048 base and a (W/2) x 1024 level */
+static hipError_t a_mipmapped(void **h, unsigned long long n)
+{
+	hipChannelFormatDesc byte_desc = {8, 0, 0, 0, hipChannelFormatKindUnsigned};
+	hipExtent e = {n * 4 / 5 / 2048, 2048, 0};
+	return hipMallocMipmappedArray((hipMipmappedArray_t *)h, &byte_desc, e, 2, 0);
+}
+static hipError_t a_mipmapcreate(void **h, unsigned long long n)
+{
+	HIP_ARRAY3D_DESCRIPTOR d = {n * 4 / 5 / 2048, 2048, 0, HIP_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+	return hipMipmappedArrayCreate((hipMipmappedArray_t *)h, &d, 2);
+}
 static hipError_t a_memcreate(void **h, unsigned long long n)
 {
 	hipMemAllocationProp prop;
@@ -87,6 +99,8 @@ static hipError_t f_free(void *h) { return hipFree(h); }
 static hipError_t f_async(void *h) { return hipFreeAsync(h, NULL); }
 static hipError_t f_array(void *h) { return hipFreeArray(h); }
 static hipError_t f_release(void *h) { return hipMemRelease(h); }
+static hipError_t f_mipmap(void *h) { return hipFreeMipmappedArray(h); }
+static hipError_t f_mipmapdestroy(void *h) { return hipMipmappedArrayDestroy(h); }
 
 static const struct entry entries[] = {
 	{"hipMalloc", a_malloc, f_free}, {"hipExtMallocWithFlags", a_ext, f_free},
@@ -95,6 +109,7 @@ static const struct entry entries[] = {
 	{"hipMemAllocPitch", a_mempitch, f_free}, {"hipMalloc3D", a_3d, f_free},
 	{"hipMallocArray", a_array, f_array}, {"hipMalloc3DArray", a_3darray, f_array},
 	{"hipArrayCreate", a_arraycreate, f_array}, {"hipArray3DCreate", a_array3dcreate, f_array},
+	{"hipMallocMipmappedArray", a_mipmapped, f_mipmap}, {"hipMipmappedArrayCreate", a_mipmapcreate, f_mipmapdestroy},
 	{"hipMemCreate", a_memcreate, f_release},
 };
 

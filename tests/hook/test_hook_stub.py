@@ -21,7 +21,7 @@ LIMIT_MIB = 1024
 ENTRY_POINTS = [
     "hipMalloc", "hipExtMallocWithFlags", "hipMallocManaged", "hipMallocAsync", "hipMallocFromPoolAsync",
     "hipMallocPitch", "hipMemAllocPitch", "hipMalloc3D", "hipMallocArray", "hipMalloc3DArray",
-    "hipArrayCreate", "hipArray3DCreate", "hipMemCreate",
+    "hipArrayCreate", "hipArray3DCreate", "hipMallocMipmappedArray", "hipMipmappedArrayCreate", "hipMemCreate",
 ]
 
 
@@ -35,15 +35,23 @@ def test_stub_alone_enforces_nothing(hook_build: HookBuild, tmp_path):
     assert {result[e]["past_limit"] for e in ENTRY_POINTS} == {"hipSuccess"}
 
 
+def _mipmap_bytes(limit: int) -> int:
+    """What the probe's 2-level mipmap of 1-byte texels for `limit` takes: a W x 2048 base level
+    and a W/2 x 1024 second level, W the largest that keeps the sum within the limit."""
+    width = limit * 4 // 5 // 2048
+    return width * 2048 + (width // 2) * 1024
+
+
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_every_entry_point_stops_at_the_slice(hook_build: HookBuild, tmp_path, entry):
     result = hook_build.probe_json(_slice_env(hook_build, tmp_path))
     limit = LIMIT_MIB * MIB
+    held = _mipmap_bytes(limit) if "Mipmapped" in entry else limit  # mipmap levels cannot sum to 1 GiB
     assert result["limit"] == limit
     assert result[entry] == {
         "at_limit": "hipSuccess",
         "past_limit": "hipErrorOutOfMemory",
-        "free_while_held": 0,
+        "free_while_held": limit - held,
         "free": "hipSuccess",
         "free_after": limit,
     }

@@ -75,7 +75,7 @@ test: $(STAMP) controlplane lint images observability-deps helm hook
 # installs gcc, Debian's real HIP runtime and unpacks trixie's ROCm headers into .cache/hook-deps).
 # tests/hook runs its C tests (plain, ASan, UBSan) and drives it under LD_AUDIT.
 hook:
-	$(MAKE) -C hook
+	$(MAKE) -C hook all real-runtime
 
 # The suite on every supported Kubernetes version, one after the other (CI runs the default only).
 test-matrix: $(STAMP)

@@ -6,8 +6,8 @@
 #   libhsa-runtime-dev are downloaded with apt-get through a temporary sources list and state
 #   folder under $CACHE (the machine's own apt sources are never changed) and unpacked there with
 #   dpkg-deb -x. The stub runtime is compiled against them.
-# * Debian's REAL HIP runtime for the host's own release (bookworm: libamdhip64-5, ROCm 5.2.3),
-#   installed with apt-get so the tests can load the hook beside it. trixie's runtime needs a newer
+# * With --real-runtime: Debian's REAL HIP runtime for the host's own release (bookworm:
+#   libamdhip64-5, ROCm 5.2.3), installed with apt-get so the tests can load the hook beside it. trixie's runtime needs a newer
 #   glibc than bookworm has, so the real runtime comes from the host's release.
 #
 # Prints the headers' include folder on stdout (the Makefile passes it to the compiler).
@@ -50,5 +50,5 @@ fetch_headers() {  # the trixie header packages, unpacked into $root (cached by 
 
 command -v gcc >/dev/null && command -v make >/dev/null || apt_install gcc make libc6-dev
 fetch_headers
-if [ "${ROCSHARE_HOOK_REAL_RUNTIME:-1}" = 1 ]; then apt_install libamdhip64-5 || log "real HIP runtime not installed"; fi
+if [ "${1:-}" = --real-runtime ]; then apt_install libamdhip64-5; fi
 echo "$root/usr/include"

@@ -38,6 +38,7 @@ class HookBuild:
 
 @pytest.fixture(scope="session")
 def hook_build() -> HookBuild:
-    subprocess.run(["make", "-C", str(HOOK_DIR), "-s"], check=True, capture_output=True, timeout=600)
+    subprocess.run(["make", "-C", str(HOOK_DIR), "-s", "all", "real-runtime"], check=True, capture_output=True,
+                   timeout=600)
     build = HOOK_DIR / "build"
     return HookBuild(build / "librocshare-hook.so", build / "hook-probe", build / "stub")

@@ -1,4 +1,4 @@
-"""The hook beside Debian's REAL HIP runtime (libamdhip64.so.5, installed by hook/deps.sh). There is
+"""The hook beside Debian's REAL HIP runtime (libamdhip64.so.5, installed by `make -C hook real-runtime`). There is
 no GPU here, so the runtime answers "no device": the hook must neither crash nor hide that, and it
 must still sit on the runtime's bindings (an allocation past the slice is refused by the hook before
 the runtime is asked)."""
@@ -37,7 +37,7 @@ def _run(env) -> dict:
 
 
 def test_real_runtime_errors_come_through_the_hook(hook_build: HookBuild, tmp_path):
-    assert ctypes.util.find_library("amdhip64"), "Debian's libamdhip64 is not installed (hook/deps.sh installs it)"
+    assert ctypes.util.find_library("amdhip64"), "Debian's libamdhip64 is not installed (make -C hook real-runtime installs it)"
     bare = _run(hook_build.env(tmp_path, hooked=False, HIP_DEVICE_MEMORY_LIMIT_0="100m"))
     hooked = _run(hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="100m"))
     # no GPU: the runtime itself says so, with or without the hook

@@ -1,7 +1,7 @@
 """The hook beside Debian's REAL HIP runtime (libamdhip64.so.5, installed by
-`make -C hook real-runtime`). There is no GPU here, so the runtime answers "no device": the hook must neither crash nor hide that, and it
-must still sit on the runtime's bindings (an allocation past the slice is refused by the hook before
-the runtime is asked)."""
+`make -C hook real-runtime`). There is no GPU here, so the runtime answers "no device": the hook
+must neither crash nor hide that, and it must still sit on the runtime's bindings (an allocation
+past the slice is refused by the hook before the runtime is asked)."""
 
 from __future__ import annotations
 

@@ -255,6 +255,21 @@ static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
 	return 0;
 }
 
+/* Read key of that kind without removing it; 1 and its bytes when it is there. */
+static int table_find(uintptr_t key, int kind, uint64_t *bytes)
+{
+	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
+		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
+		if (cur == 0)
+			return 0;
+		if (cur == key && table_g[i].kind == kind) {
+			*bytes = table_g[i].bytes;
+			return 1;
+		}
+	}
+	return 0;
+}
+
 /* Remove key of that kind; 1 and its bytes/device when it was there. */
 static int table_remove(uintptr_t key, int kind, uint64_t *bytes, int *device)
 {
@@ -775,11 +790,9 @@ static hsa_status_t w_hsa_queue_destroy(hsa_queue_t *queue)
 static void slice_mask_for(const hsa_queue_t *queue, uint32_t out[CU_MASK_WORDS], int *limited)
 {
 	uint64_t agent = 0;
-	int unused = 0, dev = -1;
-	if (process_g && table_remove((uintptr_t)queue, K_QUEUE, &agent, &unused)) {
-		table_insert((uintptr_t)queue, agent, 0, K_QUEUE);
+	int dev = -1;
+	if (process_g && table_find((uintptr_t)queue, K_QUEUE, &agent))
 		dev = gpu_index(agent);
-	}
 	*limited = 0;
 	for (int w = 0; w < CU_MASK_WORDS; w++)
 		out[w] = ~0u;

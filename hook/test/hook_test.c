@@ -175,6 +175,14 @@ static void test_cu_mask(void)
 	CHECK(set(q, 32, outside) == HSA_STATUS_ERROR_INVALID_ARGUMENT);
 	CHECK(set(q, 33, want) == HSA_STATUS_ERROR_INVALID_ARGUMENT); /* the runtime's own check */
 	BIND(hsa_g, hsa_queue_destroy)(q);
+	/* a queue on the second GPU gets that GPU's slice (HSA_CU_MASK 1:40-47), not the first's */
+	hsa_agent_t gpu1 = {0x2001};
+	CHECK(create(gpu1, 4096, HSA_QUEUE_TYPE_MULTI, NULL, NULL, 0, 0, &q) == HSA_STATUS_SUCCESS);
+	CHECK(set(q, 128, want) == HSA_STATUS_SUCCESS);
+	memset(got, 0, sizeof got);
+	hsa_amd_queue_cu_get_mask(q, 128, got);
+	CHECK(got[0] == 0 && got[1] == 0x0000ff00u && got[2] == 0 && got[3] == 0);
+	BIND(hsa_g, hsa_queue_destroy)(q);
 }
 
 int main(void)
@@ -184,7 +192,7 @@ int main(void)
 		return 2;
 	setenv("ROCSHARE_HOOK_DIR", dir, 1);
 	setenv("HIP_DEVICE_MEMORY_LIMIT_0", "64m", 1);
-	setenv("HSA_CU_MASK", "0:16-35", 1);
+	setenv("HSA_CU_MASK", "0:16-35;1:40-47", 1);
 	setenv("ROCSHARE_STUB_DEVICES", "2", 1);
 	la_version(LAV_CURRENT);
 	hip_g = map_of("libamdhip64.so.5");

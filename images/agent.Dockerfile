@@ -51,9 +51,10 @@ ENV PATH=/opt/rocshare/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # libdrm's amdgpu.ids (/usr/share/libdrm/amdgpu.ids): the marketing names of Radeon boards,
 # whose DRM folder leaves product_name empty (discovery/names.py; without it the built-in table
 # and "AMD GPU <id>" are all the agent has).
+# apt-get clean: the local trixie base keeps apt's caches (the public slim image cleans by itself).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libdrm-common \
- && rm -rf /var/lib/apt/lists/*
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libdrm-common \
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/rocshare /opt/rocshare
 # The hook the agent installs into the pool's hookPath on its node (rocshare_agent/hook_install.py).
 COPY --from=hook /opt/rocshare/hook /opt/rocshare/hook

@@ -19,6 +19,7 @@
  *   call ourselves are found in the runtime's own dynamic symbol table.
  */
 #define _GNU_SOURCE
+#include "hip6.h"
 #include "hook.h"
 
 #include <elf.h>
@@ -357,7 +358,8 @@ static void *real_hipMalloc, *real_hipExtMallocWithFlags, *real_hipMallocAsync, 
 	*real_hipFreeAsync, *real_hipMallocPitch, *real_hipMemAllocPitch, *real_hipMalloc3D, *real_hipMallocArray,
 	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray,
 	*real_hipMallocMipmappedArray, *real_hipMipmappedArrayCreate, *real_hipFreeMipmappedArray, *real_hipMipmappedArrayDestroy, *real_hipMemCreate,
-	*real_hipMemRelease, *real_hipMemGetInfo, *real_hipGetDeviceProperties, *real_hipDeviceTotalMem,
+	*real_hipMemRelease, *real_hipMemGetInfo, *real_hipGetDeviceProperties,
+	*real_hipGetDevicePropertiesR0000, *real_hipGetDevicePropertiesR0600, *real_hipDeviceTotalMem,
 	*real_hipDeviceGetAttribute, *real_hsa_queue_create, *real_hsa_queue_destroy, *real_hsa_amd_queue_cu_set_mask;
 
 /* Under HIP_OVERSUBSCRIBE the slice may be larger than what the GPU has free: when the GPU itself
@@ -721,6 +723,23 @@ static hipError_t w_hipGetDeviceProperties(hipDeviceProp_t *prop, int dev)
 	return err;
 }
 
+/* ROCm 6 (hip6.h): the 5.x layout under its versioned name, and the R0600 layout. */
+static hipError_t w_hipGetDevicePropertiesR0000(hipDeviceProp_t *prop, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0000)(prop, dev);
+	if (err == hipSuccess && prop && limit_of(dev))
+		prop->totalGlobalMem = limit_of(dev);
+	return err;
+}
+
+static hipError_t w_hipGetDevicePropertiesR0600(struct rocshare_device_prop_r0600_head *prop, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0600)(prop, dev);
+	if (err == hipSuccess && prop && limit_of(dev))
+		prop->total_global_mem = limit_of(dev);
+	return err;
+}
+
 static hipError_t w_hipDeviceTotalMem(size_t *bytes, hipDevice_t dev)
 {
 	hipError_t err = REAL(&hip_map_g, hipDeviceTotalMem)(bytes, dev);
@@ -844,7 +863,8 @@ static const struct wrapper wrappers_g[] = {
 	W(&hip_map_g, hipMallocMipmappedArray), W(&hip_map_g, hipMipmappedArrayCreate),
 	W(&hip_map_g, hipFreeMipmappedArray), W(&hip_map_g, hipMipmappedArrayDestroy),
 	W(&hip_map_g, hipMemCreate), W(&hip_map_g, hipMemRelease), W(&hip_map_g, hipMemGetInfo),
-	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
+	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipGetDevicePropertiesR0000),
+	W(&hip_map_g, hipGetDevicePropertiesR0600), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
 	W(&hsa_map_g, hsa_queue_create), W(&hsa_map_g, hsa_queue_destroy), W(&hsa_map_g, hsa_amd_queue_cu_set_mask),
 };
 

@@ -12,6 +12,8 @@
 #include <hsa/hsa.h>
 #include <hsa/hsa_ext_amd.h>
 
+#include "../src/hip6.h"
+
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_DEVICES 16
 #define TABLE_SLOTS (1u << 16)
@@ -361,6 +363,24 @@ EXPORT hipError_t hipGetDeviceProperties(hipDeviceProp_t *prop, int device)
 	strcpy(prop->gcnArchName, "gfx90a:sramecc+:xnack-");
 	prop->totalGlobalMem = vram_bytes();
 	prop->multiProcessorCount = rocshare_stub_cu_count();
+	return hipSuccess;
+}
+
+/* ROCm 6's names (src/hip6.h): the 5.x layout, and the R0600 layout whose head is declared. */
+EXPORT hipError_t hipGetDevicePropertiesR0000(hipDeviceProp_t *prop, int device)
+{
+	return hipGetDeviceProperties(prop, device);
+}
+
+EXPORT hipError_t hipGetDevicePropertiesR0600(struct rocshare_device_prop_r0600_head *prop, int device)
+{
+	if (!prop)
+		return hipErrorInvalidValue;
+	if (device < 0 || device >= devices())
+		return hipErrorInvalidDevice;
+	memset(prop, 0, sizeof *prop);
+	strcpy(prop->name, "AMD Instinct MI210 (rocshare stub)");
+	prop->total_global_mem = vram_bytes();
 	return hipSuccess;
 }
 

@@ -20,6 +20,8 @@
 #include <hsa/hsa.h>
 #include <hsa/hsa_ext_amd.h>
 
+#include "../src/hip6.h"
+
 hsa_queue_t *rocshare_stub_stream_queue(hipStream_t stream);
 
 #define MIB (1ull << 20)
@@ -159,6 +161,14 @@ static int run_all(void)
 	hipDeviceProp_t prop;
 	e = hipGetDeviceProperties(&prop, 0);
 	printf(",\"totalGlobalMem\":{\"result\":\"%s\",\"bytes\":%zu}", name(e), e == hipSuccess ? prop.totalGlobalMem : 0);
+	e = hipGetDevicePropertiesR0000(&prop, 0);
+	printf(",\"totalGlobalMemR0000\":{\"result\":\"%s\",\"bytes\":%zu}", name(e),
+	       e == hipSuccess ? prop.totalGlobalMem : 0);
+	/* ROCm 6's struct is larger than its head: give the call room for all of it. */
+	union { struct rocshare_device_prop_r0600_head head; char whole[4096]; } prop6;
+	e = hipGetDevicePropertiesR0600(&prop6.head, 0);
+	printf(",\"totalGlobalMemR0600\":{\"result\":\"%s\",\"bytes\":%zu}", name(e),
+	       e == hipSuccess ? prop6.head.total_global_mem : 0);
 	size_t total = 0;
 	e = hipDeviceTotalMem(&total, 0);
 	printf(",\"deviceTotalMem\":{\"result\":\"%s\",\"bytes\":%zu}", name(e), total);

@@ -62,6 +62,8 @@ def test_memory_info_reports_the_slice(hook_build: HookBuild, tmp_path):
     limit = LIMIT_MIB * MIB
     assert result["memGetInfo"] == {"result": "hipSuccess", "free": limit, "total": limit}
     assert result["totalGlobalMem"]["bytes"] == limit
+    assert result["totalGlobalMemR0000"]["bytes"] == limit  # ROCm 6's name for the 5.x layout
+    assert result["totalGlobalMemR0600"]["bytes"] == limit  # what ROCm 6 builds of PyTorch call
     assert result["deviceTotalMem"]["bytes"] == limit
     assert result["attributeTotalGlobalMem"]["value"] == limit
 

@@ -16,7 +16,7 @@ endif
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
 .PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps helm chart docs docs-reference
+	real-node-deps images real-node-up real-node-down observability-deps helm chart docs docs-reference hook
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -78,8 +78,14 @@ unit: $(STAMP)
 e2e: $(STAMP) controlplane observability-deps
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane lint images observability-deps helm
+test: $(STAMP) controlplane lint images observability-deps helm hook
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
+
+# rocshare's in-container memory hook, its stub ROCm runtime and hook-probe (hook/Makefile; hook/deps.sh
+# installs gcc, Debian's real HIP runtime and unpacks trixie's ROCm headers into .cache/hook-deps).
+# tests/hook runs its C tests (plain, ASan, UBSan) and drives it under LD_AUDIT.
+hook:
+	$(MAKE) -C hook all real-runtime
 
 # The suite on every supported Kubernetes version, one after the other (CI runs the default only).
 test-matrix: $(STAMP)

@@ -4,10 +4,11 @@
 #   docker build -f images/operator.Dockerfile -t rocshare/operator:0.1.0 .
 # images/operator.Dockerfile.dockerignore keeps the build context to the sources.
 
-# The base is a build argument: the public Python image by default; the tests pass one made
-# here (`make images`: Debian bookworm with its python3, 3.11), since no registry is reachable.
-# Both have `python3`, so the steps below name it so.
-ARG BASE_IMAGE=python:3.11-slim
+# The base is a build argument: the public Python image on Debian 13 (trixie) by default; the
+# tests pass one made here (`make images`: Debian trixie with its python3, 3.13), since no
+# registry is reachable. Both are trixie with Python 3.13 and have `python3`, so the steps below
+# name it so.
+ARG BASE_IMAGE=python:3.13-slim-trixie
 
 # ---- build: the package and its pinned dependencies in a venv -----------------------------
 FROM ${BASE_IMAGE} AS build

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make images`: every image the real-node rig runs, built here without any registry.
-#   localhost/rocshare/base:bookworm      mmdebstrap minbase bookworm + python3, python3-venv
+#   localhost/rocshare/base:trixie        mmdebstrap minbase trixie (Debian 13) + python3 (3.13), python3-venv
 #   localhost/rocshare/pause:dev          controlplane/cmd/pause (static), from scratch
 #   localhost/rocshare/operator:dev       images/operator.Dockerfile on the local base
 #   localhost/rocshare/node-agent:dev     images/agent.Dockerfile on the local base
 #   localhost/rocshare/kube-scheduler:v<K8S_VERSION>   the control plane's own kube-scheduler binary
-#   localhost/rocshare/workload:dev       the local base, for the tests' slice pods
+#   localhost/rocshare/workload:dev       the local base + the hook's stub ROCm runtime and hook-probe
+#                                         (make -C hook install-probe), for the tests' slice pods
 # Each ends as a docker-archive in .cache/images/<name>.tar (what the rig imports into
 # containerd), cached by a content stamp: a second run with unchanged inputs does nothing.
 # buildah keeps its storage under .cache/containers, so the base image is cached there too.
@@ -24,6 +25,7 @@ buildah() { command buildah --root "$root/.cache/containers/storage" --runroot "
 # stamp <files...>: a short hash of the files' contents and names.
 stamp() { (for f in "$@"; do echo "$f"; cat "$f"; done) | sha256sum | cut -c1-16; }
 sources_stamp() { stamp "$@" $(find src operator nodeagent -type f \( -name '*.py' -o -name '*.j2' -o -name '*.proto' -o -name '*.yaml' -o -name '*.lua' -o -name '*.typed' \) -not -path '*/__pycache__/*' | sort); }
+hook_files() { find hook -type f -not -path 'hook/build/*' | sort; }  # the memory hook's sources (C, Makefile)
 fresh() { [ -f "$cache/$1.tar" ] && [ "$(cat "$cache/$1.stamp" 2>/dev/null)" = "$2" ]; }
 save() {  # save <image> <archive name> <stamp>
   rm -f "$cache/$2.tar"
@@ -32,21 +34,24 @@ save() {  # save <image> <archive name> <stamp>
   echo "images: $2 built ($1)"
 }
 
-# ---- base: a bookworm rootfs with Debian's python3 (3.11) -----------------------------------
-base=localhost/rocshare/base:bookworm
-base_stamp=$(echo "minbase bookworm python3 python3-venv ca-certificates v1" | sha256sum | cut -c1-16)
+# ---- base: a trixie rootfs with Debian's python3 (3.13) -------------------------------------
+# The public images' base is python:3.13-slim-trixie (images/*.Dockerfile); this one matches it:
+# the same Debian release (so libdrm's amdgpu.ids is trixie's) and the same Python minor.
+suite=trixie
+base=localhost/rocshare/base:$suite
+base_stamp=$(echo "minbase $suite python3 python3-venv ca-certificates v1" | sha256sum | cut -c1-16)
 if ! fresh base "$base_stamp"; then
   start=$(date +%s)
-  if [ "$(cat "$cache/bookworm-rootfs.stamp" 2>/dev/null)" != "$base_stamp" ]; then
+  if [ "$(cat "$cache/$suite-rootfs.stamp" 2>/dev/null)" != "$base_stamp" ]; then
     # --format=tar: the output is a tarball whatever its name (a directory target would hold
     # mmdebstrap's /proc and /sys mounts while it runs).
     mmdebstrap --quiet --variant=minbase --format=tar --include=python3,python3-venv,ca-certificates \
-      bookworm "$cache/bookworm-rootfs.tar.part"
-    mv "$cache/bookworm-rootfs.tar.part" "$cache/bookworm-rootfs.tar"
-    echo "$base_stamp" > "$cache/bookworm-rootfs.stamp"
+      $suite "$cache/$suite-rootfs.tar.part"
+    mv "$cache/$suite-rootfs.tar.part" "$cache/$suite-rootfs.tar"
+    echo "$base_stamp" > "$cache/$suite-rootfs.stamp"
   fi
   c=$(buildah from scratch)
-  buildah add --quiet "$c" "$cache/bookworm-rootfs.tar" / >/dev/null
+  buildah add --quiet "$c" "$cache/$suite-rootfs.tar" / >/dev/null
   buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
     --cmd /bin/bash "$c"
   buildah commit --quiet --rm "$c" "$base" >/dev/null
@@ -76,9 +81,18 @@ if ! fresh kube-scheduler "$sched_stamp"; then
 fi
 
 # ---- workload: what the tests' slice pods run -------------------------------------------
-if ! fresh workload "$base_stamp"; then
-  buildah tag "$base" localhost/rocshare/workload:dev
-  save localhost/rocshare/workload:dev workload "$base_stamp"
+# The base plus the hook's stub ROCm runtime and hook-probe under /opt/rocm-stub, built here by
+# the hook's own Makefile (`make -C hook install-probe`): a slice pod runs hook-probe on the
+# stub runtime with the hook rocshare installed on the node (tests/realnode/test_hook_enforces.py).
+workload_stamp=$(stamp "$cache/base.stamp" $(hook_files))
+if ! fresh workload "$workload_stamp"; then
+  probe_root="$root/$cache/workload-root"
+  rm -rf "$probe_root"
+  make --no-print-directory -C hook install-probe DESTDIR="$probe_root" >/dev/null
+  c=$(buildah from "$base")
+  buildah copy --quiet "$c" "$probe_root" / >/dev/null
+  buildah commit --quiet --rm "$c" localhost/rocshare/workload:dev >/dev/null
+  save localhost/rocshare/workload:dev workload "$workload_stamp"
 fi
 
 # ---- operator and agent: the project's Dockerfiles, on the local base ---------------------
@@ -93,7 +107,8 @@ if [ -n "$ca_bundle" ] && [ -f "$ca_bundle" ]; then
 fi
 for app in operator agent; do
   name=$([ "$app" = agent ] && echo node-agent || echo operator)
-  app_stamp=$(sources_stamp "images/$app.Dockerfile" "images/$app.Dockerfile.dockerignore" pyproject.toml constraints.txt "$cache/base.stamp")
+  hook_sources=$([ "$app" = agent ] && hook_files || true)  # the agent image builds the hook
+  app_stamp=$(sources_stamp "images/$app.Dockerfile" "images/$app.Dockerfile.dockerignore" pyproject.toml constraints.txt "$cache/base.stamp" $hook_sources)
   fresh "$name" "$app_stamp" && continue
   start=$(date +%s)
   # chroot isolation and the host network: RUN steps need PyPI, and no CNI is set up for buildah.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Host packages the real-node rig needs (containerd, runc, CNI plugins, image tools, network
-# tools), installed from Debian when missing. Idempotent: when every package is there it only
+# tools, and gcc/make: `make images` builds the hook's stub runtime and probe for the workload
+# image on the host), installed from Debian when missing. Idempotent: when every package is there it only
 # asks dpkg (well under a second). Runs as root (CI and this machine do).
 set -euo pipefail
 pkgs=(containerd runc containernetworking-plugins mmdebstrap buildah iptables conntrack socat
-      ethtool ebtables uidmap fuse-overlayfs iproute2)
+      ethtool ebtables uidmap fuse-overlayfs iproute2 gcc make libc6-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocshare.api.models import GpuInfo, HookMissing
+from rocshare.api.models import GpuInfo, HookLibrary, HookMissing
 from rocshare.kube.client import Kube
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.hook_install import SHIPPED_HOOK, InstallError, install_hook
 from rocshare_agent.inventory_loop import run_inventory_loop
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class AgentConfig:
     device_plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     hook_path: str = "/usr/local/vgpu"
     hook_missing: HookMissing = HookMissing.REFUSE
+    hook_library: HookLibrary = HookLibrary.ROCSHARE
+    hook_source: Path = SHIPPED_HOOK
     group_file: Path | None = None
     pod_device_dir: Path | None = None
     exporter_url: str | None = None
@@ -63,6 +66,7 @@ def _start_monitor(config: AgentConfig, pods: KubePods):
 
 async def run_agent(config: AgentConfig) -> None:
     """Run until cancelled."""
+    _install_hook(config)
     kube = await Kube.connect(config.kubeconfig)
     pods = KubePods(kube, config.node_name)
     monitor = _start_monitor(config, pods)
@@ -72,6 +76,21 @@ async def run_agent(config: AgentConfig) -> None:
         if monitor is not None:
             monitor.shutdown()
         await kube.close()
+
+
+def _install_hook(config: AgentConfig) -> None:
+    """rocshare's hook into hookPath before anything offers slices. A failure is logged, not fatal:
+    the hook check then reports the node's library as missing, and the pool's hookMissing decides."""
+    if config.hook_library == HookLibrary.EXTERNAL:
+        log.info("memory hook: the pool names an external library in %s; verifying it only", config.hook_path)
+        return
+    try:
+        installed = install_hook(config.hook_source, Path(config.hook_path))
+    except (OSError, InstallError) as error:
+        log.error("memory hook: cannot install %s into %s: %s", config.hook_source, config.hook_path, error)
+        return
+    log.info("memory hook: %s %s -> %s (%s)", "installed" if installed.changed else "already installed",
+             installed.link, installed.target, installed.version)
 
 
 def _snapshot(pods: KubePods) -> list:

@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hook-missing", default="Refuse", choices=["Refuse", "RunWithoutLimit"],
                         help="what a memory slice gets when the hook library is missing: Refuse (Allocate fails "
                              "naming the file) or RunWithoutLimit (no LD_AUDIT, a Warning event on the pod)")
+    parser.add_argument("--hook-library", default="Rocshare", choices=["Rocshare", "External"],
+                        help="Rocshare: install the hook this image ships (--hook-source) into --hook-path before "
+                             "offering slices; External: only verify the library an admin installed there")
+    parser.add_argument("--hook-source", type=Path, default=None,
+                        help="the hook library to install (default: the one in the image, "
+                             "/opt/rocshare/hook/librocshare-hook.so)")
     parser.add_argument("--group-file", type=Path, default=Path("/etc/group"),
                         help="the host's group file (mounted in the agent), for the video and render group ids")
     parser.add_argument("--pod-device-dir", type=Path, default=Path("/var/lib/rocshare/pod-devices"),
@@ -43,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rocshare.api.models import HookMissing
+    from rocshare.api.models import HookLibrary, HookMissing
     from rocshare_agent.app import AgentConfig, main
+    from rocshare_agent.hook_install import SHIPPED_HOOK
 
     if not args.node_name:
         raise SystemExit("rocshare agent: --node-name (or $NODE_NAME) is required")
@@ -52,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(
         node_name=args.node_name, kubeconfig=args.kubeconfig, sysfs_root=args.sysfs_root, dev_root=args.dev_root,
         device_plugin_dir=args.device_plugin_dir, hook_path=args.hook_path,
-        hook_missing=HookMissing(args.hook_missing), exporter_url=args.exporter_url,
+        hook_missing=HookMissing(args.hook_missing), hook_library=HookLibrary(args.hook_library),
+        hook_source=args.hook_source or SHIPPED_HOOK, exporter_url=args.exporter_url,
         group_file=args.group_file,
         pod_device_dir=None if str(args.pod_device_dir) == "none" else args.pod_device_dir,
         health_interval_s=args.health_interval_s,

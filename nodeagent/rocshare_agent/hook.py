@@ -1,14 +1,19 @@
 """Is the in-container memory hook on this node? Checked, never assumed.
 
-A memory slice gets its limit from HAMi's hook, ``libamvgpu.so``, which the kubelet mounts
-from the pool's ``agent.hookPath`` on the host and ``LD_AUDIT`` loads (DESIGN.md section 4).
-Nothing in rocshare ships that file, so the agent checks it: the DaemonSet mounts the host
-folder at the same path, so the path the agent reads is the path the kubelet mounts.
+A memory slice gets its limit from the hook, ``libamvgpu.so`` in the pool's ``agent.hookPath``
+on the host, which the kubelet mounts into the container and ``LD_AUDIT`` loads (DESIGN.md
+section 4). By default the agent installs rocshare's own hook there (hook_install.py); a pool
+with ``agent.hookLibrary: External`` names a library the admin installs (HAMi's), which the
+agent only checks. The DaemonSet mounts the host folder at the same path, so the path the agent
+reads is the path the kubelet mounts.
 
-`check_hook` is the one check (a stat and a read of the first bytes; cheap enough to run on
-every Allocate of a slice and every inventory pass). The pure helpers turn its result into
-the AmdGpuNode condition, the Node event of a transition and the monitor's gauge. Whole-GPU
-containers never need the hook (container_spec.py gives them none).
+`check_hook` is the one check: the file must be what the loader can use, an audit library for
+this node (audit_library.py), not merely a readable file -- the loader skips anything else
+silently, and the slice would run with no limit. The ELF is parsed once per file version (cached
+by device, inode, size and mtime), so the check stays a stat on every Allocate of a slice and every
+inventory pass. The pure helpers turn its result into the AmdGpuNode condition, the Node event of
+a transition and the monitor's gauge. Whole-GPU containers never need the hook (container_spec.py
+gives them none).
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import PurePosixPath
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rocshare.api.models import Condition, HookMissing
+from rocshare_agent.audit_library import NotAnAuditLibrary, inspect_audit_library, node_target
 from rocshare_agent.deviceplugin.container_spec import HOOK_LIBRARY
 from rocshare_agent.publish import Transition
 
@@ -35,7 +42,8 @@ METRIC = "rocshare_node_memory_hook_present"
 @dataclass(frozen=True)
 class HookCheck:
     path: str  # the host path of the library, as the kubelet mounts it
-    problem: str | None = None  # None: a non-empty regular file this agent could read
+    problem: str | None = None  # None: an audit library for this node
+    library: str = ""  # when present: "rocshare-hook <version>" or "an external audit library"
 
     @property
     def present(self) -> bool:
@@ -47,7 +55,8 @@ def hook_library_path(hook_dir: str) -> str:
 
 
 def check_hook(hook_dir: str) -> HookCheck:
-    """Whether `<hook_dir>/libamvgpu.so` exists, is a non-empty regular file and can be read."""
+    """Whether `<hook_dir>/libamvgpu.so` (links followed, as the kubelet's mount follows them) is
+    an audit library for this node; otherwise what is wrong with it."""
     path = hook_library_path(hook_dir)
     try:
         info = os.stat(path)
@@ -55,13 +64,21 @@ def check_hook(hook_dir: str) -> HookCheck:
             return HookCheck(path, "is not a regular file")
         if info.st_size == 0:
             return HookCheck(path, "is empty")
-        with open(path, "rb") as library:
-            library.read(4)
+        return HookCheck(path, library=_inspect(path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
     except FileNotFoundError:
         return HookCheck(path, "is missing")
+    except NotAnAuditLibrary as wrong:
+        return HookCheck(path, str(wrong))
     except OSError as error:
         return HookCheck(path, f"cannot be read ({error.strerror})")
-    return HookCheck(path)
+
+
+@lru_cache(maxsize=16)
+def _inspect(path: str, _device: int, _inode: int, _size: int, _mtime_ns: int) -> str:
+    """The library's description; the stat fields are the cache key, so a replaced file is read again."""
+    arch, target = node_target()
+    with open(path, "rb") as stream:
+        return inspect_audit_library(stream, arch=arch, target=target).description
 
 
 # ---- pure: what the check means ---------------------------------------------------------------
@@ -76,7 +93,8 @@ def consequence(policy: HookMissing) -> str:
 def hook_condition(check: HookCheck, policy: HookMissing) -> Condition:
     if check.present:
         return Condition(type=CONDITION_TYPE, status="True", reason=REASON_FOUND,
-                         message=f"{check.path} is readable: memory slices get their limit")
+                         message=f"{check.path} is {check.library}, an audit library for this node: "
+                                 "memory slices get their limit")
     return Condition(type=CONDITION_TYPE, status="False", reason=REASON_MISSING,
                      message=f"{check.path} {check.problem}: {consequence(policy)}")
 
@@ -104,14 +122,15 @@ def unlimited_message(check: HookCheck, *, container: str) -> str:
 
 
 class HookCollector(Collector):
-    """The monitor's gauge: 1 when the hook library is readable on this node, else 0."""
+    """The monitor's gauge: 1 when the hook is an audit library for this node, else 0; the
+    `library` label names it (empty when it is not there)."""
 
     def __init__(self, *, node_name: str, hook_dir: str, check: Callable[[str], HookCheck] = check_hook) -> None:
         self.node_name, self.hook_dir, self._check = node_name, hook_dir, check
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         result = self._check(self.hook_dir)
-        gauge = GaugeMetricFamily(METRIC, "1 when the memory hook library (libamvgpu.so) is readable on this node",
-                                  labels=["node", "path"])
-        gauge.add_metric([self.node_name, result.path], 1.0 if result.present else 0.0)
+        gauge = GaugeMetricFamily(METRIC, "1 when the memory hook (libamvgpu.so) is an audit library for this node",
+                                  labels=["node", "path", "library"])
+        gauge.add_metric([self.node_name, result.path, result.library], 1.0 if result.present else 0.0)
         yield gauge

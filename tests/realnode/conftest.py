@@ -6,16 +6,19 @@ namespace of their own; images built here (`make images`); then
 
 once, on the empty cluster -- its output is kept for the tests -- the GPU node labelled for a
 pool whose agent reads a real sysfs capture and fake device nodes, and the agent DaemonSet pod
-Running. Everything is torn down at the end (processes, mounts, cgroups, iptables, netns,
+Running. The pool's hookPath starts EMPTY and nothing is placed there by hand: the agent
+installs rocshare's memory hook from its image (what it left there is kept for the tests). Everything is torn down at the end (processes, mounts, cgroups, iptables, netns,
 sysctls). Missing images or binaries fail the session: an e2e test that skips proves nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,7 +32,11 @@ RUN_ROOT = PROJECT_ROOT / "run" / "realnode-test"
 NAMESPACE = "rocshare-system"
 WORKLOADS = "realnode-e2e"
 AGENT_LABEL = "app.kubernetes.io/name=rocshare-node-agent"
-HOOK_STAND_IN = b"rocshare test stand-in for libamvgpu.so\n"
+
+
+def hook_version() -> str:
+    """What the agent image's hook says it is: "rocshare-hook " + the version its build is stamped with."""
+    return "rocshare-hook " + (PROJECT_ROOT / "hook" / "VERSION").read_text().strip()
 TIMINGS: dict[str, float] = {}  # seconds from the session's start of each step, for the summary
 
 
@@ -39,8 +46,9 @@ class Deployed:
     cluster: ControlPlane
     host: HostPaths
     first_apply: str  # kubectl's output of the one `apply --server-side -k`
-    hook_path_before_stand_in: str  # what the node's hook folder held once the agent ran
-    hook_condition_before_stand_in: dict  # the agent's MemoryHook condition then
+    hook_dir_empty_before: bool  # the pool's hookPath had nothing in it before the pool was applied
+    hook_dir_after_agent: dict[str, str]  # what it held once the agent ran: name -> link target or "file"
+    hook_condition_after_agent: dict  # the agent's MemoryHook condition then
     timings: dict[str, float]
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None):
@@ -100,6 +108,7 @@ def deployed(real_node: RealNode) -> Deployed:
     timings["operator Deployment available"] = time.monotonic() - started
 
     host = deploy.prepare_host(real_node.root / "host")
+    empty_before = not host.hook_dir.exists() or not any(host.hook_dir.iterdir())
     cluster.kubectl("label", "node", real_node.node_name, f"{deploy.NODE_CLASS_LABEL}={deploy.NODE_CLASS}",
                     "--overwrite")
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=yaml.safe_dump(deploy.pool_manifest(host)))
@@ -113,26 +122,28 @@ def deployed(real_node: RealNode) -> Deployed:
     wait_for("the node-agent DaemonSet pod Running", agent_running, timeout_s=240,
              explain=lambda: describe(cluster, f"pods -n {NAMESPACE}"))
     timings["agent Running"] = time.monotonic() - started
-    # Defect 5 (hook library not shipped): what the node has at the hook path once the agent
-    # runs, and what the agent says of it. Then a stand-in, so that the slice's mount can be checked.
-    hook = host.hook_library
-    before = ("missing" if not hook.exists() and not hook.is_symlink() else
-              "a directory" if hook.is_dir() else f"a file of {hook.stat().st_size} bytes")
-
-    def hook_condition() -> dict | None:
-        got = cluster.kubectl("get", "amdgpunode", real_node.node_name, "-o", "json", check=False)
-        status = json.loads(got.stdout).get("status", {}) if got.returncode == 0 else {}
-        return next((c for c in status.get("conditions", []) if c["type"] == "MemoryHook"), None)
-
-    condition = wait_for("the agent's MemoryHook condition", hook_condition, timeout_s=60)
-    if not hook.exists():
-        hook.parent.mkdir(parents=True, exist_ok=True)
-        hook.write_bytes(HOOK_STAND_IN)
+    # Issue 29: the agent installs its own hook into the empty hookPath before it offers slices.
+    condition = wait_for("the agent's MemoryHook condition", lambda: hook_condition(cluster, real_node.node_name),
+                         timeout_s=60)
     cluster.kubectl("create", "namespace", WORKLOADS, check=False)
     cluster.kubectl("wait", "-n", WORKLOADS, "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
                     "--timeout=60s")
     return Deployed(node=real_node, cluster=cluster, host=host, first_apply=applied.stdout,
-                    hook_path_before_stand_in=before, hook_condition_before_stand_in=condition, timings=timings)
+                    hook_dir_empty_before=empty_before, hook_dir_after_agent=folder_listing(host.hook_dir),
+                    hook_condition_after_agent=condition, timings=timings)
+
+
+def hook_condition(cluster: ControlPlane, node_name: str) -> dict | None:
+    got = cluster.kubectl("get", "amdgpunode", node_name, "-o", "json", check=False)
+    status = json.loads(got.stdout).get("status", {}) if got.returncode == 0 else {}
+    return next((c for c in status.get("conditions", []) if c["type"] == "MemoryHook"), None)
+
+
+def folder_listing(folder: Path) -> dict[str, str]:
+    """name -> the link's target for a symlink, "file" for anything else; {} when the folder is absent."""
+    if not folder.is_dir():
+        return {}
+    return {path.name: os.readlink(path) if path.is_symlink() else "file" for path in folder.iterdir()}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -2,13 +2,16 @@
 the one apply, the operator Deployment (operator + kube-scheduler from images built here) under
 its service account, the webhook through its Service with the certificate the operator made,
 the agent DaemonSet registered on the real kubelet.sock, and a slice pod whose environment is
-read from inside its real container. Issue 17's defects 2-4 each fail one of these; defect 5
-(the hook library is not shipped) fails closed: see test_a_node_without_the_hook_library_fails_closed."""
+read from inside its real container. Issue 17's defects 2-4 each fail one of these. Issue 29:
+the pool's hookPath starts empty and the agent installs rocshare's own memory hook there, which
+the slice container mounts (test_hook_enforces.py proves it limits a real container)."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import shutil
 import time
 
 import pytest
@@ -16,11 +19,13 @@ import yaml
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
 from rocshare.core.cumask import render_hsa_cu_mask
+from rocshare_dev.devcluster.captures import FIXTURES
 from rocshare_dev.devcluster.controlplane import k8s_version
 from rocshare_dev.realnode import deploy
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
-from rocshare_agent.discovery.names import SOURCE_IDS_DEVICE
-from tests.realnode.conftest import AGENT_LABEL, HOOK_STAND_IN, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, wait_for
+from rocshare_agent.discovery.names import SOURCE_BUILTIN, SOURCE_IDS_DEVICE
+from tests.realnode.conftest import (AGENT_LABEL, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, hook_version,
+                                    wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 HOOK = "/usr/local/vgpu/libamvgpu.so"
@@ -109,6 +114,39 @@ def test_agent_image_names_gpus_from_libdrms_table(deployed: Deployed) -> None:
     assert {(gpu["product"], gpu["productSource"]) for gpu in gpus} == {("AMD Instinct MI210", SOURCE_IDS_DEVICE)}
 
 
+def test_agent_image_names_an_mi308x(deployed: Deployed) -> None:
+    """Issue 29: the image's names are current. `rocshare discover` in the agent image (a pod of
+    its own) on the MI300X capture with its KFD device id changed to the MI308X's 0x74a2: the
+    image's Debian 13 amdgpu.ids lacks that id, so rocshare's own table must name it."""
+    tree = deployed.node.root / "mi308x-sysfs"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(FIXTURES / "mi300x-8gpu-cpx", tree)
+    changed = 0
+    for properties in (tree / "class" / "kfd" / "kfd" / "topology" / "nodes").glob("*/properties"):
+        text = properties.read_text()
+        if "device_id 29857\n" in text:  # 0x74a1, the MI300X
+            properties.write_text(text.replace("device_id 29857\n", f"device_id {0x74A2}\n"))
+            changed += 1
+    assert changed == 63  # the capture's partition nodes (DESIGN.md section 5)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "discover-mi308x", "namespace": WORKLOADS},
+           "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+               "name": "discover", "image": deploy.AGENT_IMAGE, "imagePullPolicy": "Never",
+               "args": ["discover", "--json", "--sysfs-root=/capture"],
+               "volumeMounts": [{"name": "capture", "mountPath": "/capture", "readOnly": True}]}],
+               "volumes": [{"name": "capture", "hostPath": {"path": str(tree), "type": "Directory"}}]}}
+    deployed.kubectl("delete", "pod", "-n", WORKLOADS, "discover-mi308x", "--ignore-not-found", "--wait=true")
+    deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump(pod))
+    try:
+        wait_for("the discover pod Succeeded", lambda: deployed.json("get", "pod", "-n", WORKLOADS, "discover-mi308x")[
+            "status"].get("phase") == "Succeeded", timeout_s=120,
+            explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} discover-mi308x"))
+        gpus = json.loads(deployed.kubectl("logs", "-n", WORKLOADS, "discover-mi308x").stdout)["gpus"]
+    finally:
+        deployed.kubectl("delete", "pod", "-n", WORKLOADS, "discover-mi308x", "--ignore-not-found", "--wait=false")
+    assert len(gpus) == changed
+    assert {(gpu["product"], gpu["productSource"]) for gpu in gpus} == {("AMD Instinct MI308X", SOURCE_BUILTIN)}
+
+
 @pytest.fixture(scope="module")
 def slice_pod(deployed: Deployed) -> dict:
     pod = deploy.slice_pod("slice-4g-25pct", WORKLOADS, memory_mib=4096, cores_pct=25)
@@ -143,22 +181,36 @@ def test_slice_pod_environment_inside_the_container_matches_its_record(deployed:
 
 
 def test_slice_container_has_the_hook_mount(deployed: Deployed, slice_pod: dict) -> None:
-    content = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "cat", HOOK).stdout
-    assert content.encode() == HOOK_STAND_IN
+    """The container's libamvgpu.so is, byte for byte, the file the agent installed on the host."""
+    installed = deployed.host.hook_library.resolve(strict=True)
+    digest = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "sha256sum", HOOK).stdout.split()[0]
+    assert digest == hashlib.sha256(installed.read_bytes()).hexdigest()
     mounts = deployed.kubectl("exec", "-n", WORKLOADS, "slice-4g-25pct", "--", "cat", "/proc/self/mounts").stdout
     assert any(line.split()[1] == HOOK and "ro" in line.split()[3].split(",") for line in mounts.splitlines()), mounts
 
 
-def test_a_node_without_the_hook_library_fails_closed(deployed: Deployed) -> None:
-    """Issue 17 defect 5: nothing ships libamvgpu.so (HAMi's hook; docs/memory-hook.md). The
-    agent checks it instead of assuming it: on the node as deployed it reports the file missing
-    and, with the pool's default agent.hookMissing, refuses slices (tests/realnode/
-    test_memory_hook.py runs real pods both ways)."""
-    assert deployed.hook_path_before_stand_in == "missing"
-    condition = deployed.hook_condition_before_stand_in
-    assert (condition["status"], condition["reason"]) == ("False", "MemoryHookMissing"), condition
-    assert condition["message"] == (f"{deployed.host.hook_library} is missing: memory slices on this node are "
-                                    "refused (pool agent.hookMissing: Refuse)")
+def test_the_agent_installed_its_hook_into_the_empty_hook_path(deployed: Deployed) -> None:
+    """Issue 29: nothing placed by hand. The empty hookPath gets one versioned file, named by the
+    hook's version and the first 12 hex digits of its SHA-256, the very library the agent image
+    ships, with libamvgpu.so a relative link to it; the MemoryHook condition names the version."""
+    assert deployed.hook_dir_empty_before
+    listing = deployed.hook_dir_after_agent
+    versioned = {name for name, target in listing.items() if target == "file"}
+    assert len(versioned) == 1 and set(listing) == versioned | {"libamvgpu.so"}, listing
+    (name,) = versioned
+    content = (deployed.host.hook_dir / name).read_bytes()
+    number = hook_version().removeprefix("rocshare-hook ")
+    assert name == f"rocshare-hook-{number}-{hashlib.sha256(content).hexdigest()[:12]}.so"
+    assert listing["libamvgpu.so"] == name
+    assert content[:4] == b"\x7fELF" and hook_version().encode() + b"\0" in content
+    agent = deployed.json("get", "pods", "-n", NAMESPACE, "-l", AGENT_LABEL)["items"][0]["metadata"]["name"]
+    shipped = deployed.kubectl("exec", "-n", NAMESPACE, agent, "-c", "agent", "--", "sha256sum",
+                               "/opt/rocshare/hook/librocshare-hook.so").stdout.split()[0]
+    assert shipped == hashlib.sha256(content).hexdigest()
+    condition = deployed.hook_condition_after_agent
+    assert (condition["status"], condition["reason"]) == ("True", "MemoryHookFound"), condition
+    assert condition["message"] == (f"{deployed.host.hook_library} is {hook_version()}, an audit library for this "
+                                    "node: memory slices get their limit")
 
 
 def test_deleting_the_pod_frees_its_slice(deployed: Deployed, slice_pod: dict) -> None:

@@ -23,7 +23,7 @@ from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SERVICE_CIDR, Con
 from rocshare_dev.realnode import deploy
 from rocshare_dev.realnode.network import kubernetes_service_ip
 from rocshare_dev.realnode.rig import RealNode
-from tests.realnode.conftest import HOOK_STAND_IN, NAMESPACE, TIMINGS, describe, wait_for
+from tests.realnode.conftest import NAMESPACE, TIMINGS, describe, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 CHART = PROJECT_ROOT / "charts" / "rocshare"
@@ -101,8 +101,7 @@ def operator_ready(release: Release, *, memory_limit: str | None = None) -> dict
 def release(real_node: RealNode) -> Iterator[Release]:
     remove_kustomize_install(real_node)
     host = deploy.prepare_host(real_node.root / "helm-host")
-    host.hook_dir.mkdir(parents=True, exist_ok=True)
-    host.hook_library.write_bytes(HOOK_STAND_IN)  # a node with the hook (test_memory_hook.py covers one without)
+    # The hook folder stays empty: the agent the chart deploys installs rocshare's hook there.
     release = Release(node=real_node, cluster=real_node.control_plane, helm=helm_binary(),
                       values=values_for_this_node(real_node.root / "helm"), host=host)
     yield release

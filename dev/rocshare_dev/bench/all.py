@@ -4,7 +4,8 @@ docs/benchmarks.md (figure, value, target, met or missed by how much, command) a
 docs/benchmarks-scaling.png (extender latency and operator memory at 100, 1,000, 5,000 nodes).
 
 Sections: placement (bestfit and our best policy on the default openb trace, 3 seeds instead of
-the paper's 10 to save time), extender, cost (operator and agent), e2e (when the module
+the paper's 10 to save time), extender, cost (operator and agent), hook (the memory hook's added
+time per hipMalloc+hipFree pair, against the stub ROCm runtime), e2e (when the module
 rocshare_dev.bench.e2e exists). Sections run one at a time: the machine is small. `--skip` leaves
 sections out; their figures are kept from the previous report in --out if there is one (for e2e:
 collected from the file `rocshare-dev bench e2e` writes), and the report marks them as carried over.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-SECTIONS = ("placement", "extender", "cost", "e2e")
+SECTIONS = ("placement", "extender", "cost", "hook", "e2e")
 PLACEMENT_SEEDS = "42-44"
 
 
@@ -156,6 +157,12 @@ def cost_section(report: dict) -> dict:
     return {"figures": figures, "detail": report}
 
 
+def _hook(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench import hook
+
+    return hook.measure()
+
+
 def _e2e(args: argparse.Namespace) -> dict:
     if importlib.util.find_spec("rocshare_dev.bench.e2e") is None:
         print("   skipped: rocshare_dev.bench.e2e does not exist yet (issue 10 item 2)")
@@ -189,7 +196,7 @@ def _e2e_figures(result: dict) -> dict:
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], dict]] = {
-    "placement": _placement, "extender": _extender, "cost": _cost, "e2e": _e2e}
+    "placement": _placement, "extender": _extender, "cost": _cost, "hook": _hook, "e2e": _e2e}
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -210,12 +217,14 @@ TARGETS: dict[str, Target] = {
     "e2e_ratio_to_plain_scheduler": Target(0.6, False),  # issue 18
     "extender_cold_p99_ms_1000_nodes": Target(10.0, True),  # issue 18
     "extender_cold_p99_ms_5000_nodes": Target(50.0, True),
+    "hook_added_p99_ns_stub": Target(1000.0, True),  # issue 29, against the stub runtime
 }
 
 COMMANDS = {
     "placement": f"rocshare-dev bench placement --policy bestfit|best --seeds {PLACEMENT_SEEDS} --json",
     "extender": "rocshare-dev bench extender --nodes 100,1000,5000 --occupancy 0.5,0.9",
     "cost": "rocshare-dev bench cost --nodes 100,1000,5000",
+    "hook": "rocshare-dev bench hook (against the stub ROCm runtime)",
     "e2e": "rocshare-dev bench e2e --nodes 500 --pods 2000",
 }
 

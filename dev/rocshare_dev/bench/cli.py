@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
              "operator RSS with 100-5,000 nodes and 4 pods each; agent CPU and RSS idle and in a 200-pod burst"),
     "all": ("rocshare_dev.bench.all",
             "every benchmark of the report -> docs/benchmarks.json, .md and -scaling.png (make bench)"),
+    "hook": ("rocshare_dev.bench.hook",
+             "time the in-container memory hook adds to a hipMalloc+hipFree pair, against the stub runtime (p99 goal 1 us)"),
     "discovery": ("rocshare_dev.bench.discovery", "time GPU discovery of a sysfs tree (target < 100 ms on the MI300X CPX capture)"),
 }
 

@@ -14,6 +14,7 @@ operator does (annotation rocshare.io/pool-settings) before the agent starts, wh
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, encode_settings
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
+from rocshare_dev.devcluster.hook_stand_in import stand_in_library
 
 
 PEER_CONTAINERS_CONDITION = "kubelet-peer.rocshare.io/Containers"
@@ -112,7 +114,8 @@ class SimulatedNode:
         self._spawn("agent", [
             sys.executable, "-m", "rocshare.cli", "agent", f"--node-name={self.name}", f"--kubeconfig={self.kubeconfig}",
             f"--sysfs-root={self.sysfs_root}", f"--dev-root={self.dev_root}", f"--device-plugin-dir={self.plugin_dir}",
-            f"--hook-path={self.hook_dir}", f"--health-interval-s={self.health_interval_s}", "--monitor-port=0",
+            f"--hook-path={self.hook_dir}", "--hook-library=External",
+            f"--health-interval-s={self.health_interval_s}", "--monitor-port=0",
             "--cgroup-root=none", *self.agent_args])
 
     def stop_agent(self) -> None:
@@ -125,13 +128,14 @@ class SimulatedNode:
     # ---- simulated hardware ------------------------------------------------------------
 
     def _make_hook(self) -> None:
-        """A GPU node with the memory hook installed, unless the test made the folder itself
-        (a node without the hook: an existing, empty folder). The agent only checks that the
-        library is a readable file; no container here loads it."""
+        """A GPU node with a memory hook the agent's check accepts (hook_stand_in.py), unless the
+        test made the folder itself (a node without the hook: an existing, empty folder). The
+        agent runs with --hook-library=External, so it never writes the folder; no container
+        here loads the library."""
         if self.hook_dir.exists():
             return
         self.hook_dir.mkdir(parents=True)
-        (self.hook_dir / "libamvgpu.so").write_bytes(b"rocshare simulated node: stand-in for libamvgpu.so\n")
+        shutil.copyfile(stand_in_library(), self.hook_dir / "libamvgpu.so")
 
     def set_gpu_healthy(self, render_minor: int, healthy: bool) -> None:
         node = self.dev_root / "dri" / f"renderD{render_minor}"

@@ -10,7 +10,8 @@ here; `product_name` is pure. The order of sources, first match wins:
 3. amdgpu.ids by device id alone, when every revision of that id has the same name
    (KFD-only captures and partitions carry no revision);
 4. rocshare's built-in table below: boards that older amdgpu.ids files lack (Debian 12 ships
-   libdrm 2.4.114, without MI300X, RX 7900 or Strix Point), keyed by device id and, where one
+   libdrm 2.4.114, without MI300X, RX 7900 or Strix Point; Debian 13's 2.4.124 has the MI300A and
+   MI300X but no MI308X, MI325X or their HF/VF variants), keyed by device id and, where one
    id covers several products, by revision or CU count, as the newer amdgpu.ids names them;
 5. amdgpu.ids by device id, several names: all of them, joined with " / ";
 6. nothing known: "AMD GPU <device id> (<gfx target>)".
@@ -64,11 +65,24 @@ BUILTIN: tuple[_Builtin, ...] = (
     _Builtin(0x7408, "AMD Instinct MI250X"),
     _Builtin(0x740C, "AMD Instinct MI250X / MI250"),
     _Builtin(0x740F, "AMD Instinct MI210"),
+    # The MI300 series (gfx942) and MI350 series (gfx950): one product per device id, revision 00.
+    # HF and VF are the high-frequency and SR-IOV virtual-function parts. 0x74B9 and 0x74BC are
+    # from AMD's own node labeller (ROCm/k8s-device-plugin), ahead of libdrm.
     _Builtin(0x74A0, "AMD Instinct MI300A"),
     _Builtin(0x74A1, "AMD Instinct MI300X"),
+    _Builtin(0x74A2, "AMD Instinct MI308X"),
     _Builtin(0x74A5, "AMD Instinct MI325X"),
+    _Builtin(0x74A8, "AMD Instinct MI308X HF"),
+    _Builtin(0x74A9, "AMD Instinct MI300X HF"),
+    _Builtin(0x74B5, "AMD Instinct MI300X VF"),
+    _Builtin(0x74B6, "AMD Instinct MI308X"),
+    _Builtin(0x74B9, "AMD Instinct MI325X VF"),
+    _Builtin(0x74BC, "AMD Instinct MI308X HF VF"),
+    _Builtin(0x74BD, "AMD Instinct MI300X HF"),
     _Builtin(0x75A0, "AMD Instinct MI350X"),
     _Builtin(0x75A3, "AMD Instinct MI355X"),
+    _Builtin(0x75B0, "AMD Instinct MI350X VF"),
+    _Builtin(0x75B3, "AMD Instinct MI355X VF"),
     _Builtin(0x744C, "AMD Radeon RX 7900 XTX", revision=0xC8, cu_count=96),
     _Builtin(0x744C, "AMD Radeon RX 7900 XT", revision=0xCC, cu_count=84),
     _Builtin(0x744C, "AMD Radeon RX 7900 GRE", revision=0xCE, cu_count=80),

@@ -66,6 +66,13 @@ class HookMissing(StrEnum):
     RUN_WITHOUT_LIMIT = "RunWithoutLimit"
 
 
+class HookLibrary(StrEnum):
+    """Whose memory hook a pool's nodes use: rocshare's own, installed by the agent, or one the admin installs."""
+
+    ROCSHARE = "Rocshare"
+    EXTERNAL = "External"
+
+
 class HealthSourceKind(StrEnum):
     DEVICE_FILES = "deviceFiles"
     METRICS_EXPORTER = "metricsExporter"
@@ -150,9 +157,17 @@ class AgentSettings(_Model):
         default="/usr/local/vgpu", alias="hookPath",
         description="Host folder holding libamvgpu.so, mounted read-only into slice containers.",
     )
+    hook_library: HookLibrary = Field(
+        default=HookLibrary.ROCSHARE, alias="hookLibrary",
+        description="Which memory hook slice containers load. Rocshare: the agent installs rocshare's own hook, "
+                    "shipped in its image, into hookPath before it offers slices (a versioned file, "
+                    "libamvgpu.so linked to it). External: the admin installs an LD_AUDIT library with the "
+                    "same contract there (e.g. HAMi's libamvgpu.so); the agent only verifies it. Either way "
+                    "the agent checks that the file is an audit library for the node (the MemoryHook condition).",
+    )
     hook_missing: HookMissing = Field(
         default=HookMissing.REFUSE, alias="hookMissing",
-        description="When libamvgpu.so is missing or unreadable on a node, a memory slice there is refused "
+        description="When libamvgpu.so is missing or not an audit library for the node, a memory slice there is refused "
                     "(Refuse: the kubelet's Allocate fails naming the file) or runs with no memory limit, "
                     "said in a Warning event on the pod (RunWithoutLimit). Whole-GPU pods never need the hook.",
     )

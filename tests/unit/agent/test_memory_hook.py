@@ -30,7 +30,7 @@ GPU = GpuInfo(id="GPU-0000000000000001", index=0, render_minor=128, gfx_target_v
 # ---- the check ---------------------------------------------------------------------------------
 
 
-def test_check_names_what_is_wrong_with_the_library(tmp_path: Path) -> None:
+def test_check_names_what_is_wrong_with_the_library(tmp_path: Path, elf_files: dict[str, Path]) -> None:
     library = tmp_path / "libamvgpu.so"
     assert check_hook(str(tmp_path)) == HookCheck(str(library), "is missing")
     library.mkdir()
@@ -38,7 +38,9 @@ def test_check_names_what_is_wrong_with_the_library(tmp_path: Path) -> None:
     library.rmdir()
     library.write_bytes(b"")
     assert check_hook(str(tmp_path)).problem == "is empty"
-    library.write_bytes(b"\x7fELF")
+    library.write_bytes(b"\x7fELF")  # a readable file is not a hook (test_hook_library.py has every kind)
+    assert check_hook(str(tmp_path)).problem.startswith("is not a readable ELF file")
+    library.write_bytes(elf_files["rocshare"].read_bytes())
     assert check_hook(str(tmp_path)).present
     library.unlink()
     os.symlink(tmp_path / "gone.so", library)  # a dangling link is missing, as the kubelet's mount finds it
@@ -61,13 +63,14 @@ def test_condition_and_node_events_follow_the_check() -> None:
     assert hook_transition(found, missing, HookMissing.REFUSE).reason == "MemoryHookMissing"
 
 
-def test_monitor_gauge_is_one_only_while_the_library_is_readable(tmp_path: Path) -> None:
+def test_monitor_gauge_is_one_only_while_the_library_is_an_audit_library(tmp_path: Path,
+                                                                         elf_files: dict[str, Path]) -> None:
     collector = HookCollector(node_name=NODE, hook_dir=str(tmp_path))
     (family,) = collector.collect()
     (sample,) = family.samples
     assert family.name == "rocshare_node_memory_hook_present"
-    assert sample.labels == {"node": NODE, "path": str(tmp_path / "libamvgpu.so")} and sample.value == 0
-    (tmp_path / "libamvgpu.so").write_bytes(b"\x7fELF")
+    assert sample.labels == {"node": NODE, "path": str(tmp_path / "libamvgpu.so"), "library": ""} and sample.value == 0
+    (tmp_path / "libamvgpu.so").write_bytes(elf_files["external"].read_bytes())
     assert next(iter(collector.collect())).samples[0].value == 1
 
 
@@ -127,8 +130,8 @@ async def test_run_without_limit_serves_the_slice_and_warns_on_the_pod(tmp_path:
                           "on this node (pool agent.hookMissing: RunWithoutLimit)")
 
 
-async def test_with_the_hook_a_slice_gets_it_whatever_the_setting(tmp_path: Path) -> None:
-    (tmp_path / "libamvgpu.so").write_bytes(b"\x7fELF")
+async def test_with_the_hook_a_slice_gets_it_whatever_the_setting(tmp_path: Path, elf_files: dict[str, Path]) -> None:
+    (tmp_path / "libamvgpu.so").write_bytes(elf_files["rocshare"].read_bytes())
     service, source = service_for(slice_container(), tmp_path, HookMissing.REFUSE)
     (container,) = (await service.allocate(ONE)).container_responses
     assert container.envs["LD_AUDIT"] == HOOK_CONTAINER_PATH
@@ -158,10 +161,27 @@ def test_the_pool_setting_reaches_the_agent_through_its_daemonset() -> None:
     assert "--hook-missing=Refuse" in default["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_pool_hook_library_reaches_the_agent_and_its_mount() -> None:
+    """Rocshare (the default): the agent installs its hook, so the host folder is mounted writable;
+    External: the admin's library is only read."""
+
+    def agent_container(spec: dict) -> dict:
+        pool = {"metadata": {"name": "p", "uid": "u"}, "spec": {"nodeSelector": {"a": "b"}, **spec}}
+        return render_daemonset(pool, AgentDeployment(namespace="x"))["spec"]["template"]["spec"]["containers"][0]
+
+    default, external = agent_container({}), agent_container({"agent": {"hookLibrary": "External"}})
+    assert AmdGpuPoolSpec(nodeSelector={}).agent.hook_library == "Rocshare"
+    assert "--hook-library=Rocshare" in default["args"] and "--hook-library=External" in external["args"]
+    hook_mount = [m for m in default["volumeMounts"] if m["name"] == "hook"]
+    assert hook_mount == [{"name": "hook", "mountPath": "/usr/local/vgpu", "readOnly": False}]
+    assert [m["readOnly"] for m in external["volumeMounts"] if m["name"] == "hook"] == [True]
+
+
 # ---- the inventory loop publishes it -------------------------------------------------------------
 
 
-async def test_inventory_pass_publishes_the_condition_and_one_event_per_change(tmp_path: Path) -> None:
+async def test_inventory_pass_publishes_the_condition_and_one_event_per_change(tmp_path: Path,
+                                                                              elf_files: dict[str, Path]) -> None:
     kube = RecordingKube(NODE)
     agent = InventoryAgent(kube, node_name=NODE, sysfs_root=tmp_path / "sys", dev_root=None, hook_dir=str(tmp_path),
                            hook_missing=HookMissing.REFUSE)
@@ -177,7 +197,7 @@ async def test_inventory_pass_publishes_the_condition_and_one_event_per_change(t
     assert published_condition()["status"] == "False" and published_condition()["reason"] == "MemoryHookMissing"
     await agent.check()
     assert node_events() == ["MemoryHookMissing"]
-    (tmp_path / "libamvgpu.so").write_bytes(b"\x7fELF")
+    (tmp_path / "libamvgpu.so").write_bytes(elf_files["rocshare"].read_bytes())
     await agent.check()
     assert published_condition()["status"] == "True"
     assert node_events() == ["MemoryHookMissing", "MemoryHookFound"]

@@ -129,3 +129,39 @@ def test_use_gputype_matches_the_names(capture, sysfs, tmp_path, monkeypatch):
         assert Selection(use_types=(wanted.lower(),)).accepts_product(product), (wanted, product)
         assert not Selection(nouse_types=(wanted.lower(),)).accepts_product(product)
     assert not Selection(use_types=("mi100",)).accepts_product(product)
+
+
+# The MI300 series by PCI device id, as libdrm's current data/amdgpu.ids lists them (revision 00). Debian 13's libdrm-common 2.4.124 knows only 74A0, 74A1 and
+# 74B5 of them: every other id must still get its real name from what rocshare ships.
+MI300_SERIES = {
+    0x74A0: "AMD Instinct MI300A", 0x74A1: "AMD Instinct MI300X", 0x74A2: "AMD Instinct MI308X",
+    0x74A5: "AMD Instinct MI325X", 0x74A8: "AMD Instinct MI308X HF", 0x74A9: "AMD Instinct MI300X HF",
+    0x74B5: "AMD Instinct MI300X VF", 0x74B6: "AMD Instinct MI308X", 0x74BD: "AMD Instinct MI300X HF",
+}
+TRIXIE_IDS_EXCERPT = {0x74A0: {0x00: "AMD Instinct MI300A"}, 0x74A1: {0x00: "AMD Instinct MI300X"},
+                      0x74B5: {0x00: "AMD Instinct MI300X VF"}}
+
+
+@pytest.mark.parametrize("device_id", sorted(MI300_SERIES))
+def test_mi300_series_carry_their_real_names(device_id):
+    for ids in ({}, TRIXIE_IDS_EXCERPT):
+        named = product_name(device_id=device_id, revision=0x00, cu_count=80, ids=ids, gfx="gfx942")
+        assert named.name == MI300_SERIES[device_id]
+        assert named.source == (SOURCE_IDS if device_id in ids else SOURCE_BUILTIN)
+        assert product_name(device_id=device_id, ids=ids).name == MI300_SERIES[device_id]  # KFD only: no revision
+
+
+def test_an_mi308x_capture_is_named_and_matched(copy_capture, tmp_path, monkeypatch):
+    """The MI300X capture with its KFD device id changed to the MI308X's 0x74a2 (29858)."""
+    from rocshare.core.request import Selection
+
+    capture = copy_capture("mi300x-8gpu-cpx")
+    for properties in (capture / "class" / "kfd" / "kfd" / "topology" / "nodes").glob("*/properties"):
+        properties.write_text(properties.read_text().replace("device_id 29857\n", "device_id 29858\n"))
+    monkeypatch.setenv(AMDGPU_IDS_ENV, str(tmp_path / "absent.ids"))
+    result = discover(capture)
+    assert result.gpus and {(gpu.product, result.product_sources[gpu.id]) for gpu in result.gpus} == {
+        ("AMD Instinct MI308X", SOURCE_BUILTIN)}
+    product = result.gpus[0].product.lower()  # amd.com/use-gputype: MI308X (lower-cased as the request parser does)
+    assert Selection(use_types=("mi308x",)).accepts_product(product)
+    assert not Selection(use_types=("mi300x",)).accepts_product(product)

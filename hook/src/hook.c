@@ -1,0 +1,916 @@
+/* rocshare's in-container memory hook: an rtld-audit(7) library (LD_AUDIT) that keeps a container's
+ * HIP device memory within HIP_DEVICE_MEMORY_LIMIT_<i> and its queues within HSA_CU_MASK.
+ *
+ * How: la_objopen marks the HIP runtime (libamdhip64.so.*) and ROCr (libhsa-runtime64.so.*) as
+ * binding targets; la_symbind64 hands every other object our wrapper instead of the runtime's
+ * allocation, free, memory-info and queue-mask functions, and the runtime's own address for
+ * everything else. The runtime's calls into itself are never wrapped (no double counting); its
+ * calls into ROCr's queue functions are (that is how hipExtStreamCreateWithCUMask gets narrowed).
+ *
+ * Invariants:
+ * - Configuration is read once from the environment at la_version (the process cannot widen it
+ *   by changing its own environment later) and is read-only afterwards.
+ * - Per-process state (pid, account slot, pointer table) lives in MADV_WIPEONFORK memory, so a
+ *   fork()ed child starts clean and claims its own slot (pthread_atfork would not run: the audit
+ *   library has its own libc copy, and fork() runs only the application's handlers).
+ * - Every wrapper is re-entrant and lock-free; errors are the runtime's own codes; a device with
+ *   no limit is passed through untouched.
+ * - We never dlopen the runtime (the audit namespace must not load a second copy): functions we
+ *   call ourselves are found in the runtime's own dynamic symbol table.
+ */
+#define _GNU_SOURCE
+#include "hip6.h"
+#include "hook.h"
+
+#include <elf.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <link.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <hip/hip_runtime_api.h>
+#include <hsa/hsa.h>
+#include <hsa/hsa_ext_amd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define CU_MASK_WORDS 8 /* 256 CUs, more than any AMD GPU has */
+
+EXPORT const char rocshare_hook_version[] = "rocshare-hook " HOOK_VERSION;
+
+/* ---- configuration (environment, read once) ---- */
+
+struct config {
+	uint64_t limit_bytes[HOOK_MAX_DEVICES]; /* 0: no limit on that device */
+	int oversubscribe;                       /* HIP_OVERSUBSCRIBE=true */
+	int cu_mask_set[HOOK_MAX_DEVICES];
+	uint32_t cu_mask[HOOK_MAX_DEVICES][CU_MASK_WORDS];
+	int any_cu_mask;
+	const char *account_dir;
+};
+static struct config config_g;
+
+/* "4096m" MiB, "4g" GiB, "512k" KiB, digits only: bytes. 0 when malformed. */
+static uint64_t parse_size_bytes(const char *s)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (end == s)
+		return 0;
+	switch (*end) {
+	case 'k': case 'K': return v << 10;
+	case 'm': case 'M': return v << 20;
+	case 'g': case 'G': return v << 30;
+	case 0: return v;
+	default: return 0;
+	}
+}
+
+/* HSA_CU_MASK="<i>:<a>-<b>,<c>[;<j>:...]", the form ROCr reads. */
+static void parse_cu_masks(const char *s)
+{
+	while (s && *s) {
+		char *end;
+		long dev = strtol(s, &end, 10);
+		if (end == s || *end != ':')
+			return;
+		s = end + 1;
+		int usable = dev >= 0 && dev < HOOK_MAX_DEVICES;
+		while (*s && *s != ';') {
+			long lo = strtol(s, &end, 10), hi = lo;
+			if (end == s)
+				return;
+			s = end;
+			if (*s == '-') {
+				hi = strtol(s + 1, &end, 10);
+				s = end;
+			}
+			for (long cu = lo; usable && cu <= hi && cu >= 0 && cu < 32 * CU_MASK_WORDS; cu++)
+				config_g.cu_mask[dev][cu / 32] |= 1u << (cu % 32);
+			if (*s == ',')
+				s++;
+		}
+		if (usable)
+			config_g.cu_mask_set[dev] = config_g.any_cu_mask = 1;
+		if (*s == ';')
+			s++;
+	}
+}
+
+static void read_config(void)
+{
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++) {
+		char name[48];
+		snprintf(name, sizeof name, "HIP_DEVICE_MEMORY_LIMIT_%d", d);
+		const char *v = getenv(name);
+		if (v)
+			config_g.limit_bytes[d] = parse_size_bytes(v);
+	}
+	const char *o = getenv("HIP_OVERSUBSCRIBE");
+	config_g.oversubscribe = o && (!strcmp(o, "true") || !strcmp(o, "1"));
+	parse_cu_masks(getenv("HSA_CU_MASK"));
+	config_g.account_dir = getenv("ROCSHARE_HOOK_DIR");
+}
+
+/* ---- the runtime's functions ---- */
+
+static struct link_map *hip_map_g, *hsa_map_g;
+
+/* Address of a defined dynamic symbol of map, from its DT_GNU_HASH or DT_HASH table. */
+static void *elf_lookup(struct link_map *map, const char *name)
+{
+	if (!map)
+		return NULL;
+	const ElfW(Sym) *symtab = NULL;
+	const char *strtab = NULL;
+	const uint32_t *gnu_hash = NULL, *sysv_hash = NULL;
+	for (const ElfW(Dyn) *d = map->l_ld; d->d_tag != DT_NULL; d++) {
+		/* glibc relocates these in place on most architectures, not on all */
+		uintptr_t p = d->d_un.d_ptr < map->l_addr ? d->d_un.d_ptr + map->l_addr : d->d_un.d_ptr;
+		if (d->d_tag == DT_SYMTAB) symtab = (const void *)p;
+		else if (d->d_tag == DT_STRTAB) strtab = (const void *)p;
+		else if (d->d_tag == DT_GNU_HASH) gnu_hash = (const void *)p;
+		else if (d->d_tag == DT_HASH) sysv_hash = (const void *)p;
+	}
+	if (!symtab || !strtab)
+		return NULL;
+	if (gnu_hash) {
+		uint32_t h = 5381;
+		for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+			h = h * 33 + *c;
+		uint32_t nbuckets = gnu_hash[0], symoffset = gnu_hash[1], bloom_words = gnu_hash[2];
+		const uint32_t *buckets = gnu_hash + 4 + bloom_words * (sizeof(ElfW(Addr)) / 4);
+		const uint32_t *chain = buckets + nbuckets;
+		for (uint32_t i = buckets[h % nbuckets]; i >= symoffset; i++) {
+			uint32_t ch = chain[i - symoffset];
+			if ((ch | 1) == (h | 1) && symtab[i].st_shndx != SHN_UNDEF && !strcmp(strtab + symtab[i].st_name, name))
+				return (void *)(map->l_addr + symtab[i].st_value);
+			if (ch & 1)
+				break;
+		}
+		return NULL;
+	}
+	for (uint32_t i = 0; sysv_hash && i < sysv_hash[1]; i++) /* nchain = symbol count */
+		if (symtab[i].st_shndx != SHN_UNDEF && !strcmp(strtab + symtab[i].st_name, name))
+			return (void *)(map->l_addr + symtab[i].st_value);
+	return NULL;
+}
+
+/* One cached address per runtime function we call: the bound address when la_symbind64 saw it,
+ * else looked up once. */
+#define REAL(lib, fn) ((__typeof__(&fn))real_fn(&real_##fn, lib, #fn))
+static void *real_fn(void **slot, struct link_map **lib, const char *name)
+{
+	void *p = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (!p) {
+		p = elf_lookup(*lib, name);
+		__atomic_store_n(slot, p, __ATOMIC_RELEASE);
+	}
+	return p;
+}
+
+/* ---- per-process state: wiped on fork ---- */
+
+enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_QUEUE };
+struct entry {
+	uintptr_t key; /* 0 empty, TOMBSTONE freed */
+	uint64_t bytes;
+	int32_t device, kind;
+};
+#define TOMBSTONE ((uintptr_t)1)
+#define TABLE_SLOTS (1u << 18)
+
+struct process {
+	int state; /* 0 new (or forked), 1 starting, 2 ready */
+	int pid;
+	struct slot *slot;
+};
+static struct process *process_g;   /* one page, MADV_WIPEONFORK */
+static struct entry *table_g;       /* TABLE_SLOTS entries, MADV_WIPEONFORK */
+static int wipe_on_fork_g = 1;      /* 0: kernel without it, compare pids instead */
+
+static void setup_process_memory(void)
+{
+	process_g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	table_g = mmap(NULL, TABLE_SLOTS * sizeof(struct entry), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (process_g == MAP_FAILED || table_g == MAP_FAILED) {
+		process_g = NULL; /* wrappers then pass everything through */
+		return;
+	}
+#ifdef MADV_WIPEONFORK
+	if (madvise(process_g, 4096, MADV_WIPEONFORK) || madvise(table_g, TABLE_SLOTS * sizeof(struct entry), MADV_WIPEONFORK))
+		wipe_on_fork_g = 0;
+#else
+	wipe_on_fork_g = 0;
+#endif
+}
+
+static struct process *process_get(void)
+{
+	struct process *p = process_g;
+	if (!p)
+		return NULL;
+	int st = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
+	if (st == 2 && (wipe_on_fork_g || p->pid == getpid()))
+		return p;
+	if (st == 2) { /* forked child on a kernel without MADV_WIPEONFORK */
+		memset(table_g, 0, TABLE_SLOTS * sizeof(struct entry));
+		__atomic_store_n(&p->state, 0, __ATOMIC_RELEASE);
+		st = 0;
+	}
+	if (st == 0 && __atomic_compare_exchange_n(&p->state, &st, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		p->pid = getpid();
+		p->slot = account_open(config_g.account_dir, p->pid);
+		__atomic_store_n(&p->state, 2, __ATOMIC_RELEASE);
+		return p;
+	}
+	while (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) != 2)
+		sched_yield();
+	return p;
+}
+
+static size_t table_home(uintptr_t key)
+{
+	return (size_t)((key >> 4) * 0x9E3779B97F4A7C15ull >> 46) & (TABLE_SLOTS - 1);
+}
+
+static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
+{
+	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
+		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
+		if (cur != 0 && cur != TOMBSTONE)
+			continue;
+		/* claim with a marker first, so no lookup sees the key before bytes/device are set */
+		if (!__atomic_compare_exchange_n(&table_g[i].key, &cur, TOMBSTONE + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			continue;
+		table_g[i].bytes = bytes;
+		table_g[i].device = device;
+		table_g[i].kind = kind;
+		__atomic_store_n(&table_g[i].key, key, __ATOMIC_RELEASE);
+		return 1;
+	}
+	return 0;
+}
+
+/* Read key of that kind without removing it; 1 and its bytes when it is there. */
+static int table_find(uintptr_t key, int kind, uint64_t *bytes)
+{
+	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
+		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
+		if (cur == 0)
+			return 0;
+		if (cur == key && table_g[i].kind == kind) {
+			*bytes = table_g[i].bytes;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Remove key of that kind; 1 and its bytes/device when it was there. */
+static int table_remove(uintptr_t key, int kind, uint64_t *bytes, int *device)
+{
+	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
+		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
+		if (cur == 0)
+			return 0;
+		if (cur != key || table_g[i].kind != kind)
+			continue;
+		*bytes = table_g[i].bytes;
+		*device = table_g[i].device;
+		if (__atomic_compare_exchange_n(&table_g[i].key, &cur, TOMBSTONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			return 1;
+		return 0; /* a concurrent free of the same pointer won */
+	}
+	return 0;
+}
+
+/* ---- accounting helpers shared by the wrappers ---- */
+
+static void *real_hipGetDevice, *real_hipFree, *real_hipMallocManaged, *real_hsa_iterate_agents,
+	*real_hsa_agent_get_info;
+
+static int current_device(void)
+{
+	int dev = 0;
+	__typeof__(&hipGetDevice) get = REAL(&hip_map_g, hipGetDevice);
+	if (!get || get(&dev) != hipSuccess || dev < 0 || dev >= HOOK_MAX_DEVICES)
+		return 0;
+	return dev;
+}
+
+static uint64_t limit_of(int dev)
+{
+	return dev >= 0 && dev < HOOK_MAX_DEVICES ? config_g.limit_bytes[dev] : 0;
+}
+
+/* Reserve bytes on dev before the runtime allocates; NULL when dev is unlimited (pass through). */
+static struct process *reserve(int dev, uint64_t bytes, hipError_t *refusal)
+{
+	*refusal = hipSuccess;
+	struct process *p = limit_of(dev) ? process_get() : NULL;
+	if (p && !account_reserve(p->slot, dev, bytes, limit_of(dev), p->pid))
+		*refusal = hipErrorOutOfMemory;
+	return p;
+}
+
+/* After the runtime answered: keep the reservation under key, or give it back. */
+static hipError_t settle(struct process *p, hipError_t err, uintptr_t key, int kind, int dev, uint64_t bytes)
+{
+	if (err == hipSuccess && key && table_insert(key, bytes, dev, kind))
+		return err;
+	if (err == hipSuccess && key)
+		return err; /* table full: stays counted (never under-count) */
+	account_release(p->slot, dev, bytes);
+	return err;
+}
+
+/* Before the runtime frees key: 1 when it was counted (then unrelease() if the free fails). */
+static int unrecord(uintptr_t key, int kind, uint64_t *bytes, int *dev)
+{
+	return key && process_g && table_remove(key, kind, bytes, dev);
+}
+
+static hipError_t finish_free(hipError_t err, int counted, uintptr_t key, int kind, uint64_t bytes, int dev)
+{
+	if (!counted)
+		return err;
+	struct process *p = process_get();
+	if (err == hipSuccess)
+		account_release(p->slot, dev, bytes);
+	else
+		table_insert(key, bytes, dev, kind);
+	return err;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+/* ---- HIP wrappers: allocations ---- */
+
+static void *real_hipMalloc, *real_hipExtMallocWithFlags, *real_hipMallocAsync, *real_hipMallocFromPoolAsync,
+	*real_hipFreeAsync, *real_hipMallocPitch, *real_hipMemAllocPitch, *real_hipMalloc3D, *real_hipMallocArray,
+	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray,
+	*real_hipMallocMipmappedArray, *real_hipMipmappedArrayCreate, *real_hipFreeMipmappedArray, *real_hipMipmappedArrayDestroy, *real_hipMemCreate,
+	*real_hipMemRelease, *real_hipMemGetInfo, *real_hipGetDeviceProperties,
+	*real_hipGetDevicePropertiesR0000, *real_hipGetDevicePropertiesR0600, *real_hipDeviceTotalMem,
+	*real_hipDeviceGetAttribute, *real_hsa_queue_create, *real_hsa_queue_destroy, *real_hsa_amd_queue_cu_set_mask;
+
+/* Under HIP_OVERSUBSCRIBE the slice may be larger than what the GPU has free: when the GPU itself
+ * is full, the allocation falls back to managed memory (pages to host RAM; needs XNACK). */
+static hipError_t oversubscribed(hipError_t err, void **ptr, size_t size)
+{
+	if (err != hipErrorOutOfMemory || !config_g.oversubscribe)
+		return err;
+	__typeof__(&hipMallocManaged) managed = REAL(&hip_map_g, hipMallocManaged);
+	return managed ? managed(ptr, size, hipMemAttachGlobal) : err;
+}
+
+/* The shape of every counted allocation: reserve bytes on dev, call the runtime (which writes the
+ * new pointer, array or handle to *out), maybe fall back to managed memory, settle. */
+typedef hipError_t (*alloc_call)(void **out, size_t size, const void *args);
+
+static hipError_t counted(int dev, uint64_t bytes, int kind, void **out, alloc_call call, const void *args,
+			  int may_oversubscribe)
+{
+	hipError_t err;
+	struct process *p = reserve(dev, bytes, &err);
+	if (err != hipSuccess)
+		return err;
+	err = call(out, bytes, args);
+	if (may_oversubscribe)
+		err = oversubscribed(err, out, bytes);
+	return p ? settle(p, err, out ? (uintptr_t)*out : 0, kind, dev, bytes) : err;
+}
+
+static hipError_t counted_alloc(void **ptr, size_t size, alloc_call call, const void *args, int may_oversubscribe)
+{
+	return counted(current_device(), size, K_PTR, ptr, call, args, may_oversubscribe);
+}
+
+static hipError_t call_malloc(void **ptr, size_t size, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipMalloc)(ptr, size);
+}
+
+static hipError_t call_ext_malloc(void **ptr, size_t size, const void *flags)
+{
+	return REAL(&hip_map_g, hipExtMallocWithFlags)(ptr, size, *(const unsigned int *)flags);
+}
+
+static hipError_t call_managed(void **ptr, size_t size, const void *flags)
+{
+	return REAL(&hip_map_g, hipMallocManaged)(ptr, size, *(const unsigned int *)flags);
+}
+
+static hipError_t call_async(void **ptr, size_t size, const void *stream)
+{
+	return REAL(&hip_map_g, hipMallocAsync)(ptr, size, (hipStream_t)stream);
+}
+
+struct pool_args { hipMemPool_t pool; hipStream_t stream; };
+
+static hipError_t call_from_pool(void **ptr, size_t size, const void *args)
+{
+	const struct pool_args *a = args;
+	return REAL(&hip_map_g, hipMallocFromPoolAsync)(ptr, size, a->pool, a->stream);
+}
+
+static hipError_t w_hipMalloc(void **ptr, size_t size)
+{
+	return counted_alloc(ptr, size, call_malloc, NULL, 1);
+}
+
+static hipError_t w_hipExtMallocWithFlags(void **ptr, size_t size, unsigned int flags)
+{
+	return counted_alloc(ptr, size, call_ext_malloc, &flags, 1);
+}
+
+static hipError_t w_hipMallocManaged(void **ptr, size_t size, unsigned int flags)
+{
+	return counted_alloc(ptr, size, call_managed, &flags, 0);
+}
+
+static hipError_t w_hipMallocAsync(void **ptr, size_t size, hipStream_t stream)
+{
+	return counted_alloc(ptr, size, call_async, stream, 0);
+}
+
+static hipError_t w_hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream)
+{
+	struct pool_args a = {pool, stream};
+	return counted_alloc(ptr, size, call_from_pool, &a, 0);
+}
+
+static hipError_t w_hipFree(void *ptr)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted = unrecord((uintptr_t)ptr, K_PTR, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipFree)(ptr), counted, (uintptr_t)ptr, K_PTR, bytes, dev);
+}
+
+static hipError_t w_hipFreeAsync(void *ptr, hipStream_t stream)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted = unrecord((uintptr_t)ptr, K_PTR, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipFreeAsync)(ptr, stream), counted, (uintptr_t)ptr, K_PTR, bytes, dev);
+}
+
+/* Pitched: reserve the unpadded size first, then settle on what the runtime really took. */
+static hipError_t settle_pitched(struct process *p, hipError_t err, void *ptr, int dev, uint64_t estimate,
+				 uint64_t actual)
+{
+	if (!p)
+		return err;
+	if (err == hipSuccess && actual > estimate &&
+	    !account_reserve(p->slot, dev, actual - estimate, limit_of(dev), p->pid)) {
+		REAL(&hip_map_g, hipFree)(ptr);
+		err = hipErrorOutOfMemory;
+	}
+	return settle(p, err, err == hipSuccess ? (uintptr_t)ptr : 0, K_PTR, dev, err == hipSuccess ? actual : estimate);
+}
+
+static hipError_t w_hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)
+{
+	int dev = current_device();
+	uint64_t estimate = sat_mul(width, height);
+	hipError_t err;
+	struct process *p = reserve(dev, estimate, &err);
+	if (err != hipSuccess)
+		return err;
+	err = REAL(&hip_map_g, hipMallocPitch)(ptr, pitch, width, height);
+	uint64_t actual = err == hipSuccess ? sat_mul(*pitch, height) : estimate;
+	return settle_pitched(p, err, err == hipSuccess ? *ptr : NULL, dev, estimate, actual);
+}
+
+static hipError_t w_hipMemAllocPitch(hipDeviceptr_t *ptr, size_t *pitch, size_t width, size_t height,
+				     unsigned int element_bytes)
+{
+	int dev = current_device();
+	uint64_t estimate = sat_mul(width, height);
+	hipError_t err;
+	struct process *p = reserve(dev, estimate, &err);
+	if (err != hipSuccess)
+		return err;
+	err = REAL(&hip_map_g, hipMemAllocPitch)(ptr, pitch, width, height, element_bytes);
+	uint64_t actual = err == hipSuccess ? sat_mul(*pitch, height) : estimate;
+	return settle_pitched(p, err, err == hipSuccess ? (void *)*ptr : NULL, dev, estimate, actual);
+}
+
+static hipError_t w_hipMalloc3D(hipPitchedPtr *pitched, hipExtent extent)
+{
+	int dev = current_device();
+	uint64_t estimate = sat_mul(sat_mul(extent.width, extent.height), extent.depth);
+	hipError_t err;
+	struct process *p = reserve(dev, estimate, &err);
+	if (err != hipSuccess)
+		return err;
+	err = REAL(&hip_map_g, hipMalloc3D)(pitched, extent);
+	uint64_t actual = err == hipSuccess ? sat_mul(sat_mul(pitched->pitch, extent.height), extent.depth) : estimate;
+	return settle_pitched(p, err, err == hipSuccess ? pitched->ptr : NULL, dev, estimate, actual);
+}
+
+/* ---- arrays: counted at their element bytes (the runtime's padding is not seen) ---- */
+
+static uint64_t format_bytes(enum hipArray_Format f)
+{
+	switch (f) {
+	case HIP_AD_FORMAT_UNSIGNED_INT8: case HIP_AD_FORMAT_SIGNED_INT8: return 1;
+	case HIP_AD_FORMAT_UNSIGNED_INT16: case HIP_AD_FORMAT_SIGNED_INT16: case HIP_AD_FORMAT_HALF: return 2;
+	default: return 4;
+	}
+}
+
+static uint64_t dims(size_t w, size_t h, size_t d)
+{
+	return sat_mul(sat_mul(w, h ? h : 1), d ? d : 1);
+}
+
+static uint64_t channel_bytes(const hipChannelFormatDesc *desc)
+{
+	return desc ? (uint64_t)(desc->x + desc->y + desc->z + desc->w) / 8 : 0;
+}
+
+struct array_args {
+	const void *desc; /* hipChannelFormatDesc, HIP_ARRAY_DESCRIPTOR or HIP_ARRAY3D_DESCRIPTOR */
+	size_t width, height, depth;
+	unsigned int flags, levels;
+};
+
+static hipError_t array_alloc(uint64_t bytes, hipArray **array, alloc_call call, const struct array_args *args)
+{
+	return counted(current_device(), bytes, K_ARRAY, (void **)array, call, args, 0);
+}
+
+static hipError_t call_malloc_array(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	(void)unused;
+	return REAL(&hip_map_g, hipMallocArray)((hipArray **)array, x->desc, x->width, x->height, x->flags);
+}
+
+static hipError_t w_hipMallocArray(hipArray **array, const hipChannelFormatDesc *desc, size_t width, size_t height,
+				   unsigned int flags)
+{
+	struct array_args x = {desc, width, height, 0, flags, 0};
+	return array_alloc(sat_mul(channel_bytes(desc), dims(width, height, 0)), array, call_malloc_array, &x);
+}
+
+static hipError_t call_malloc_3d_array(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	hipExtent e = {x->width, x->height, x->depth};
+	(void)unused;
+	return REAL(&hip_map_g, hipMalloc3DArray)((hipArray **)array, x->desc, e, x->flags);
+}
+
+static hipError_t w_hipMalloc3DArray(hipArray **array, const struct hipChannelFormatDesc *desc, struct hipExtent extent,
+				     unsigned int flags)
+{
+	struct array_args x = {desc, extent.width, extent.height, extent.depth, flags, 0};
+	return array_alloc(sat_mul(channel_bytes(desc), dims(extent.width, extent.height, extent.depth)), array,
+			   call_malloc_3d_array, &x);
+}
+
+static hipError_t call_array_create(void **array, size_t unused, const void *args)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipArrayCreate)((hipArray **)array, ((const struct array_args *)args)->desc);
+}
+
+static hipError_t w_hipArrayCreate(hipArray **array, const HIP_ARRAY_DESCRIPTOR *d)
+{
+	struct array_args x = {d, 0, 0, 0, 0, 0};
+	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, 0)) : 0;
+	return array_alloc(bytes, array, call_array_create, &x);
+}
+
+static hipError_t call_array_3d_create(void **array, size_t unused, const void *args)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipArray3DCreate)((hipArray **)array, ((const struct array_args *)args)->desc);
+}
+
+static hipError_t w_hipArray3DCreate(hipArray **array, const HIP_ARRAY3D_DESCRIPTOR *d)
+{
+	struct array_args x = {d, 0, 0, 0, 0, 0};
+	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels, dims(d->Width, d->Height, d->Depth)) : 0;
+	return array_alloc(bytes, array, call_array_3d_create, &x);
+}
+
+/* A mipmapped array takes every level: each halves width, height and depth (at least 1). */
+static uint64_t mipmap_elements(size_t w, size_t h, size_t d, unsigned int levels)
+{
+	uint64_t sum = 0;
+	for (unsigned int l = 0; l < levels && l < 64; l++) {
+		uint64_t lw = w >> l ? w >> l : 1, lh = h >> l ? h >> l : 1, ld = d >> l ? d >> l : 1;
+		uint64_t level = dims(lw, h ? lh : 0, d ? ld : 0);
+		sum = sum + level < sum ? UINT64_MAX : sum + level;
+	}
+	return sum;
+}
+
+static hipError_t call_malloc_mipmapped(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	hipExtent e = {x->width, x->height, x->depth};
+	(void)unused;
+	return REAL(&hip_map_g, hipMallocMipmappedArray)((hipMipmappedArray_t *)array, x->desc, e, x->levels, x->flags);
+}
+
+static hipError_t w_hipMallocMipmappedArray(hipMipmappedArray_t *array, const struct hipChannelFormatDesc *desc,
+					    struct hipExtent e, unsigned int levels, unsigned int flags)
+{
+	struct array_args x = {desc, e.width, e.height, e.depth, flags, levels};
+	uint64_t bytes = sat_mul(channel_bytes(desc), mipmap_elements(e.width, e.height, e.depth, levels));
+	return counted(current_device(), bytes, K_MIPMAP, (void **)array, call_malloc_mipmapped, &x, 0);
+}
+
+static hipError_t call_mipmapped_create(void **array, size_t unused, const void *args)
+{
+	const struct array_args *x = args;
+	(void)unused;
+	return REAL(&hip_map_g, hipMipmappedArrayCreate)((hipMipmappedArray_t *)array, (HIP_ARRAY3D_DESCRIPTOR *)x->desc,
+							  x->levels);
+}
+
+static hipError_t w_hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+	struct array_args x = {d, 0, 0, 0, 0, levels};
+	uint64_t bytes = d ? sat_mul(format_bytes(d->Format) * d->NumChannels,
+				     mipmap_elements(d->Width, d->Height, d->Depth, levels)) : 0;
+	return counted(current_device(), bytes, K_MIPMAP, (void **)array, call_mipmapped_create, &x, 0);
+}
+
+static hipError_t w_hipFreeMipmappedArray(hipMipmappedArray_t array)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipFreeMipmappedArray)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
+}
+
+static hipError_t w_hipMipmappedArrayDestroy(hipMipmappedArray_t array)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipMipmappedArrayDestroy)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
+}
+
+static hipError_t w_hipFreeArray(hipArray *array)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted = unrecord((uintptr_t)array, K_ARRAY, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipFreeArray)(array), counted, (uintptr_t)array, K_ARRAY, bytes, dev);
+}
+
+/* ---- virtual memory (PyTorch's expandable segments): physical handles count ---- */
+
+struct mem_create_args { const hipMemAllocationProp *prop; unsigned long long flags; };
+
+static hipError_t call_mem_create(void **handle, size_t size, const void *args)
+{
+	const struct mem_create_args *a = args;
+	return REAL(&hip_map_g, hipMemCreate)((hipMemGenericAllocationHandle_t *)handle, size, a->prop, a->flags);
+}
+
+static hipError_t w_hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
+				 unsigned long long flags)
+{
+	int dev = prop && prop->location.type == hipMemLocationTypeDevice ? prop->location.id : -1;
+	struct mem_create_args a = {prop, flags};
+	return counted(dev, size, K_HANDLE, (void **)handle, call_mem_create, &a, 0);
+}
+
+static hipError_t w_hipMemRelease(hipMemGenericAllocationHandle_t handle)
+{
+	uint64_t bytes = 0;
+	int dev = 0, counted = unrecord((uintptr_t)handle, K_HANDLE, &bytes, &dev);
+	return finish_free(REAL(&hip_map_g, hipMemRelease)(handle), counted, (uintptr_t)handle, K_HANDLE, bytes, dev);
+}
+
+/* ---- what frameworks size themselves by: the slice, not the GPU ---- */
+
+static hipError_t w_hipMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+	hipError_t err = REAL(&hip_map_g, hipMemGetInfo)(free_bytes, total_bytes);
+	int dev = current_device();
+	uint64_t limit = limit_of(dev);
+	struct process *p = limit ? process_get() : NULL;
+	if (err != hipSuccess || !p || !free_bytes || !total_bytes)
+		return err;
+	account_refresh(p->pid);
+	uint64_t used = account_used(dev);
+	uint64_t slice_free = used < limit ? limit - used : 0;
+	if (!config_g.oversubscribe && *free_bytes < slice_free)
+		slice_free = *free_bytes; /* the GPU itself has less left than the slice */
+	*free_bytes = slice_free;
+	*total_bytes = limit;
+	return err;
+}
+
+static hipError_t w_hipGetDeviceProperties(hipDeviceProp_t *prop, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipGetDeviceProperties)(prop, dev);
+	if (err == hipSuccess && prop && limit_of(dev))
+		prop->totalGlobalMem = limit_of(dev);
+	return err;
+}
+
+/* ROCm 6 (hip6.h): the 5.x layout under its versioned name, and the R0600 layout. */
+static hipError_t w_hipGetDevicePropertiesR0000(hipDeviceProp_t *prop, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0000)(prop, dev);
+	if (err == hipSuccess && prop && limit_of(dev))
+		prop->totalGlobalMem = limit_of(dev);
+	return err;
+}
+
+static hipError_t w_hipGetDevicePropertiesR0600(struct rocshare_device_prop_r0600_head *prop, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0600)(prop, dev);
+	if (err == hipSuccess && prop && limit_of(dev))
+		prop->total_global_mem = limit_of(dev);
+	return err;
+}
+
+static hipError_t w_hipDeviceTotalMem(size_t *bytes, hipDevice_t dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipDeviceTotalMem)(bytes, dev);
+	if (err == hipSuccess && bytes && limit_of(dev))
+		*bytes = limit_of(dev);
+	return err;
+}
+
+static hipError_t w_hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipDeviceGetAttribute)(value, attr, dev);
+	if (err == hipSuccess && value && attr == hipDeviceAttributeTotalGlobalMem && limit_of(dev))
+		*value = limit_of(dev) > INT_MAX ? INT_MAX : (int)limit_of(dev);
+	return err;
+}
+
+/* ---- ROCr queues: a CU mask never leaves the slice ---- */
+
+static hsa_status_t count_gpu(hsa_agent_t agent, void *data)
+{
+	uint64_t *want_and_index = data; /* [0] agent handle, [1] GPUs before it, [2] found */
+	hsa_device_type_t type;
+	if (REAL(&hsa_map_g, hsa_agent_get_info)(agent, HSA_AGENT_INFO_DEVICE, &type) != HSA_STATUS_SUCCESS ||
+	    type != HSA_DEVICE_TYPE_GPU)
+		return HSA_STATUS_SUCCESS;
+	if (agent.handle == want_and_index[0]) {
+		want_and_index[2] = 1;
+		return HSA_STATUS_INFO_BREAK;
+	}
+	want_and_index[1]++;
+	return HSA_STATUS_SUCCESS;
+}
+
+/* The agent's index among GPUs, as HSA_CU_MASK numbers them; -1 unknown. */
+static int gpu_index(uint64_t agent_handle)
+{
+	uint64_t state[3] = {agent_handle, 0, 0};
+	__typeof__(&hsa_iterate_agents) iterate = REAL(&hsa_map_g, hsa_iterate_agents);
+	if (!iterate || !REAL(&hsa_map_g, hsa_agent_get_info))
+		return -1;
+	iterate(count_gpu, state);
+	return state[2] ? (int)state[1] : -1;
+}
+
+static hsa_status_t w_hsa_queue_create(hsa_agent_t agent, uint32_t size, hsa_queue_type32_t type,
+				       void (*callback)(hsa_status_t, hsa_queue_t *, void *), void *data,
+				       uint32_t private_segment_size, uint32_t group_segment_size, hsa_queue_t **queue)
+{
+	hsa_status_t st = REAL(&hsa_map_g, hsa_queue_create)(agent, size, type, callback, data, private_segment_size,
+							     group_segment_size, queue);
+	if (st == HSA_STATUS_SUCCESS && queue && *queue && process_get())
+		table_insert((uintptr_t)*queue, agent.handle, 0, K_QUEUE);
+	return st;
+}
+
+static hsa_status_t w_hsa_queue_destroy(hsa_queue_t *queue)
+{
+	uint64_t agent = 0;
+	int unused = 0;
+	if (process_g)
+		table_remove((uintptr_t)queue, K_QUEUE, &agent, &unused);
+	return REAL(&hsa_map_g, hsa_queue_destroy)(queue);
+}
+
+/* The slice's mask for a queue: its GPU's, or, for a queue we did not see created, the CUs every
+ * configured GPU's mask allows (never wider than any slice). */
+static void slice_mask_for(const hsa_queue_t *queue, uint32_t out[CU_MASK_WORDS], int *limited)
+{
+	uint64_t agent = 0;
+	int dev = -1;
+	if (process_g && table_find((uintptr_t)queue, K_QUEUE, &agent))
+		dev = gpu_index(agent);
+	*limited = 0;
+	for (int w = 0; w < CU_MASK_WORDS; w++)
+		out[w] = ~0u;
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++) {
+		if (!config_g.cu_mask_set[d] || (dev >= 0 && d != dev))
+			continue;
+		*limited = 1;
+		for (int w = 0; w < CU_MASK_WORDS; w++)
+			out[w] &= config_g.cu_mask[d][w];
+	}
+}
+
+static hsa_status_t w_hsa_amd_queue_cu_set_mask(const hsa_queue_t *queue, uint32_t bits, const uint32_t *mask)
+{
+	__typeof__(&hsa_amd_queue_cu_set_mask) real = REAL(&hsa_map_g, hsa_amd_queue_cu_set_mask);
+	uint32_t slice[CU_MASK_WORDS], narrowed[CU_MASK_WORDS];
+	int limited;
+	if (!config_g.any_cu_mask || bits % 32 || (bits && !mask))
+		return real(queue, bits, mask); /* no slice mask, or the runtime's own argument error */
+	slice_mask_for(queue, slice, &limited);
+	if (!limited)
+		return real(queue, bits, mask);
+	uint32_t words = bits ? bits / 32 : CU_MASK_WORDS; /* 0 bits: "all CUs", i.e. the slice's */
+	if (words > CU_MASK_WORDS)
+		words = CU_MASK_WORDS;
+	uint32_t any = 0;
+	for (uint32_t w = 0; w < words; w++)
+		any |= narrowed[w] = (bits ? mask[w] : ~0u) & slice[w];
+	if (!any)
+		return HSA_STATUS_ERROR_INVALID_ARGUMENT; /* nothing of the slice left */
+	return real(queue, words * 32, narrowed);
+}
+
+/* ---- the audit interface ---- */
+
+struct wrapper {
+	const char *name;
+	void *fn;
+	void **real;
+	struct link_map **lib;
+};
+#define W(lib, name) {#name, (void *)w_##name, &real_##name, lib}
+static const struct wrapper wrappers_g[] = {
+	W(&hip_map_g, hipMalloc), W(&hip_map_g, hipExtMallocWithFlags), W(&hip_map_g, hipMallocManaged),
+	W(&hip_map_g, hipMallocAsync), W(&hip_map_g, hipMallocFromPoolAsync), W(&hip_map_g, hipFree),
+	W(&hip_map_g, hipFreeAsync), W(&hip_map_g, hipMallocPitch), W(&hip_map_g, hipMemAllocPitch),
+	W(&hip_map_g, hipMalloc3D), W(&hip_map_g, hipMallocArray), W(&hip_map_g, hipMalloc3DArray),
+	W(&hip_map_g, hipArrayCreate), W(&hip_map_g, hipArray3DCreate), W(&hip_map_g, hipFreeArray),
+	W(&hip_map_g, hipMallocMipmappedArray), W(&hip_map_g, hipMipmappedArrayCreate),
+	W(&hip_map_g, hipFreeMipmappedArray), W(&hip_map_g, hipMipmappedArrayDestroy),
+	W(&hip_map_g, hipMemCreate), W(&hip_map_g, hipMemRelease), W(&hip_map_g, hipMemGetInfo),
+	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipGetDevicePropertiesR0000),
+	W(&hip_map_g, hipGetDevicePropertiesR0600), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
+	W(&hsa_map_g, hsa_queue_create), W(&hsa_map_g, hsa_queue_destroy), W(&hsa_map_g, hsa_amd_queue_cu_set_mask),
+};
+
+EXPORT unsigned int la_version(unsigned int version)
+{
+	read_config();
+	setup_process_memory();
+	return version < LAV_CURRENT ? version : LAV_CURRENT; /* older loaders keep us, newer too */
+}
+
+static int has_prefix(const char *path, const char *prefix)
+{
+	const char *base = strrchr(path, '/');
+	return !strncmp(base ? base + 1 : path, prefix, strlen(prefix));
+}
+
+EXPORT unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie)
+{
+	(void)lmid;
+	(void)cookie;
+	const char *name = map->l_name ? map->l_name : "";
+	if (has_prefix(name, "libamdhip64.so")) {
+		hip_map_g = map;
+		return LA_FLG_BINDTO | LA_FLG_BINDFROM;
+	}
+	if (has_prefix(name, "libhsa-runtime64.so")) {
+		hsa_map_g = map;
+		return LA_FLG_BINDTO | LA_FLG_BINDFROM;
+	}
+	return LA_FLG_BINDFROM;
+}
+
+EXPORT uintptr_t la_symbind64(ElfW(Sym) *sym, unsigned int ndx, uintptr_t *refcook, uintptr_t *defcook,
+			      unsigned int *flags, const char *symname)
+{
+	(void)ndx;
+	(void)flags;
+	struct link_map *def = (struct link_map *)*defcook, *ref = (struct link_map *)*refcook;
+	if (ref == def || (def != hip_map_g && def != hsa_map_g) || !process_g)
+		return sym->st_value;
+	for (size_t i = 0; i < sizeof wrappers_g / sizeof wrappers_g[0]; i++) {
+		const struct wrapper *w = &wrappers_g[i];
+		if (*w->lib == def && !strcmp(w->name, symname)) {
+			__atomic_store_n(w->real, (void *)sym->st_value, __ATOMIC_RELEASE);
+			return (uintptr_t)w->fn;
+		}
+	}
+	return sym->st_value;
+}

@@ -1,0 +1,22 @@
+/* Shared declarations of the hook's two parts: the account (account.c) and the audit library with
+ * its wrappers (hook.c). Nothing here is exported from the library. */
+#ifndef ROCSHARE_HOOK_H
+#define ROCSHARE_HOOK_H
+
+#include <stdint.h>
+
+#define HOOK_MAX_DEVICES 16
+
+struct slot;
+
+/* Map (or create) the container's account file and claim a slot for my_pid; never NULL. */
+struct slot *account_open(const char *dir_override, int my_pid);
+/* Add bytes to device's use if the container's total stays within limit_bytes; 1 if added. */
+int account_reserve(struct slot *s, int device, uint64_t bytes, uint64_t limit_bytes, int my_pid);
+void account_release(struct slot *s, int device, uint64_t bytes);
+/* Bytes in use on device by every live process of the container. */
+uint64_t account_used(int device);
+/* Give back what dead processes held. */
+void account_refresh(int my_pid);
+
+#endif

@@ -1,0 +1,115 @@
+/* Stub ROCr (libhsa-runtime64.so.1): GPU agents and queues whose CU masks a test can read back.
+ * Built from the real hsa.h/hsa_ext_amd.h so the prototypes are the runtime's. GPUs: $ROCSHARE_STUB_DEVICES
+ * (default 1) of $ROCSHARE_STUB_CUS CUs (default 104). Agent handles: CPU 0x1000, GPU i 0x2000+i. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <hsa/hsa.h>
+#include <hsa/hsa_ext_amd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define MASK_WORDS 8
+
+struct stub_queue {
+	hsa_queue_t queue; /* first: the hsa_queue_t* handed out points here */
+	uint64_t agent;
+	uint32_t mask_bits;
+	uint32_t mask[MASK_WORDS];
+};
+
+static int env_int(const char *name, int fallback)
+{
+	const char *v = getenv(name);
+	return v && *v ? atoi(v) : fallback;
+}
+
+EXPORT int rocshare_stub_gpu_count(void) { return env_int("ROCSHARE_STUB_DEVICES", 1); }
+EXPORT int rocshare_stub_cu_count(void) { return env_int("ROCSHARE_STUB_CUS", 104); }
+
+EXPORT hsa_status_t hsa_init(void) { return HSA_STATUS_SUCCESS; }
+EXPORT hsa_status_t hsa_shut_down(void) { return HSA_STATUS_SUCCESS; }
+
+EXPORT hsa_status_t hsa_iterate_agents(hsa_status_t (*callback)(hsa_agent_t, void *), void *data)
+{
+	hsa_agent_t cpu = {0x1000};
+	hsa_status_t st = callback(cpu, data);
+	for (int i = 0; st == HSA_STATUS_SUCCESS && i < rocshare_stub_gpu_count(); i++) {
+		hsa_agent_t gpu = {0x2000 + (uint64_t)i};
+		st = callback(gpu, data);
+	}
+	return st == HSA_STATUS_INFO_BREAK ? HSA_STATUS_SUCCESS : st;
+}
+
+EXPORT hsa_status_t hsa_agent_get_info(hsa_agent_t agent, hsa_agent_info_t attribute, void *value)
+{
+	int gpu = agent.handle >= 0x2000 && agent.handle < 0x2000 + (uint64_t)rocshare_stub_gpu_count();
+	if (!gpu && agent.handle != 0x1000)
+		return HSA_STATUS_ERROR_INVALID_AGENT;
+	if (attribute == HSA_AGENT_INFO_DEVICE) {
+		*(hsa_device_type_t *)value = gpu ? HSA_DEVICE_TYPE_GPU : HSA_DEVICE_TYPE_CPU;
+		return HSA_STATUS_SUCCESS;
+	}
+	if ((int)attribute == HSA_AMD_AGENT_INFO_COMPUTE_UNIT_COUNT) {
+		*(uint32_t *)value = gpu ? (uint32_t)rocshare_stub_cu_count() : 1;
+		return HSA_STATUS_SUCCESS;
+	}
+	return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+}
+
+EXPORT hsa_status_t hsa_queue_create(hsa_agent_t agent, uint32_t size, hsa_queue_type32_t type,
+				     void (*callback)(hsa_status_t, hsa_queue_t *, void *), void *data,
+				     uint32_t private_segment_size, uint32_t group_segment_size, hsa_queue_t **queue)
+{
+	(void)type, (void)callback, (void)data, (void)private_segment_size, (void)group_segment_size;
+	hsa_device_type_t t;
+	if (!queue || hsa_agent_get_info(agent, HSA_AGENT_INFO_DEVICE, &t) != HSA_STATUS_SUCCESS || t != HSA_DEVICE_TYPE_GPU)
+		return HSA_STATUS_ERROR_INVALID_AGENT;
+	struct stub_queue *q = calloc(1, sizeof *q);
+	if (!q)
+		return HSA_STATUS_ERROR_OUT_OF_RESOURCES;
+	q->queue.size = size;
+	q->agent = agent.handle;
+	int cus = rocshare_stub_cu_count(); /* a new queue may use every CU */
+	for (int cu = 0; cu < cus && cu < 32 * MASK_WORDS; cu++)
+		q->mask[cu / 32] |= 1u << (cu % 32);
+	q->mask_bits = (uint32_t)((cus + 31) / 32 * 32);
+	*queue = &q->queue;
+	return HSA_STATUS_SUCCESS;
+}
+
+EXPORT hsa_status_t hsa_queue_destroy(hsa_queue_t *queue)
+{
+	if (!queue)
+		return HSA_STATUS_ERROR_INVALID_QUEUE;
+	free(queue);
+	return HSA_STATUS_SUCCESS;
+}
+
+/* As ROCr: the mask is stored as given (this stub does not apply HSA_CU_MASK itself, so a test sees
+ * what a runtime that trusts its caller would hand the driver). */
+EXPORT hsa_status_t hsa_amd_queue_cu_set_mask(const hsa_queue_t *queue, uint32_t num_cu_mask_count, const uint32_t *cu_mask)
+{
+	if (!queue)
+		return HSA_STATUS_ERROR_INVALID_QUEUE;
+	if (num_cu_mask_count % 32 || (num_cu_mask_count && !cu_mask))
+		return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+	struct stub_queue *q = (struct stub_queue *)queue;
+	memset(q->mask, 0, sizeof q->mask);
+	uint32_t words = num_cu_mask_count / 32;
+	for (uint32_t w = 0; w < words && w < MASK_WORDS; w++)
+		q->mask[w] = cu_mask[w];
+	q->mask_bits = num_cu_mask_count;
+	return HSA_STATUS_SUCCESS;
+}
+
+EXPORT hsa_status_t hsa_amd_queue_cu_get_mask(const hsa_queue_t *queue, uint32_t num_cu_mask_count, uint32_t *cu_mask)
+{
+	if (!queue)
+		return HSA_STATUS_ERROR_INVALID_QUEUE;
+	if (!num_cu_mask_count || num_cu_mask_count % 32 || !cu_mask)
+		return HSA_STATUS_ERROR_INVALID_ARGUMENT;
+	const struct stub_queue *q = (const struct stub_queue *)queue;
+	for (uint32_t w = 0; w < num_cu_mask_count / 32; w++)
+		cu_mask[w] = w < MASK_WORDS ? q->mask[w] : 0;
+	return HSA_STATUS_SUCCESS;
+}

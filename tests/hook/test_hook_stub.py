@@ -1,0 +1,201 @@
+"""The hook loaded by the real dynamic loader (LD_AUDIT) into programs using the stub ROCm runtime:
+every entry point at and past the slice, what memory-info reports, several processes sharing one
+account, a SIGKILLed process's memory coming back, forked children, CU mask narrowing, Python
+through ctypes. Expected values are worked out here from the limit the test sets; the stub
+alone does not enforce any slice (test_stub_alone_enforces_nothing), so each check fails without
+the hook."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.hook.conftest import MIB, HookBuild
+
+LIMIT_MIB = 1024
+ENTRY_POINTS = [
+    "hipMalloc", "hipExtMallocWithFlags", "hipMallocManaged", "hipMallocAsync", "hipMallocFromPoolAsync",
+    "hipMallocPitch", "hipMemAllocPitch", "hipMalloc3D", "hipMallocArray", "hipMalloc3DArray",
+    "hipArrayCreate", "hipArray3DCreate", "hipMallocMipmappedArray", "hipMipmappedArrayCreate", "hipMemCreate",
+]
+
+
+def _slice_env(hook_build: HookBuild, tmp_path, hooked=True, **extra):
+    return hook_build.env(tmp_path, hooked, HIP_DEVICE_MEMORY_LIMIT_0=f"{LIMIT_MIB}m", **extra)
+
+
+def test_stub_alone_enforces_nothing(hook_build: HookBuild, tmp_path):
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path, hooked=False))
+    assert result["memGetInfo"]["total"] == 16384 * MIB
+    assert {result[e]["past_limit"] for e in ENTRY_POINTS} == {"hipSuccess"}
+
+
+def _mipmap_bytes(limit: int) -> int:
+    """What the probe's 2-level mipmap of 1-byte texels for `limit` takes: a W x 2048 base level
+    and a W/2 x 1024 second level, W the largest that keeps the sum within the limit."""
+    width = limit * 4 // 5 // 2048
+    return width * 2048 + (width // 2) * 1024
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_stops_at_the_slice(hook_build: HookBuild, tmp_path, entry):
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path))
+    limit = LIMIT_MIB * MIB
+    held = _mipmap_bytes(limit) if "Mipmapped" in entry else limit  # mipmap levels cannot sum to 1 GiB
+    assert result["limit"] == limit
+    assert result[entry] == {
+        "at_limit": "hipSuccess",
+        "past_limit": "hipErrorOutOfMemory",
+        "free_while_held": limit - held,
+        "free": "hipSuccess",
+        "free_after": limit,
+    }
+
+
+def test_memory_info_reports_the_slice(hook_build: HookBuild, tmp_path):
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path))
+    limit = LIMIT_MIB * MIB
+    assert result["memGetInfo"] == {"result": "hipSuccess", "free": limit, "total": limit}
+    assert result["totalGlobalMem"]["bytes"] == limit
+    assert result["totalGlobalMemR0000"]["bytes"] == limit  # ROCm 6's name for the 5.x layout
+    assert result["totalGlobalMemR0600"]["bytes"] == limit  # what ROCm 6 builds of PyTorch call
+    assert result["deviceTotalMem"]["bytes"] == limit
+    assert result["attributeTotalGlobalMem"]["value"] == limit
+
+
+def test_host_memory_and_runtime_errors_pass_through(hook_build: HookBuild, tmp_path):
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path))
+    assert result["hipHostMalloc_twice_limit"] == "hipSuccess"
+    assert result["hipFree_bogus"] == "hipErrorInvalidValue"
+    assert result["hipSetDevice_99"] == "hipErrorInvalidDevice"
+
+
+def test_no_limit_means_no_change(hook_build: HookBuild, tmp_path):
+    hooked = hook_build.probe_json(hook_build.env(tmp_path))
+    bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False))
+    assert hooked == bare
+
+
+def test_cu_mask_is_narrowed_to_the_slice(hook_build: HookBuild, tmp_path):
+    # a queue asking for every CU of a 104-CU GPU gets the slice's 0-25 and 78-103 only
+    env = _slice_env(hook_build, tmp_path, HSA_CU_MASK="0:0-25,78-103", ROCSHARE_STUB_CUS="104")
+    assert hook_build.probe_json(env)["cu_mask"] == {"result": "hipSuccess", "cus": [*range(26), *range(78, 104)]}
+    bare = hook_build.probe_json(_slice_env(hook_build, tmp_path, hooked=False, HSA_CU_MASK="0:0-25"))
+    assert bare["cu_mask"]["cus"] == list(range(256))  # the stub alone trusts the caller
+
+
+class Holder:
+    """hook-probe holding one allocation until closed or killed."""
+
+    def __init__(self, hook_build: HookBuild, env, mib: int):
+        self.proc = subprocess.Popen(
+            [str(hook_build.probe), "alloc", str(mib * MIB)], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True,
+        )
+        self.result = json.loads(self.proc.stdout.readline())["result"]
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def _alloc_once(hook_build: HookBuild, env, mib: int) -> str:
+    """One hipMalloc of mib in a new process that frees and exits at once: its result."""
+    holder = Holder(hook_build, env, mib)
+    holder.close()
+    return holder.result
+
+
+def test_processes_of_one_container_share_one_account(hook_build: HookBuild, tmp_path):
+    env = _slice_env(hook_build, tmp_path)
+    holders = [Holder(hook_build, env, 300) for _ in range(3)]
+    try:
+        assert [h.result for h in holders] == ["hipSuccess"] * 3
+        assert hook_build.probe_json(env, "info")["memGetInfo"]["free"] == (LIMIT_MIB - 900) * MIB
+        assert _alloc_once(hook_build, env, 300) == "hipErrorOutOfMemory"
+        holders[0].close()  # frees on exit: its 300 MiB come back
+        assert hook_build.probe_json(env, "info")["memGetInfo"]["free"] == (LIMIT_MIB - 600) * MIB
+    finally:
+        for h in holders:
+            if h.proc.poll() is None:
+                h.close()
+
+
+def test_a_killed_process_gives_its_memory_back(hook_build: HookBuild, tmp_path):
+    env = _slice_env(hook_build, tmp_path)
+    victim = Holder(hook_build, env, 1000)
+    assert victim.result == "hipSuccess"
+    assert _alloc_once(hook_build, env, 100) == "hipErrorOutOfMemory"
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(timeout=30)
+    after = Holder(hook_build, env, 1000)
+    try:
+        assert after.result == "hipSuccess"
+    finally:
+        after.close()
+
+
+def test_forked_child_has_its_own_slot_in_the_same_account(hook_build: HookBuild, tmp_path):
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path), "fork", str(400 * MIB))
+    assert result["parent"] == "hipSuccess"
+    assert result["child"] == "hipSuccess"  # 400 + 400 <= 1024
+    assert result["child_free"] == (LIMIT_MIB - 800) * MIB
+    # the child also hipFree()s the parent's pointer (the stub's copied memory lets it): that must not
+    # refund the parent's 400 MiB, and the exited child's own 400 MiB come back
+    assert result["parent_free_after_child"] == (LIMIT_MIB - 400) * MIB
+
+
+def test_python_through_ctypes(hook_build: HookBuild, tmp_path):
+    script = textwrap.dedent(f"""
+        import ctypes, json
+        hip = ctypes.CDLL({str(hook_build.stub_dir / 'libamdhip64.so.5')!r})
+        p = ctypes.c_void_p()
+        at = hip.hipMalloc(ctypes.byref(p), ctypes.c_size_t({LIMIT_MIB * MIB}))
+        q = ctypes.c_void_p()
+        past = hip.hipMalloc(ctypes.byref(q), ctypes.c_size_t(1))
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        hip.hipMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+        print(json.dumps({{"at": at, "past": past, "free": free.value, "total": total.value,
+                           "freed": hip.hipFree(p)}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], env=_slice_env(hook_build, tmp_path),
+                         capture_output=True, text=True, timeout=60, check=True)
+    hip_success, hip_error_out_of_memory = 0, 2  # hipError_t values in hip_runtime_api.h
+    assert json.loads(out.stdout) == {"at": hip_success, "past": hip_error_out_of_memory, "free": 0,
+                                      "total": LIMIT_MIB * MIB, "freed": hip_success}
+
+
+def test_oversubscribed_slice_falls_back_to_managed_memory(hook_build: HookBuild, tmp_path):
+    # deviceMemoryScaling 2: a 1024 MiB slice on a GPU that has only 512 MiB
+    small_gpu = {"ROCSHARE_STUB_VRAM_MIB": "512"}
+    plain_env = _slice_env(hook_build, tmp_path, **small_gpu)
+    over_env = _slice_env(hook_build, tmp_path, HIP_OVERSUBSCRIBE="true", **small_gpu)
+    assert _alloc_once(hook_build, plain_env, 800) == "hipErrorOutOfMemory"  # the GPU's own refusal, passed through
+    assert hook_build.probe_json(plain_env, "info")["memGetInfo"]["free"] == 512 * MIB
+    assert hook_build.probe_json(over_env, "info")["memGetInfo"] == {"result": "hipSuccess", "free": LIMIT_MIB * MIB,
+                                                                     "total": LIMIT_MIB * MIB}
+    held = Holder(hook_build, over_env, 800)  # past the GPU, within the slice: managed memory
+    try:
+        assert held.result == "hipSuccess"
+        assert _alloc_once(hook_build, over_env, 300) == "hipErrorOutOfMemory"  # past the slice
+    finally:
+        held.close()
+
+
+def test_a_gpu_without_a_limit_is_untouched(hook_build: HookBuild, tmp_path):
+    # a limit on GPU 1 only: everything the probe does on GPU 0 is as without the hook
+    env = hook_build.env(tmp_path, ROCSHARE_STUB_DEVICES="2", HIP_DEVICE_MEMORY_LIMIT_1="256m")
+    bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False, ROCSHARE_STUB_DEVICES="2"))
+    assert hook_build.probe_json(env) == bare
+
+
+def test_bind_now_bindings_are_wrapped_too(hook_build: HookBuild, tmp_path):
+    # LD_BIND_NOW resolves every function at start instead of at first call (glibc >= 2.35 audits both)
+    result = hook_build.probe_json(_slice_env(hook_build, tmp_path, LD_BIND_NOW="1"))
+    assert result["hipMalloc"]["past_limit"] == "hipErrorOutOfMemory"
+    assert result["memGetInfo"]["total"] == LIMIT_MIB * MIB

@@ -1,0 +1,186 @@
+"""Issue 29 item 4: on the real node, deployed as the README says with an EMPTY hookPath, the
+hook rocshare's agent installed limits a slice inside a real container. The slice pod runs the
+hook's probe (hook/, `make -C hook install-probe`, in the workload image) on the stub ROCm
+runtime, with nothing but what the kubelet gave the container (LD_AUDIT, the mounted library,
+HIP_DEVICE_MEMORY_LIMIT_0): hipMemGetInfo and the device properties report the slice's MiB,
+every allocation entry point fails one MiB past them, and a stream asking for every CU gets the
+slice's CU mask. A whole-GPU pod gets no hook: no LD_AUDIT, no mount, the whole GPU's memory.
+
+The same pods are checked against values worked out HERE from the request and the sysfs capture
+the node's agent reads (never from rocshare's renderer): the device nodes the container sees
+(/dev/kfd and its own GPU's render node; the capture has no DRM card folders, so no card node)
+and HSA_CU_MASK's CU count, ceil(CUs x gpucores / 100) (DESIGN.md section 3), inside the GPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rocshare_dev.realnode import deploy
+from tests.realnode.conftest import WORKLOADS, Deployed, describe, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+SLICE_MIB = 2048
+CORES_PCT = 30  # of the MI210's 104 CUs: 31.2, so the ceiling matters
+HOOK = "/usr/local/vgpu/libamvgpu.so"
+PROBE = "/opt/rocm-stub/bin/hook-probe"
+MIB = 1024 * 1024
+
+
+def kfd_gpu_nodes(sysfs_root: Path) -> dict[int, dict[str, int]]:
+    """unique_id -> the KFD node's properties, for the capture's GPU nodes (simd_count > 0)."""
+    nodes = {}
+    for properties in (sysfs_root / "class" / "kfd" / "kfd" / "topology" / "nodes").glob("*/properties"):
+        values = {key: int(value) for key, value in (line.split() for line in properties.read_text().splitlines()
+                                                      if len(line.split()) == 2)}
+        if values.get("simd_count", 0) > 0:
+            nodes[values["unique_id"]] = values
+    return nodes
+
+
+def gpu_of(deployed: Deployed, env: dict[str, str]) -> dict[str, int]:
+    """The capture's node for the one GPU the container was given (ROCR_VISIBLE_DEVICES=GPU-<hex>)."""
+    (name,) = env["ROCR_VISIBLE_DEVICES"].split(",")
+    return kfd_gpu_nodes(deployed.host.sysfs_root)[int(name.removeprefix("GPU-"), 16)]
+
+
+def vram_mib(gpu: dict[str, int], sysfs_root: Path) -> int:
+    """The GPU's VRAM, from its KFD node's memory bank (the rig's capture has one per GPU)."""
+    for node in (sysfs_root / "class" / "kfd" / "kfd" / "topology" / "nodes").iterdir():
+        properties = (node / "properties").read_text()
+        if f"unique_id {gpu['unique_id']}\n" in properties:
+            bank = (node / "mem_banks" / "0" / "properties").read_text()
+            return int(re.search(r"^size_in_bytes (\d+)$", bank, re.M).group(1)) // MIB
+    raise AssertionError(f"no node for {gpu['unique_id']}")
+
+
+def exec_in(deployed: Deployed, pod: str, *command: str, check: bool = True):
+    return deployed.kubectl("exec", "-n", WORKLOADS, pod, "--", *command, check=check)
+
+
+def container_env(deployed: Deployed, pod: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in exec_in(deployed, pod, "env").stdout.splitlines() if "=" in line)
+
+
+def gpu_device_nodes(deployed: Deployed, pod: str) -> set[str]:
+    """Every character device the container has under /dev that is a GPU's: /dev/kfd and /dev/dri/*."""
+    listing = exec_in(deployed, pod, "sh", "-c", "find /dev -type c | sort").stdout.split()
+    return {path for path in listing if path == "/dev/kfd" or path.startswith("/dev/dri/")}
+
+
+def hook_mounted(deployed: Deployed, pod: str) -> bool:
+    mounts = exec_in(deployed, pod, "cat", "/proc/self/mounts").stdout
+    return any(line.split()[1] == HOOK for line in mounts.splitlines())
+
+
+def stub_env(deployed: Deployed) -> list[dict[str, str]]:
+    """The stub runtime's one simulated device, sized like the node's GPU (an MI210 of the capture)."""
+    gpu = next(iter(kfd_gpu_nodes(deployed.host.sysfs_root).values()))
+    return [{"name": "ROCSHARE_STUB_DEVICES", "value": "1"},
+            {"name": "ROCSHARE_STUB_VRAM_MIB", "value": str(vram_mib(gpu, deployed.host.sysfs_root))},
+            {"name": "ROCSHARE_STUB_CUS", "value": str(gpu["simd_count"] // gpu["simd_per_cu"])}]
+
+
+def run_pod(deployed: Deployed, name: str, limits: dict[str, str]) -> dict:
+    pod = deploy.slice_pod(name, WORKLOADS, memory_mib=SLICE_MIB, cores_pct=CORES_PCT)
+    container = pod["spec"]["containers"][0]
+    container["resources"]["limits"] = limits
+    container["env"] = stub_env(deployed)
+    deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump(pod))
+    return wait_for(f"{name} Running", lambda: (lambda p: p if p["status"].get("phase") == "Running" else None)(
+        deployed.json("get", "pod", "-n", WORKLOADS, name)), timeout_s=180,
+        explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} {name}"))
+
+
+@pytest.fixture(scope="module")
+def pods(deployed: Deployed) -> Iterator[dict[str, dict]]:
+    running = {}
+    try:
+        running["slice"] = run_pod(deployed, "probe-slice", {"amd.com/gpu": "1", "amd.com/gpumem": str(SLICE_MIB),
+                                                             "amd.com/gpucores": str(CORES_PCT)})
+        running["whole"] = run_pod(deployed, "probe-whole", {"amd.com/gpu": "1"})
+        yield running
+    finally:
+        deployed.kubectl("delete", "pod", "-n", WORKLOADS, "probe-slice", "probe-whole", "--wait=true",
+                         "--timeout=120s", "--ignore-not-found", check=False)
+
+
+def probe(deployed: Deployed, pod: str, *args: str) -> dict:
+    """hook-probe's JSON (hook/test/probe.c: it reports what the runtime answered, decides nothing)."""
+    done = exec_in(deployed, pod, PROBE, *args, check=False)
+    assert done.returncode == 0, f"{PROBE} {' '.join(args)} in {pod}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+def audit_library_loaded(deployed: Deployed, pod: str) -> bool:
+    """Whether the loader mapped the mounted hook into a process of the container (cat's own maps)."""
+    return HOOK in exec_in(deployed, pod, "cat", "/proc/self/maps").stdout
+
+
+def cu_ids(mask: str) -> list[int]:
+    """The CU ids of one GPU's HSA_CU_MASK entry "0:<a>-<b>,<c>"."""
+    index, _, ranges = mask.partition(":")
+    assert index == "0", mask
+    ids: list[int] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        ids += range(int(low), int(high or low) + 1)
+    return ids
+
+
+def test_the_slice_sees_its_mib_and_cannot_allocate_past_them(deployed: Deployed, pods: dict) -> None:
+    env = container_env(deployed, "probe-slice")
+    assert env["LD_AUDIT"] == HOOK and env["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{SLICE_MIB}m"
+    assert hook_mounted(deployed, "probe-slice") and audit_library_loaded(deployed, "probe-slice")
+    result = probe(deployed, "probe-slice")
+    slice_bytes = SLICE_MIB * MIB
+    assert result["limit"] == slice_bytes, result  # the probe read the limit the kubelet gave the container
+    assert result["memGetInfo"]["result"] == "hipSuccess" and result["memGetInfo"]["total"] == slice_bytes, result
+    assert result["totalGlobalMem"]["bytes"] == slice_bytes, result
+    entries = {name: value for name, value in result.items() if isinstance(value, dict) and "past_limit" in value}
+    assert "hipMalloc" in entries and "hipMemCreate" in entries, sorted(entries)
+    for name, outcome in entries.items():  # each way to get device memory: the slice fits, one MiB more fails
+        assert (outcome["at_limit"], outcome["past_limit"]) == ("hipSuccess", "hipErrorOutOfMemory"), (name, outcome)
+    one_more = probe(deployed, "probe-slice", "alloc", str(slice_bytes + MIB))
+    assert one_more["result"] == "hipErrorOutOfMemory", one_more
+
+
+def test_a_stream_cu_mask_is_narrowed_to_the_slice(deployed: Deployed, pods: dict) -> None:
+    """The probe asks for every CU through hipExtStreamCreateWithCUMask; the queue gets the slice's."""
+    env = container_env(deployed, "probe-slice")
+    result = probe(deployed, "probe-slice")
+    assert result["cu_mask"]["result"] == "hipSuccess", result["cu_mask"]
+    assert result["cu_mask"]["cus"] == sorted(cu_ids(env["HSA_CU_MASK"])), (result["cu_mask"], env["HSA_CU_MASK"])
+
+
+def test_a_whole_gpu_pod_gets_no_hook_and_the_whole_gpu(deployed: Deployed, pods: dict) -> None:
+    env = container_env(deployed, "probe-whole")
+    assert "LD_AUDIT" not in env and not any(key.startswith("HIP_DEVICE_MEMORY_LIMIT") for key in env), env
+    assert not hook_mounted(deployed, "probe-whole") and not audit_library_loaded(deployed, "probe-whole")
+    gpu_mib = vram_mib(gpu_of(deployed, env), deployed.host.sysfs_root)
+    info = probe(deployed, "probe-whole", "info")["memGetInfo"]
+    assert info["result"] == "hipSuccess" and info["total"] == gpu_mib * MIB, info
+    assert probe(deployed, "probe-whole", "alloc", str((SLICE_MIB + 1) * MIB))["result"] == "hipSuccess"
+
+
+@pytest.mark.parametrize("pod", ["probe-slice", "probe-whole"])
+def test_the_container_sees_only_its_own_gpus_device_nodes(deployed: Deployed, pods: dict, pod: str) -> None:
+    assert not (deployed.host.sysfs_root / "class" / "drm").exists()  # KFD-only capture: no card nodes to expect
+    gpu = gpu_of(deployed, container_env(deployed, pod))
+    assert gpu_device_nodes(deployed, pod) == {"/dev/kfd", f"/dev/dri/renderD{gpu['drm_render_minor']}"}
+
+
+def test_the_cu_mask_holds_ceil_of_the_requested_share(deployed: Deployed, pods: dict) -> None:
+    env = container_env(deployed, "probe-slice")
+    gpu = gpu_of(deployed, env)
+    cus = gpu["simd_count"] // gpu["simd_per_cu"]  # DESIGN.md section 5: not array_count x cu_per_simd_array
+    assert cus == 104  # the MI210: a sanity check on the capture, not on rocshare
+    wanted = math.ceil(cus * CORES_PCT / 100)  # 32
+    ids = cu_ids(env["HSA_CU_MASK"])
+    assert len(ids) == len(set(ids)) == wanted and min(ids) >= 0 and max(ids) < cus, env["HSA_CU_MASK"]

@@ -129,7 +129,9 @@ class OperatorContext:
     kubeconfig: str | None = None
 
     def node_views(self) -> list[NodeView]:
-        return [facts.view for facts in self.feed.node_facts()]
+        """Every readable Node's view; one that cannot be read is left as it is (no pool marks or
+        unmarks what it cannot see)."""
+        return [facts.view for facts in self.feed.node_facts() if facts.problem is None]
 
     def inventory(self, node: str) -> Inventory | None:
         """The node's AmdGpuNode as status reads it; None when the node has none."""

@@ -180,7 +180,7 @@ async def test_running_extender_flags_bad_node_inputs_and_keeps_answering(cluste
                                                 json.dumps({"Pod": POD, "NodeNames": names}).encode())
         return reply if status == 200 and sorted(reply["NodeNames"]) == ["bad-none", "bad-settings"] else None
     reply = await wait_for(filtered, timeout_s=20, what="the extender to see the nodes")
-    assert "NoGpuInventory" in reply["FailedNodes"]["bad-twice"]  # a doubled GPU: the node offers nothing
+    assert "NodeUnreadable" in reply["FailedNodes"]["bad-twice"]  # a doubled GPU: the node offers nothing
     assert "NoGpuInventory" in reply["FailedNodes"]["ghost-node"]  # an unknown node: filtered out, not a crash
     log = operator.log_path.read_text()
     assert "AmdGpuNode bad-twice lists GPU GPU-aaaa more than once" in log

@@ -51,6 +51,9 @@ from rocshare_operator.extender.workloads import reads_model
 NO_INVENTORY = "NoGpuInventory"
 """The node has no published GPUs, no allocatable amd.com/gpu, its device plugin is not watched by the
 kubelet (AmdGpuNode condition DevicePlugin False), or it is in no pool."""
+UNREADABLE = "NodeUnreadable"
+"""The node's Node, its AmdGpuNode or its pool settings cannot be read (or the AmdGpuNode lists a GPU
+twice): it offers nothing until they can, and the reply says why."""
 BLOCKED = "UndecodableAllocationRecord"
 """A pod on the node cannot be accounted for (its record or object cannot be read): its GPUs stay blocked."""
 BULK_MIN_NODES = 16
@@ -150,7 +153,7 @@ class _Pass:
         """Why the pod cannot go to this node now, or None when it can."""
         node = self._inventories.get(name)
         if node is None or not node.gpus:
-            return None if self.host_only else self.no_inventory()
+            return None if self.host_only else self.no_inventory(name)
         first = self.whole_node_rejection(name, node)
         if first is not None:
             return first
@@ -296,8 +299,10 @@ class _Pass:
             found = self._ways[(policy, ctx)] = _Way(planner, memo, bulk)
         return found
 
-    def no_inventory(self) -> Rejection:
-        return self._whole(NO_INVENTORY, 0)
+    def no_inventory(self, name: str) -> Rejection:
+        """Why a node without GPUs on offer offers none: it cannot be read, or has none."""
+        problem = self.snap.unreadable.get(name)
+        return self._whole(NO_INVENTORY, 0) if problem is None else self._whole(UNREADABLE, 0, problem)
 
     def _whole(self, reason: str, total: int, detail: str = "") -> Rejection:
         key = (reason, total, detail)
@@ -326,7 +331,7 @@ def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationR
     decision = _Pass(snap, request, memoised=False)
     node = snap.inventories.get(name)
     if node is None or not node.gpus:
-        return decision.no_inventory()
+        return decision.no_inventory(name)
     first = decision.whole_node_rejection(name, node)
     if first is not None:
         return first
@@ -361,7 +366,7 @@ def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Map
         if decision.host_only:
             feasible = [name for name in node_names if name in fits or name in no_gpus]
         else:
-            failed.update(dict.fromkeys(no_gpus, decision.no_inventory()))
+            failed.update({name: decision.no_inventory(name) for name in no_gpus})
     first = decision.whole_node_rejections(feasible + list(failed))
     if first:
         feasible = [name for name in feasible if name not in first]

@@ -48,6 +48,8 @@ class Snapshot:
     pools: Mapping[str, AmdGpuPoolSpec]
     ledger: Ledger
     blocked: frozenset[str]
+    unreadable: Mapping[str, str]
+    """Node -> why it offers nothing: its Node, AmdGpuNode or pool settings cannot be read."""
     plans: NodeMemo
     workloads: PoolWorkloads
     """Each pool's fragmentation model (workloads.py), for the scorers that read one."""
@@ -95,7 +97,7 @@ class SchedulerState:
     def snapshot(self) -> Snapshot:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
-                        frozenset(self.accounts.blocked_nodes()), self.plans, self.workloads, self.fleet, index,
+                        frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads, self.fleet, index,
                         self.accounts)
 
     # ---- events ------------------------------------------------------------------------------
@@ -129,22 +131,40 @@ class SchedulerState:
         await self.on_pod_facts(kind, pod_facts(pod))
 
     async def on_pod_facts(self, kind: str, pod: PodFacts, _before: PodFacts | None = None) -> None:
+        """The ledger first, inside the fail-closed guard; then the readers that cannot make GPUs
+        look free (the waiting list, the fragmentation model). Each step runs even when an earlier
+        one failed, and the first failure is raised afterwards, so the feed retries the event
+        (every step is idempotent)."""
         self.changes += 1
-        if self.retrier is not None:
-            self._track_waiting(pod, ended=kind == "DELETED" or pod.finished)
-        self.workloads.on_pod(kind, pod)
+        failures = [error for error in (self._account(kind, pod), self._guarded(self._track_waiting, kind, pod),
+                                        self._guarded(self.workloads.on_pod, kind, pod)) if error is not None]
+        if failures:
+            raise failures[0]
+
+    def _account(self, kind: str, pod: PodFacts) -> Exception | None:
         try:
             self.accounts.on_pod(kind, pod)
         except Exception as error:
             # Fail closed: whatever the pod holds stays blocked until a retry of this event succeeds.
             if kind != "DELETED":
                 self.accounts.hold_unknown(pod.key, pod.namespace, pod.node, f"reading it failed: {error!r}")
-            raise
+            return error
+        return None
 
-    def _track_waiting(self, pod: PodFacts, *, ended: bool) -> None:
+    @staticmethod
+    def _guarded(step, kind: str, pod: PodFacts) -> Exception | None:
+        try:
+            step(kind, pod)
+        except Exception as error:  # noqa: BLE001 -- handed back, raised once every step had its turn
+            return error
+        return None
+
+    def _track_waiting(self, kind: str, pod: PodFacts) -> None:
         """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
         (e.g. Insufficient amd.com/gpu while a node's GPUs were down) -- are retried when room appears."""
-        if ended or pod.node or pod.scheduler_name != self.scheduler_name:
+        if self.retrier is None:
+            return
+        if kind == "DELETED" or pod.finished or pod.node or pod.scheduler_name != self.scheduler_name:
             self.retrier.forget(pod.key)
             return
         if pod.unschedulable is not None:
@@ -202,10 +222,6 @@ class SchedulerState:
     @property
     def node_pools(self) -> dict[str, str]:
         return self.index.node_pools
-
-    @property
-    def settings_problems(self) -> dict[str, str]:
-        return self.index.settings_problems
 
     @property
     def inflight(self) -> dict[str, InFlight]:

@@ -1,8 +1,8 @@
 """The cluster index: what the extender knows of nodes, their GPUs, pools and quotas, fed by
 events (never the source of truth).
 
-Fed by the operator's cluster feed (Nodes and AmdGpuNodes as `NodeFacts` and `GpuNodeFacts`)
-and by informers on AmdGpuPools and ResourceQuotas. It keeps only what decisions read:
+Fed by the operator's cluster feed (Nodes, AmdGpuNodes and ResourceQuotas as `NodeFacts`,
+`GpuNodeFacts` and `QuotaFacts`) and by an informer on AmdGpuPools. It keeps only what decisions read:
 * per node its facts (never the body) and its pool label;
 * per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
 * per node a `NodeInventory` from the agent's AmdGpuNode status, the pool settings the
@@ -31,7 +31,8 @@ from rocshare.api.models import AmdGpuPoolSpec, ShareLimits, Sharing
 from rocshare.api.node_settings import SettingsError, decode_settings
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import QuantityError, whole_quantity
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, gpu_node_facts, node_facts
+from rocshare_operator.feed.cluster_facts import (GpuNodeFacts, NodeFacts, QuotaFacts, gpu_node_facts, node_facts,
+                                                  quota_facts)
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +200,18 @@ class ClusterIndex:
     # ---- quotas ----------------------------------------------------------------------------
 
     def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
-        meta = quota["metadata"]
-        namespace, name = meta.get("namespace", ""), meta["name"]
+        """A ResourceQuota object (tests, benches); the operator feeds `on_quota_facts` from its one watch."""
+        self.on_quota_facts(kind, quota_facts(quota))
+
+    def on_quota_facts(self, kind: str, quota: QuotaFacts, _before: QuotaFacts | None = None) -> None:
+        namespace, name = quota.namespace, quota.name
         per_namespace = self.quotas.setdefault(namespace, {})
         for callback in self.on_quota_change:
             callback(namespace)
         if kind == "DELETED":
             per_namespace.pop(name, None)
             return
-        hard = quota.get("spec", {}).get("hard", {})
+        hard = quota.hard
         per_namespace[name] = ShareLimits(
             memory_mib=_quota_value(hard, QUOTA_MEMORY, namespace, name),
             cores_pct=_quota_value(hard, QUOTA_CORES, namespace, name),
@@ -221,14 +225,6 @@ class ClusterIndex:
             cores_pct=_tightest(limit.cores_pct for limit in limits),
             gpus=_tightest(limit.gpus for limit in limits),
         )
-
-
-def quota_facts(quota: dict[str, Any]) -> dict[str, Any]:
-    """What `on_quota` reads of a ResourceQuota: its name and spec.hard (not status.used, which
-    the quota controller rewrites on every pod the namespace starts)."""
-    meta = quota.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", "")},
-            "spec": {"hard": dict((quota.get("spec") or {}).get("hard") or {})}}
 
 
 def _quota_value(hard: dict[str, Any], key: str, namespace: str, name: str) -> int | None:

@@ -9,8 +9,8 @@ decisions read.
 * `FleetArrays` (rocshare.core.fleet): every node's loads as arrays, which the bulk planner reads
   (it follows the ledger's journal itself).
 
-`SchedulerState` wires them to the cluster feed (Nodes, Pods and AmdGpuNodes, watched once for
-the process) and to the retrier; `snapshot()` is what filter, prioritize and bind's decision
+`SchedulerState` wires them to the cluster feed (Nodes, Pods, AmdGpuNodes and ResourceQuotas,
+watched once for the process) and to the retrier; `snapshot()` is what filter, prioritize and bind's decision
 read. A snapshot is taken on the event loop and used without awaiting, so no event changes it
 during a decision. Decisions return answers; side effects (binding, in-flight marks, retries,
 metrics) happen in the server's handlers and the binder.
@@ -30,13 +30,13 @@ from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
 from rocshare_operator.extender.accounts import Accounts, InFlight
-from rocshare_operator.extender.index import ClusterIndex, quota_facts
+from rocshare_operator.extender.index import ClusterIndex
 from rocshare_operator.extender.plans import KeyMemo, NodeMemo
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.workloads import PoolWorkloads
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, pod_facts
+from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, QuotaFacts, pod_facts
 
-__all__ = ["InFlight", "KeyMemo", "NodeMemo", "SchedulerState", "Snapshot", "quota_facts"]
+__all__ = ["InFlight", "KeyMemo", "NodeMemo", "SchedulerState", "Snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +125,10 @@ class SchedulerState:
     def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
         self.changes += 1
         self.index.on_quota(kind, quota)
+
+    def on_quota_facts(self, kind: str, quota: QuotaFacts, before: QuotaFacts | None = None) -> None:
+        self.changes += 1
+        self.index.on_quota_facts(kind, quota, before)
 
     async def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """A Pod object (tests, benches); the operator feeds `on_pod_facts` from its one pod watch."""

@@ -12,6 +12,7 @@ and share reconcilers. So they hold only what some reader uses:
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
   a pod HAMi placed (no rocshare record) carries HAMi's decision instead (`HamiPlacement`);
+* a ResourceQuota: its limits and the AmdGpuShare that owns it (`QuotaFacts`);
 * an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
   models (a tenth of their size), or why its status was refused; pool and share status
   read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
@@ -305,3 +306,27 @@ def _label_pair(key: str, value: str) -> tuple[str, str]:
             _label_pairs.clear()
         found = _label_pairs[pair] = pair
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFacts:
+    """What readers use of a ResourceQuota: its spec.hard (not status.used, which the quota
+    controller rewrites on every pod the namespace starts) and the AmdGpuShare that owns it, if any."""
+
+    namespace: str
+    name: str
+    hard: Mapping[str, str]
+    share: str | None = None  # the AmdGpuShare that owns it (a quota a share wrote), else None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def quota_facts(quota: Mapping) -> QuotaFacts:
+    meta = quota.get("metadata") or {}
+    owners = [ref.get("name") for ref in meta.get("ownerReferences") or () if ref.get("kind") == "AmdGpuShare"]
+    hard = {str(key): str(value) for key, value in ((quota.get("spec") or {}).get("hard") or {}).items()}
+    return QuotaFacts(namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""), hard=hard,
+                      share=owners[0] if owners else None)
+

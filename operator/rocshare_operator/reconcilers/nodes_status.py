@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 
+from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
 from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts
 from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_key
@@ -23,10 +24,11 @@ from rocshare_operator.status.usage import slices_of
 
 
 def subscribe(ctx: OperatorContext) -> None:
-    """Have the cluster feed tell the reconcilers about nodes and pods (before the feed runs)."""
+    """Have the cluster feed tell the reconcilers about nodes, pods and share quotas (before the feed runs)."""
     ctx.feed.subscribe(on_node=lambda kind, facts, before: node_changed(ctx, kind, facts, before),
                        on_gpu_node=lambda kind, facts, before: gpu_node_changed(ctx, kind, facts, before),
                        on_pod=lambda kind, facts, _before: pod_changed(ctx, kind, facts),
+                       on_quota=lambda kind, facts, _before: shares.quota_changed(ctx, kind, facts),
                        on_failing=lambda: ctx.wakeups.wake_kind("pool"))  # their Degraded shows it
 
 

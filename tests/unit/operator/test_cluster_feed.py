@@ -33,13 +33,14 @@ from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex, slices_of
 
 NODES, PODS, GPU_NODES = "/api/v1/nodes", "/api/v1/pods", object_path(API_VERSION, "amdgpunodes")
+QUOTAS = "/api/v1/resourcequotas"
 
 
 class ScriptedKube:
     """Lists from `objects` in pages; watches stream what tests `push`, until cancelled."""
 
     def __init__(self, objects: dict[str, list[dict]], page: int = 2) -> None:
-        self.objects = {NODES: [], PODS: [], GPU_NODES: [], **objects}
+        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], **objects}
         self.page = page
         self.calls: Counter[tuple[str, str]] = Counter()
         self.events: dict[str, asyncio.Queue] = {path: asyncio.Queue() for path in self.objects}
@@ -187,9 +188,13 @@ def gpu_node(name: str, *, healthy: bool = True, heartbeat: str = "t0") -> dict:
 
 
 async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -> None:
+    share_quota = {"metadata": {"name": "team-quota", "namespace": "ns",
+                                "ownerReferences": [{"kind": "AmdGpuShare", "name": "team"}]},
+                   "spec": {"hard": {"limits.amd.com/gpumem": "40k"}}}
     kube = ScriptedKube({NODES: [node("n1"), node("n2")], GPU_NODES: [gpu_node("n1"), gpu_node("n2")],
                          PODS: [pod("a", allocation=record("n1", gpu="GPU-n1")),
-                                pod("b", node_name="n2", allocation=record("n2", gpu="GPU-n2")), pod("plain")]})
+                                pod("b", node_name="n2", allocation=record("n2", gpu="GPU-n2")), pod("plain")],
+                         QUOTAS: [share_quota]})
     ctx = operator_context(kube)
     nodes_status.subscribe(ctx)
     state = SchedulerState()
@@ -197,8 +202,15 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     task = asyncio.create_task(ctx.feed.run())
     await ctx.feed.wait_synced()
     await settle()
-    assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in (NODES, GPU_NODES, PODS)}
-    assert kube.calls["watch", NODES] == kube.calls["watch", GPU_NODES] == kube.calls["watch", PODS] == 1
+    kinds = (NODES, GPU_NODES, PODS, QUOTAS)
+    assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in kinds}
+    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1]
+    assert state.quota_limits("ns").memory_mib == 40000  # the extender's quota, from the one quota watch ...
+    share = ctx.wakeups.register(share_key("ns", "team"))
+    share.applied["quota_hard"] = {"limits.amd.com/gpumem": "40k"}
+    kube.push(QUOTAS, "MODIFIED", {**share_quota, "spec": {"hard": {"limits.amd.com/gpumem": "1"}}})
+    await settle()
+    assert "quota" in share.take_reasons()  # ... and the share's loop, told its quota was edited
     # The extender's caches ...
     assert set(state.ledger.records()) == {"ns/a", "ns/b"} and set(state.inventories) == {"n1", "n2"}
     assert state.index.nodes["n1"] is ctx.feed.node("n1")  # one object per node, shared with the reconcilers

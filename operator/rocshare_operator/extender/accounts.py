@@ -10,6 +10,9 @@ quota figures) and the in-flight gate. Rebuilt from the pod watch, never the sou
   not be read, or reading it failed -- is `unaccountable`: its node is blocked (no new pod
   goes there, DESIGN.md section 2 rule 5) and its namespace, when it has a quota, takes no
   new pod (its use is unknown). Never "free". It stays so until the pod ends or is read.
+* The process's one index of what pods hold: every change of a pod's GPU hold (a record
+  committed, a hold become unknown, a pod forgotten) is told to `on_hold`; pool and share status
+  derive their index from it, so they and the extender cannot disagree (issue 34).
 * The `InFlightGate`: per node at most one pod bound but not yet admitted by the node's kubelet
   (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it when the kubelet's
   own first status write after binding shows (`status.startTime` set, or phase Failed with its
@@ -91,6 +94,10 @@ class Accounts:
         self.unaccountable: dict[PodKey, tuple[str, str, str]] = {}
         """Pod -> (namespace, node, why): what it holds is unknown."""
         self.on_release: list[Callable[[], None]] = []
+        self.on_hold: list[Callable[[PodKey, str, Holding | None], None]] = []
+        """Called with (pod, namespace, what it holds now; None: nothing) when a pod's GPU hold
+        changed: pool and share status derive their index from these (reconcilers/nodes_status.py),
+        so status and the extender cannot count a pod differently."""
         self.on_unaccountable: list[Callable[[PodKey, str, str, str], None]] = []
         """Called with (pod, namespace, node, why) when a pod's hold becomes unknown (the server posts an Event)."""
         self._cu_counts = cu_counts
@@ -176,6 +183,7 @@ class Accounts:
         changed = self.unaccountable.get(key) != (namespace, node, why)
         self.unaccountable[key] = (namespace, node, why)
         if changed:
+            self._held(key, namespace, Holding(node, problem=why) if node else None)
             log.error("pod %s: %s; node %s takes no new pods and namespace %s no new quota until it ends",
                       key, why, node or "(unknown)", namespace)
             for callback in self.on_unaccountable:
@@ -184,12 +192,15 @@ class Accounts:
             self.pod_nodes[key] = node
 
     def forget(self, key: PodKey) -> None:
-        was_blocking = self.unaccountable.pop(key, None) is not None
+        unknown = self.unaccountable.pop(key, None)
+        was_blocking = unknown is not None
         self.hami_seen.pop(key, None)
         node = self.pod_nodes.pop(key, None)
-        self._uncount(key)
+        namespace = self._uncount(key) or (unknown[0] if unknown else None)
         released = key in self.ledger  # a slice, or CPU and memory
         self.ledger.release(key)
+        if namespace is not None:
+            self._held(key, namespace, None)
         if node:
             self.gate.release(node, key)
         if released or was_blocking:  # room appeared: a slice freed, or a blocked node unblocked
@@ -204,9 +215,15 @@ class Accounts:
             return
         self.ledger.apply(record, key, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
         self.pod_nodes[key] = record.node
-        held = record_holding(record).held(self._cu_counts(record.node))
+        holding = record_holding(record)
+        held = holding.held(self._cu_counts(record.node))
         self.pod_held[key] = (namespace, held)
         self.namespace_held[namespace] = self.namespace_held.get(namespace, Held()) + held
+        self._held(key, namespace, holding)
+
+    def _held(self, key: PodKey, namespace: str, holding: Holding | None) -> None:
+        for callback in self.on_hold:
+            callback(key, namespace, holding)
 
     def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
         """Account a GPU-less pod's CPU and memory on its node (bind's decision, or the watch's)."""
@@ -217,10 +234,13 @@ class Accounts:
         """Bind's decision was not written: take it back."""
         self.forget(key)
 
-    def _uncount(self, key: PodKey) -> None:
+    def _uncount(self, key: PodKey) -> str | None:
+        """Take the pod out of its namespace's figures; its namespace, or None when it held no GPU."""
         namespace, held = self.pod_held.pop(key, ("", None))
-        if held is not None:
-            self.namespace_held[namespace] = self.namespace_held[namespace] - held
+        if held is None:
+            return None
+        self.namespace_held[namespace] = self.namespace_held[namespace] - held
+        return namespace
 
     # ---- views -----------------------------------------------------------------------------
 

@@ -228,6 +228,34 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     task.cancel()
 
 
+@pytest.mark.parametrize("extender", [True, False], ids=["with the extender", "reconcilers alone"])
+async def test_status_and_the_extender_read_one_hold_index(extender: bool) -> None:
+    """The known disagreement of two indexes: a HAMi pod naming a GPU its node does not list. The
+    fail-closed answer -- its hold is unknown: the node is blocked and status says the pod cannot be
+    accounted for -- is the one answer, because status derives its slices from the extender's accounts."""
+    stray = {"metadata": {"name": "h", "namespace": "ns", "annotations": {
+                 "hami.io/amd-devices-allocated": "GPU-elsewhere,MI210,8000,26:;", "hami.io/vgpu-node": "n1"}},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c0"}]}, "status": {"phase": "Running", "startTime": "t"}}
+    kube = ScriptedKube({NODES: [node("n1")], GPU_NODES: [gpu_node("n1")], PODS: [stray]})
+    ctx = operator_context(kube)
+    nodes_status.subscribe(ctx)
+    state = SchedulerState()
+    if extender:
+        extender_subscribe(ctx.feed, state)
+        nodes_status.use_accounts(ctx, state.accounts)  # as scheduling.extender_task wires it
+    task = asyncio.create_task(ctx.feed.run())
+    await ctx.feed.wait_synced()
+    await settle()
+    [held] = ctx.slices.on_node("n1")
+    assert not held.holding.accountable and "does not list" in held.error
+    assert ctx.accounts.blocked_nodes() == {"n1"}
+    assert (state.accounts is ctx.accounts) == extender
+    kube.push(PODS, "DELETED", stray)
+    await settle()
+    assert ctx.slices.on_node("n1") == [] and not ctx.accounts.blocked_nodes()
+    task.cancel()
+
+
 async def test_a_failing_reader_does_not_starve_the_others() -> None:
     kube = ScriptedKube({NODES: [], PODS: [pod("a", allocation=record("n1"))]})
     feed = ClusterFeed(kube)

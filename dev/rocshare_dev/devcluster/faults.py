@@ -66,21 +66,22 @@ def choke_node_facts(prefix: str) -> Undo:
     return lambda: setattr(cluster_facts, "marks_of", real)
 
 
-def _event_steps() -> dict[str, tuple[type, str]]:
+def _event_steps() -> dict[str, tuple[type, str, str]]:
     """The steps of the extender's pod path a fault can be planted in (each takes the event's kind
     and the pod's facts)."""
     from rocshare_operator.extender.accounts import Accounts
     from rocshare_operator.extender.state import SchedulerState
     from rocshare_operator.extender.workloads import PoolWorkloads
 
-    return {"accounts": (Accounts, "on_pod"), "workloads": (PoolWorkloads, "on_pod"),
-            "waiting": (SchedulerState, "_track_waiting")}
+    return {"accounts": (Accounts, "on_pod", "accounting"),
+            "workloads": (PoolWorkloads, "on_pod", "the fragmentation model"),
+            "waiting": (SchedulerState, "_track_waiting", "the waiting list")}
 
 
 def raise_on_events(prefix: str, times: int, step: str = "accounts") -> Undo:
     from rocshare_operator.feed.cluster_facts import PodFacts
 
-    owner, name = _event_steps()[step]
+    owner, name, what = _event_steps()[step]
     real = getattr(owner, name)
     raised: Counter[str] = Counter()
 
@@ -88,8 +89,8 @@ def raise_on_events(prefix: str, times: int, step: str = "accounts") -> Undo:
         pod = next(arg for arg in (*args, *kwargs.values()) if isinstance(arg, PodFacts))
         if pod.name.startswith(prefix) and raised[pod.key] < times:
             raised[pod.key] += 1
-            log.warning("planted fault: %s raises on %s (%d of %d)", step, pod.key, raised[pod.key], times)
-            raise PlantedFault(f"planted: {step} failed on {pod.key}")
+            log.warning("planted fault: %s raises on %s (%d of %d)", what, pod.key, raised[pod.key], times)
+            raise PlantedFault(f"planted: {what} failed on {pod.key}")
         return real(self, *args, **kwargs)
 
     setattr(owner, name, failing)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
+from rocshare.api.pod_lifecycle import awaiting_allocation
 from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest, Holding, read_hami, read_record, record_holding
 from rocshare.core.ids import PodKey
 from rocshare.core.ledger import Ledger
@@ -128,7 +129,7 @@ class Accounts:
         elif self.ledger.record(key) is None:
             self._account(key, pod)
         node = self.pod_nodes.get(key)
-        if node and not awaiting_allocation(pod):
+        if node and not awaiting_allocation(phase=pod.phase, started=pod.started, deleting=pod.deleting):
             self.gate.release(node, key)
         elif node and pod.node == node and node not in self.gate:
             # Bound before this process started (or its bind's own mark was lost): still in
@@ -253,10 +254,3 @@ class Accounts:
     def unaccountable_in(self, namespace: str) -> list[str]:
         """The namespace's bound pods whose hold is unknown (an unbound pod holds nothing)."""
         return [f"{key} ({why})" for key, (ns, node, why) in self.unaccountable.items() if ns == namespace and node]
-
-
-def awaiting_allocation(pod: PodFacts) -> bool:
-    """Not yet admitted by the node's kubelet: the agent's own test (nodeagent inflight.py). The
-    kubelet allocates every container's devices while it admits a pod, and its first status
-    write after that sets status.startTime (or phase Failed, when it rejects the pod: finished)."""
-    return not pod.started and not pod.deleting and pod.phase == "Pending"

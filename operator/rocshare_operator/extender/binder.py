@@ -108,7 +108,7 @@ class Binder:
     async def _wait_for_room(self, node: str, key: PodKey, deadline: float) -> None:
         """Until no other pod is in flight on the node (this pod may be: an attempt whose outcome
         could not be learnt left it so)."""
-        held = await self.state.accounts.gate.wait_free(node, key, deadline)
+        held = await self.state.wait_in_flight(node, key, deadline)
         if held is not None:
             raise BindRefused(f"node {node} is still allocating pod {held.pod}; retry later")
 
@@ -141,7 +141,7 @@ class Binder:
             else:
                 record = self._decide(pod, node)
             self.state.commit(key, namespace, record, _host(pod))
-            self.state.accounts.gate.acquire(node, key)
+            self.state.hold_in_flight(node, key)
             annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
             try:
                 await self.kube.create(path + "/binding", _binding(pod, node, annotations))

@@ -187,7 +187,7 @@ class SchedulerState:
         if self.retrier is not None:
             self.retrier.room_freed()
 
-    # ---- bind's accounting (the binder's side effects) ------------------------------------------
+    # ---- bind's accounting and in-flight gate (the binder's side effects) ------------------------
 
     def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
         self.changes += 1
@@ -201,7 +201,16 @@ class SchedulerState:
         self.changes += 1
         self.accounts.uncommit(key)
 
-    # ---- read-only views (tests, metrics, benches) --------------------------------------------
+    async def wait_in_flight(self, node: str, key: PodKey, deadline: float) -> InFlight | None:
+        """Until no pod but `key` is in flight on the node (DESIGN.md section 2 rule 2); the holder
+        when the deadline (time.monotonic) passed first."""
+        return await self.accounts.gate.wait_free(node, key, deadline)
+
+    def hold_in_flight(self, node: str, key: PodKey) -> None:
+        """`key` is in flight on the node from now until its kubelet admits it or it goes."""
+        self.accounts.gate.acquire(node, key)
+
+    # ---- read-only views (metrics, the binder, benches) ---------------------------------------
 
     @property
     def ledger(self) -> Ledger:
@@ -224,22 +233,9 @@ class SchedulerState:
         return self.index.quotas
 
     @property
-    def node_pools(self) -> dict[str, str]:
-        return self.index.node_pools
-
-    @property
-    def inflight(self) -> dict[str, InFlight]:
-        return self.accounts.gate.held
-
-    @property
     def namespace_costs(self) -> dict[str, Held]:
         return self.accounts.namespace_held
-
-    def blocked_nodes(self) -> set[str]:
-        return self.accounts.blocked_nodes()
 
     def quota_limits(self, namespace: str) -> ShareLimits:
         return self.index.quota_limits(namespace)
 
-    def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
-        return self.index.pool_of(node_name)

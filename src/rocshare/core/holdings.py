@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
 from rocshare.api.hami import HamiFormatError, HamiPlacement, decode_cu_allocated, decode_pod_devices, rocshare_gpu_id
 from rocshare.api.models import OmittedCores
+from rocshare.api.pod_lifecycle import is_sidecar
 from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity
 from rocshare.core.request import ContainerRequest, PodRequest, RequestError, parse_pod
@@ -278,7 +279,7 @@ def _effective_host(spec: Mapping, resource: str, read) -> int:
             name = container.get("name", "?") if isinstance(container, Mapping) else "?"
             resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
             asked = (resources.get("requests") or {}).get(resource, (resources.get("limits") or {}).get(resource))
-            sidecar = init and container.get("restartPolicy") == "Always"
+            sidecar = isinstance(container, Mapping) and is_sidecar(container, init=init)
             containers.append((init, sidecar, _host_value(asked, read, f"container {name!r}: {resource}")))
     overhead = _host_value((spec.get("overhead") or {}).get(resource), read, f"spec.overhead.{resource}")
     return effective_gpus(containers) + overhead

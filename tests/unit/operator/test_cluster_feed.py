@@ -357,9 +357,9 @@ async def test_a_pod_the_extender_fails_to_account_keeps_its_node_blocked_until_
     facts = pod_facts(pod("a", allocation=record("n1"), phase="Running"))
     with pytest.raises(RuntimeError):
         await state.on_pod_facts("ADDED", facts)
-    assert state.blocked_nodes() == {"n1"}  # fail closed: its GPUs are not free meanwhile
+    assert state.accounts.blocked_nodes() == {"n1"}  # fail closed: its GPUs are not free meanwhile
     await state.on_pod_facts("ADDED", facts)  # the retry
-    assert state.blocked_nodes() == set() and "ns/a" in state.ledger
+    assert state.accounts.blocked_nodes() == set() and "ns/a" in state.ledger
 
 
 def test_a_pod_object_the_decoder_chokes_on_is_kept_with_its_problem() -> None:

@@ -1,26 +1,25 @@
 """The node agent's inventory loop: discover, check health, publish, tell the device plugin.
 
-`run_inventory_loop` runs until cancelled. Every check (at most `interval_s`, 2 s by
-default, or the pool's health interval when shorter) it applies device-file and exporter health
-to the GPUs; the GPUs themselves are re-discovered from sysfs (< 100 ms even on 63 partitions,
-run in a worker thread) on the first check, whenever the pool's sharing settings change, and at
-least every `REDISCOVER_S` -- a sysfs topology changes only when a GPU or its partitioning does,
-and a device that is lost shows at once in its device files,
-and, when the inventory or any GPU's health changed, calls `on_inventory` with the new list,
-emits Events for the transitions and re-publishes. A GPU is published healthy only once
-`on_inventory` (the device plugin, so the kubelet) took it healthy: a failed call is made again on
-the next check, and meanwhile the AmdGpuNode shows what the kubelet has (`told_health`). Without changes it re-publishes every
-`heartbeat_s` (lastHeartbeatTime). The pool settings the operator writes on the Node
-(annotation rocshare.io/pool-settings) are re-read every `settings_interval_s`; missing settings
-mean defaults (a node in no pool); settings that cannot be decoded make the node offer nothing
-(every GPU unhealthy, condition PoolSettings False with why) until they can (fail closed). Each pass also checks the memory hook
-library (hook.py): the MemoryHook condition beside Ready, and a Node event when it appears or
-goes. With the device plugin wired in (`plugin`), the DevicePlugin condition says whether the
-kubelet has the device list (True only while it watches every resource offered), re-published as
-soon as that changes and set False when the agent stops: the extender offers the node only while
-it is True, so no pod is bound in the gap of an agent restart, when the kubelet would fail it.
-A failed publish is logged and retried on the next check; nothing here ends the loop but
-cancellation.
+`run_inventory_loop` runs until cancelled. Every check (at most `interval_s`, 2 s by default, or the
+pool's health interval when shorter) it applies device-file and exporter health to the GPUs; the
+GPUs themselves are re-discovered from sysfs (< 100 ms even on 63 partitions, run in a worker
+thread) on the first check, whenever the pool's sharing settings change, and at least every
+`REDISCOVER_S` -- a sysfs topology changes only when a GPU or its partitioning does, and a device
+that is lost shows at once in its device files, and, when the inventory or any GPU's health changed,
+calls `on_inventory` with the new list, emits Events for the transitions and re-publishes. A GPU is
+published healthy only once `on_inventory` (the device plugin, so the kubelet) took it healthy: a
+failed call is made again on the next check, and meanwhile the AmdGpuNode shows what the kubelet has
+(`told_health`). Without changes it re-publishes every `heartbeat_s` (lastHeartbeatTime). The pool
+settings the operator writes on the Node (annotation rocshare.io/pool-settings) are re-read every
+`settings_interval_s`; missing settings mean defaults (a node in no pool); settings that cannot be
+decoded make the node offer nothing (every GPU unhealthy, condition PoolSettings False with why)
+until they can (fail closed). Each pass also checks the memory hook library (hook.py): the
+MemoryHook condition beside Ready, and a Node event when it appears or goes. With the device plugin
+wired in (`plugin`), the DevicePlugin condition says whether the kubelet has the device list (True
+only while it watches every resource offered), re-published as soon as that changes and set False
+when the agent stops: the extender offers the node only while it is True, so no pod is bound in the
+gap of an agent restart, when the kubelet would fail it. A failed publish is logged and retried on
+the next check; nothing here ends the loop but cancellation.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.holdings import HostRequest, host_request, placement_request
 from rocshare.core.request import PodRequest, RequestError
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
-from rocshare_operator.extender.decisions import Rejection, bind_decision, node_rejection
+from rocshare_operator.extender.decisions import bind_decision, node_rejection
+from rocshare_operator.extender.replies import Rejection
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)

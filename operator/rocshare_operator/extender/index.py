@@ -2,13 +2,14 @@
 events (never the source of truth).
 
 Fed by the operator's cluster feed (Nodes, AmdGpuNodes and ResourceQuotas as `NodeFacts`,
-`GpuNodeFacts` and `QuotaFacts`) and by an informer on AmdGpuPools. It keeps only what decisions read:
+`GpuNodeFacts` and `QuotaFacts`) and by an informer on AmdGpuPools. It keeps only what
+decisions read:
 * per node its facts (never the body) and its pool label;
 * per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
 * per node a `NodeInventory` from the agent's AmdGpuNode status, the pool settings the
   operator wrote on the Node (a node whose Node, AmdGpuNode or settings cannot be read offers
-  nothing and is listed in `unreadable` with why: fail closed, never the defaults) and the Node's allocatable CPU and memory (scored and fitted against
-  every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node
+  nothing and is listed in `unreadable` with why: fail closed, never the defaults) and the
+  Node's allocatable CPU and memory (scored and fitted against every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node
   whose allocatable amd.com/gpu is 0, whose quantity cannot be read, that has no status, or whose
   agent says its device plugin is not watched by the kubelet (DevicePlugin False: the agent is
   starting or stopping, the kubelet restarted) offers nothing);

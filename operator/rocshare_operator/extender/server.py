@@ -28,7 +28,8 @@ from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import Priorities, best_nodes, prioritize
+from rocshare_operator.extender.decisions import best_nodes, prioritize
+from rocshare_operator.extender.replies import Priorities
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap

@@ -97,8 +97,8 @@ class SchedulerState:
     def snapshot(self) -> Snapshot:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
-                        frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads, self.fleet, index,
-                        self.accounts)
+                        frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads,
+                        self.fleet, index, self.accounts)
 
     # ---- events ------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity, whole_quantity
-from rocshare_operator.status.pool_logic import NodeMarks, NodeView, marks_of
+from rocshare_operator.feed.node_view import NodeMarks, NodeView, marks_of
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _LABEL_PAIRS_MAX = 100_000  # bound on the pair interner: past it, it starts afresh

@@ -313,8 +313,9 @@ def request_cost(request: PodRequest, *, gpu_memory_mib: int, omitted: OmittedCo
     each a whole device whatever the ask."""
     costs = [_container_cost(container, gpu_memory_mib, omitted, whole_devices) for container in request.containers]
     slots = overlap_slots([(c.init, c.sidecar, c.gpus, cost[2]) for c, cost in zip(request.containers, costs)])
-    memory = sum(cost[0] * c.gpus for index, (c, cost) in enumerate(zip(request.containers, costs)) if index not in slots)
-    cores = sum(cost[1] * c.gpus for index, (c, cost) in enumerate(zip(request.containers, costs)) if index not in slots)
+    summed = [(cost, c.gpus) for index, (c, cost) in enumerate(zip(request.containers, costs)) if index not in slots]
+    memory = sum(cost[0] * gpus for cost, gpus in summed)
+    cores = sum(cost[1] * gpus for cost, gpus in summed)
     peaks: dict[Slot, tuple[int, int]] = {}
     for index, over in slots.items():
         init_mib, init_pct, _whole = costs[index]

@@ -70,6 +70,7 @@ crds: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/pycodestyle src operator nodeagent dev tests
 	$(BIN)/rocshare crds --out crds --check
 
 unit: $(STAMP)

@@ -1,23 +1,25 @@
 """The node agent's inventory loop: discover, check health, publish, tell the device plugin.
 
-`run_inventory_loop` runs until cancelled. Every check (at most `interval_s`, 2 s by
-default, or the pool's health interval when shorter) it applies device-file and exporter health
-to the GPUs; the GPUs themselves are re-discovered from sysfs (< 100 ms even on 63 partitions,
-run in a worker thread) on the first check, whenever the pool's sharing settings change, and at
-least every `REDISCOVER_S` -- a sysfs topology changes only when a GPU or its partitioning does,
-and a device that is lost shows at once in its device files,
-and, when the inventory or any GPU's health changed, calls `on_inventory` with the new list,
-emits Events for the transitions and re-publishes. Without changes it re-publishes every
-`heartbeat_s` (lastHeartbeatTime). The pool settings the operator writes on the Node
-(annotation rocshare.io/pool-settings) are re-read every `settings_interval_s`; missing or
-undecodable settings mean defaults (logged with why). Each pass also checks the memory hook
-library (hook.py): the MemoryHook condition beside Ready, and a Node event when it appears or
-goes. With the device plugin wired in (`plugin`), the DevicePlugin condition says whether the
-kubelet has the device list (True only while it watches every resource offered), re-published as
-soon as that changes and set False when the agent stops: the extender offers the node only while
-it is True, so no pod is bound in the gap of an agent restart, when the kubelet would fail it.
-A failed publish is logged and retried on the next check; nothing here ends the loop but
-cancellation.
+`run_inventory_loop` runs until cancelled. Every check (at most `interval_s`, 2 s by default, or the
+pool's health interval when shorter) it applies device-file and exporter health to the GPUs; the
+GPUs themselves are re-discovered from sysfs (< 100 ms even on 63 partitions, run in a worker
+thread) on the first check, whenever the pool's sharing settings change, and at least every
+`REDISCOVER_S` -- a sysfs topology changes only when a GPU or its partitioning does, and a device
+that is lost shows at once in its device files, and, when the inventory or any GPU's health changed,
+calls `on_inventory` with the new list, emits Events for the transitions and re-publishes. A GPU is
+published healthy only once `on_inventory` (the device plugin, so the kubelet) took it healthy: a
+failed call is made again on the next check, and meanwhile the AmdGpuNode shows what the kubelet has
+(`told_health`). Without changes it re-publishes every `heartbeat_s` (lastHeartbeatTime). The pool
+settings the operator writes on the Node (annotation rocshare.io/pool-settings) are re-read every
+`settings_interval_s`; missing settings mean defaults (a node in no pool); settings that cannot be
+decoded make the node offer nothing (every GPU unhealthy, condition PoolSettings False with why)
+until they can (fail closed). Each pass also checks the memory hook library (hook.py): the
+MemoryHook condition beside Ready, and a Node event when it appears or goes. With the device plugin
+wired in (`plugin`), the DevicePlugin condition says whether the kubelet has the device list (True
+only while it watches every resource offered), re-published as soon as that changes and set False
+when the agent stops: the extender offers the node only while it is True, so no pod is bound in the
+gap of an agent restart, when the kubelet would fail it. A failed publish is logged and retried on
+the next check; nothing here ends the loop but cancellation.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ REDISCOVER_S = 60.0
 """The longest a sysfs topology read stands before it is read again (device files are checked on
 every pass): a full read on every 2 s check cost a 63-partition node ~2 % of a core, always."""
 
+SETTINGS_CONDITION = "PoolSettings"
+"""False (reason Unreadable) while the pool settings on the Node cannot be read."""
 STOPPING_PUBLISH_S = 2.0
 """How long a stopping agent tries to publish DevicePlugin False before it exits anyway."""
 
@@ -111,6 +115,8 @@ class InventoryAgent:
         self.exporter_timeout_s = exporter_timeout_s
         self.clock = clock
         self.settings = default_settings()
+        self.settings_problem: str | None = None
+        """Why the pool settings on the Node cannot be read: then every GPU is offered unhealthy."""
         self.node_uid: str | None = None
         self.gpus: list[GpuInfo] | None = None
         self.discovery = DiscoveryResult()
@@ -135,7 +141,14 @@ class InventoryAgent:
             self.node_uid = None
             return
         self.node_uid = node["metadata"].get("uid")
-        self.settings = settings_from_node(node)
+        try:
+            self.settings = settings_from_node(node)
+        except SettingsError as error:
+            if self.settings_problem != str(error):
+                log.error("%s; the node offers no GPU until the pool's settings are readable", error)
+            self.settings_problem = str(error)
+            return
+        self.settings_problem = None
 
     def exporter(self) -> ExporterHealth | None:
         url = self.exporter_url_override
@@ -154,16 +167,17 @@ class InventoryAgent:
             await self.refresh_settings()
         discovery = await self._discover()
         gpus = named(await self._with_exporter_health(discovery.gpus), self.settings.sharing)
+        if self.settings_problem is not None:
+            gpus = unoffered(gpus, f"the pool settings on the Node cannot be read: {self.settings_problem}")
         if discovery.product_sources != self.discovery.product_sources:
             _log_names(discovery)
         self.discovery = discovery
-        if gpus != self.gpus:
+        if gpus != self.gpus and await self._notify(gpus):
             transitions = health_transitions(self.gpus, gpus)
             self.gpus = gpus
-            await self._notify(gpus)
             await self._emit(transitions)
         await self._check_hook()
-        await self._publish(gpus)
+        await self._publish(told_health(gpus, self.gpus))
 
     async def _check_hook(self) -> None:
         if self.hook_dir is None:
@@ -200,15 +214,19 @@ class InventoryAgent:
                         "keeping last-known verdicts" if reading.verdicts else "device-file health only")
         return apply_exporter_health(gpus, reading.verdicts)
 
-    async def _notify(self, gpus: list[GpuInfo]) -> None:
+    async def _notify(self, gpus: list[GpuInfo]) -> bool:
+        """Tell the device plugin (and so the kubelet); False when that failed: the next check
+        tells it again, and until then the published health is what the kubelet has."""
         if self.on_inventory is None:
-            return
+            return True
         try:
             result = self.on_inventory(list(gpus))
             if inspect.isawaitable(result):
                 await result
         except Exception:  # the callback's bug must not stop inventory publishing
-            log.exception("on_inventory callback failed")
+            log.exception("on_inventory callback failed; telling it again on the next check")
+            return False
+        return True
 
     async def _emit(self, transitions: list[Transition]) -> None:
         for transition in transitions:
@@ -229,7 +247,7 @@ class InventoryAgent:
         )
 
     def _conditions_now(self, gpus: list[GpuInfo]) -> list[Condition]:
-        conditions = [ready_condition(gpus)]
+        conditions = [ready_condition(gpus), settings_condition(self.settings_problem)]
         if self.hook is not None:
             conditions.append(hook_condition(self.hook, self.hook_missing))
         if self.plugin is not None:
@@ -284,15 +302,38 @@ class InventoryAgent:
         self._published.metadata = metadata
 
 
+def told_health(gpus: list[GpuInfo], told: list[GpuInfo] | None) -> list[GpuInfo]:
+    """The GPUs as found, each healthy only if the kubelet was also told it is (`told`: the list the
+    device plugin last took). Until the kubelet has the news, the AmdGpuNode never offers a GPU the
+    kubelet would refuse; a GPU that failed shows at once (fail closed both ways)."""
+    if told == gpus:
+        return gpus
+    healthy = {gpu.id for gpu in told or () if gpu.healthy}
+    return [gpu if gpu.id in healthy or not gpu.healthy
+            else gpu.model_copy(update={"healthy": False, "health_reason": "not yet told to the kubelet"})
+            for gpu in gpus]
+
+
 def settings_from_node(node: dict) -> NodeSettings:
+    """The pool's settings as the operator wrote them on the Node; the defaults when it wrote
+    none (a node in no pool). Raises SettingsError when they cannot be read: never a guess."""
     text = (node.get("metadata", {}).get("annotations") or {}).get(POOL_SETTINGS_ANNOTATION)
     if text is None:
         return default_settings()
-    try:
-        return decode_settings(text)
-    except SettingsError as error:
-        log.warning("using default pool settings: %s", error)
-        return default_settings()
+    return decode_settings(text)
+
+
+def unoffered(gpus: list[GpuInfo], why: str) -> list[GpuInfo]:
+    """Every GPU unhealthy, with why: the kubelet's allocatable drops to 0 and the extender offers
+    none of them (what a node that cannot be read must offer: nothing)."""
+    return [gpu.model_copy(update={"healthy": False, "health_reason": why}) for gpu in gpus]
+
+
+def settings_condition(problem: str | None) -> Condition:
+    if problem is not None:
+        return Condition(type=SETTINGS_CONDITION, status="False", reason="Unreadable",
+                         message=f"{problem}; no GPU is offered until it is fixed")
+    return Condition(type=SETTINGS_CONDITION, status="True", reason="Read", message="the pool settings were read")
 
 
 def ready_condition(gpus: list[GpuInfo]) -> Condition:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocshare.kube.client import Kube
+from rocshare_operator.extender.accounts import Accounts
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.status.pool_logic import NodeView
@@ -125,11 +126,17 @@ class OperatorContext:
     agent: AgentDeployment
     feed: ClusterFeed
     slices: SliceIndex = field(default_factory=SliceIndex)
+    """What pods hold, by node and namespace, as status reads it: derived from `accounts`."""
+    accounts: Accounts | None = None
+    """The process's one index of what pods hold (extender/accounts.py): the extender's when it runs
+    in this process, else the reconcilers' own (reconcilers/nodes_status.py wires it)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     kubeconfig: str | None = None
 
     def node_views(self) -> list[NodeView]:
-        return [facts.view for facts in self.feed.node_facts()]
+        """Every readable Node's view; one that cannot be read is left as it is (no pool marks or
+        unmarks what it cannot see)."""
+        return [facts.view for facts in self.feed.node_facts() if facts.problem is None]
 
     def inventory(self, node: str) -> Inventory | None:
         """The node's AmdGpuNode as status reads it; None when the node has none."""

@@ -21,12 +21,14 @@ from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
 from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.reconcilers import nodes_status
 
 
 def extender_task(settings: ExtenderSettings, state: SchedulerState):
     def serve(context: OperatorContext) -> Awaitable[None]:
         # Now, not inside the coroutine: run_operator calls this before the cluster feed runs.
         subscribe(context.feed, state)
+        nodes_status.use_accounts(context, state.accounts)  # one hold index: status derives from the extender's
         return run_extender(context.kube, settings, state, feed=context.feed)
 
     return serve

@@ -139,10 +139,10 @@ def mixed_pod(name: str, pool_name: str, *, init: list[dict] = (), containers: l
 
 # (pod, what it holds: MiB, cores %, GPUs), by docs/accounting.md, worked out by hand.
 MIXED = [
-    # An init container then an app container: both slices are held for the pod's life (summed);
-    # Kubernetes counts max(init, app) = 1 GPU.
+    # An init container then an app container: the init runs first, over the app's slice, so the pod
+    # holds max(init, app) -- 4000 MiB, 20 % -- and Kubernetes counts max(init, app) = 1 GPU.
     (mixed_pod("init-and-app", EXCLUSIVE, init=[container("setup", gpu="1", gpumem="2000", gpucores="10")],
-               containers=[container("main", gpu="1", gpumem="4000", gpucores="20")]), (6000, 30, 1)),
+               containers=[container("main", gpu="1", gpumem="4000", gpucores="20")]), (4000, 20, 1)),
     # A native sidecar beside a memory-only app slice on an Exclusive pool (every CU reserved: 100 %);
     # the sidecar runs with the app, so Kubernetes counts 1 + 1 GPUs.
     (mixed_pod("sidecar", EXCLUSIVE,
@@ -153,12 +153,14 @@ MIXED = [
     # A percentage of VRAM and cores: 10 % of 65536 MiB, 15 %.
     (mixed_pod("percent", SHARED, containers=[container("main", **{"gpumem-percentage": "10", "gpucores": "15"})]),
      (GPU_MIB * 10 // 100, 15, 1)),
-    # An init container, a sidecar and two app containers.
+    # An init container, a sidecar started after it and two app containers: the init lies over the
+    # pod's first slot -- the sidecar's slice, which starts only once the init has finished -- so that
+    # slot holds max(1500, 500) MiB and max(10, 5) %; the app slices add up beside it.
     (mixed_pod("all-kinds", SHARED,
                init=[container("fetch", gpu="1", gpumem="1500", gpucores="10"),
                      {**container("log", gpu="1", gpumem="500", gpucores="5"), "restartPolicy": "Always"}],
                containers=[container("a", gpu="1", gpumem="2500", gpucores="20"),
-                           container("b", gpu="2", gpumem="1000", gpucores="10")]), (1500 + 500 + 2500 + 2000, 10 + 5 + 20 + 20, 4)),
+                           container("b", gpu="2", gpumem="1000", gpucores="10")]), (1500 + 2500 + 2000, 10 + 20 + 20, 4)),
 ]
 
 

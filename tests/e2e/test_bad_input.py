@@ -178,14 +178,18 @@ async def test_running_extender_flags_bad_node_inputs_and_keeps_answering(cluste
     async def filtered():
         status, reply = await asyncio.to_thread(post, cluster, "filter",
                                                 json.dumps({"Pod": POD, "NodeNames": names}).encode())
-        return reply if status == 200 and sorted(reply["NodeNames"]) == ["bad-none", "bad-settings"] else None
+        unreadable = [name for name in names if "NodeUnreadable" in reply.get("FailedNodes", {}).get(name, "")]
+        return reply if status == 200 and len(unreadable) == 3 else None
     reply = await wait_for(filtered, timeout_s=20, what="the extender to see the nodes")
-    assert "NoGpuInventory" in reply["FailedNodes"]["bad-twice"]  # a doubled GPU: the node offers nothing
+    assert reply["NodeNames"] == []  # nothing it cannot read is offered: never the default settings
+    assert "more than once" in reply["FailedNodes"]["bad-twice"]  # a doubled GPU: the node offers nothing
+    assert "pool settings cannot be read" in reply["FailedNodes"]["bad-settings"]
+    assert "sharing.splitCount" in reply["FailedNodes"]["bad-none"]
     assert "NoGpuInventory" in reply["FailedNodes"]["ghost-node"]  # an unknown node: filtered out, not a crash
     log = operator.log_path.read_text()
-    assert "AmdGpuNode bad-twice lists GPU GPU-aaaa more than once" in log
-    assert "node bad-settings: rocshare.io/pool-settings is invalid" in log  # bad settings: defaults, said so
-    assert "node bad-none: rocshare.io/pool-settings is invalid at sharing.splitCount" in log
+    assert "node bad-twice: its AmdGpuNode lists GPU GPU-aaaa more than once" in log
+    assert "node bad-settings: its pool settings cannot be read: rocshare.io/pool-settings is invalid" in log
+    assert "node bad-none: its pool settings cannot be read: rocshare.io/pool-settings is invalid at sharing.splitCount" in log
 
 
 @pytest.mark.parametrize(("verb", "body", "status", "message"), [

@@ -5,9 +5,12 @@
 runs `rocshare` (the arguments after ``--``) in this process after patching:
 * ``--choke-facts PREFIX``: the pod fact decoder (``cluster_facts._pod_facts``) raises on every
   pod whose name starts with PREFIX -- a pod object the operator cannot read;
-* ``--raise PREFIX:TIMES``: the extender's accounting of pod events (``Accounts.on_pod``)
-  raises on the first TIMES events of each pod whose name starts with PREFIX -- a handler that
-  fails and must be retried.
+* ``--raise PREFIX:TIMES``: a step of the extender's pod path (``--raise-in``: the accounting,
+  ``Accounts.on_pod``, by default; the fragmentation model; the waiting list) raises on the first
+  TIMES events of each pod whose name starts with PREFIX -- a handler that fails and must be retried;
+* ``--choke-node-facts PREFIX``: the Node decoder raises on nodes whose kubernetes.io/hostname label
+  starts with PREFIX.
+Each plant returns its undo, for unit tests that plant faults in their own process.
 Each planted fault logs a line with ``planted fault`` so tests can tell it fired.
 """
 
@@ -17,7 +20,7 @@ import argparse
 import logging
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("rocshare_dev.faults")
 
@@ -26,7 +29,10 @@ class PlantedFault(RuntimeError):
     """Raised where a test asked for a failure."""
 
 
-def choke_facts(prefix: str) -> None:
+Undo = Callable[[], None]
+
+
+def choke_facts(prefix: str) -> Undo:
     from rocshare_operator.feed import cluster_facts
 
     real = cluster_facts._pod_facts
@@ -39,22 +45,56 @@ def choke_facts(prefix: str) -> None:
         return real(pod)
 
     cluster_facts._pod_facts = choking
+    return lambda: setattr(cluster_facts, "_pod_facts", real)
 
 
-def raise_on_events(prefix: str, times: int) -> None:
+def choke_node_facts(prefix: str) -> Undo:
+    """The Node decoder fails part-way (reading the node's pool marks) on nodes whose
+    kubernetes.io/hostname label starts with PREFIX: a Node the operator can no longer read."""
+    from rocshare_operator.feed import cluster_facts
+
+    real = cluster_facts.marks_of
+
+    def choking(labels, *args, **kwargs):
+        name = labels.get("kubernetes.io/hostname", "")
+        if name.startswith(prefix):
+            log.warning("planted fault: the Node decoder chokes on node %s", name)
+            raise PlantedFault(f"planted: cannot read node {name}")
+        return real(labels, *args, **kwargs)
+
+    cluster_facts.marks_of = choking
+    return lambda: setattr(cluster_facts, "marks_of", real)
+
+
+def _event_steps() -> dict[str, tuple[type, str, str]]:
+    """The steps of the extender's pod path a fault can be planted in (each takes the event's kind
+    and the pod's facts)."""
     from rocshare_operator.extender.accounts import Accounts
+    from rocshare_operator.extender.state import SchedulerState
+    from rocshare_operator.extender.workloads import PoolWorkloads
 
-    real = Accounts.on_pod
+    return {"accounts": (Accounts, "on_pod", "accounting"),
+            "workloads": (PoolWorkloads, "on_pod", "the fragmentation model"),
+            "waiting": (SchedulerState, "_track_waiting", "the waiting list")}
+
+
+def raise_on_events(prefix: str, times: int, step: str = "accounts") -> Undo:
+    from rocshare_operator.feed.cluster_facts import PodFacts
+
+    owner, name, what = _event_steps()[step]
+    real = getattr(owner, name)
     raised: Counter[str] = Counter()
 
-    def failing(self, kind, pod):
+    def failing(self, *args, **kwargs):
+        pod = next(arg for arg in (*args, *kwargs.values()) if isinstance(arg, PodFacts))
         if pod.name.startswith(prefix) and raised[pod.key] < times:
             raised[pod.key] += 1
-            log.warning("planted fault: accounting raises on %s %s (%d of %d)", kind, pod.key, raised[pod.key], times)
-            raise PlantedFault(f"planted: accounting failed on {pod.key}")
-        return real(self, kind, pod)
+            log.warning("planted fault: %s raises on %s (%d of %d)", what, pod.key, raised[pod.key], times)
+            raise PlantedFault(f"planted: {what} failed on {pod.key}")
+        return real(self, *args, **kwargs)
 
-    Accounts.on_pod = failing
+    setattr(owner, name, failing)
+    return lambda: setattr(owner, name, real)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,12 +103,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rocshare_dev.devcluster.faults")
     parser.add_argument("--choke-facts", default=None)
     parser.add_argument("--raise", dest="raise_", default=None, help="PREFIX:TIMES")
+    parser.add_argument("--raise-in", default="accounts", choices=("accounts", "workloads", "waiting"),
+                        help="the step of the pod path --raise plants its fault in")
+    parser.add_argument("--choke-node-facts", default=None)
     args = parser.parse_args(argv[:split])
     if args.choke_facts:
         choke_facts(args.choke_facts)
     if args.raise_:
         prefix, _, times = args.raise_.rpartition(":")
-        raise_on_events(prefix, int(times))
+        raise_on_events(prefix, int(times), args.raise_in)
+    if args.choke_node_facts:
+        choke_node_facts(args.choke_node_facts)
     from rocshare.cli import main as rocshare_main
 
     return rocshare_main(argv[split + 1:])

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rocshare.api.pod_lifecycle import awaiting_allocation as pod_awaiting_allocation
 from rocshare.api.allocation import (
     ALLOCATION_ANNOTATION,
     AllocationRecord,
@@ -69,12 +70,12 @@ def pod_gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 
 def awaiting_allocation(pod: Mapping[str, Any], node_name: str) -> bool:
-    """Bound here, alive, and not yet admitted by the kubelet: the kubelet allocates a pod's
-    devices while admitting it and then writes its first status, which sets startTime (or
-    phase Failed). The extender releases its in-flight gate on the same facts."""
+    """Bound here and not yet admitted by the kubelet: the core's one rule
+    (rocshare.api.pod_lifecycle), which the extender's in-flight gate reads too."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return ((pod.get("spec") or {}).get("nodeName") == node_name and not meta.get("deletionTimestamp")
-            and status.get("phase", "Pending") == "Pending" and not status.get("startTime"))
+    return (pod.get("spec") or {}).get("nodeName") == node_name and pod_awaiting_allocation(
+        phase=status.get("phase") or "Pending", started=bool(status.get("startTime")),
+        deleting=bool(meta.get("deletionTimestamp")))
 
 
 def _asks_gpus(pod: Mapping[str, Any]) -> bool:

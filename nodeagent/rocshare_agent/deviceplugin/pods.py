@@ -1,10 +1,11 @@
-"""The node's pods, from the API server: a list+watch cache and the agent's refusal annotation.
+"""The node's pods, from the API server: a cache and the agent's refusal annotation.
 
-The cache holds every pod bound to this node (field selector ``spec.nodeName``), rebuilt from
-a fresh list whenever the watch breaks or expires, so a restarted agent knows the same as a
-running one. Writes are merge patches with the pod's uid as precondition (a namesake created
-after a delete is never marked). Serving a pod writes nothing: the kubelet's own status
-write says it was admitted (inflight.py).
+The cache holds every pod bound to this node (field selector ``spec.nodeName``), kept by the
+process's one watch primitive, `rocshare.kube.Informer` (paged lists, a relist after 410 Gone
+that reports vanished pods as deletions, backoff with each attempt logged), so a restarted
+agent knows the same as a running one. Writes are merge patches with the pod's uid as
+precondition (a namesake created after a delete is never marked). Serving a pod writes
+nothing: the kubelet's own status write says it was admitted (inflight.py).
 """
 
 from __future__ import annotations
@@ -17,29 +18,31 @@ from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ERROR_ANNOTATION
 from rocshare.kube.client import ApiError, Kube, object_path
+from rocshare.kube.informer import Informer
 from rocshare_agent.deviceplugin.inflight import PodRef
 
 log = logging.getLogger(__name__)
-RETRY_DELAYS_S = (0.5, 1, 2, 5, 10)
 
 
 class KubePods:
     def __init__(self, kube: Kube, node_name: str) -> None:
         self._kube = kube
         self._node_name = node_name
-        self._pods: dict[str, dict[str, Any]] = {}  # uid -> pod
-        self._event = asyncio.Event()  # set and replaced on every watch event
-        self.synced = asyncio.Event()
+        self._event = asyncio.Event()  # set and replaced on every change
+        self._informer: Informer[dict[str, Any]] = Informer(
+            kube, object_path("v1", "pods"), self._changed, name=f"pods on {node_name}",
+            field_selector=self._selector)
+        self.synced = self._informer.synced
 
     @property
     def _selector(self) -> str:
         return f"spec.nodeName={self._node_name}"
 
     def cached(self) -> Sequence[Mapping[str, Any]]:
-        return list(self._pods.values())
+        return list(self._informer.store.values())
 
     async def next_event(self, timeout_s: float) -> bool:
-        """Wait for the next watch event; False after `timeout_s` without one."""
+        """Wait for the next change to the cache; False after `timeout_s` without one."""
         try:
             await asyncio.wait_for(self._event.wait(), timeout_s)
         except TimeoutError:
@@ -47,9 +50,19 @@ class KubePods:
         return True
 
     async def fresh(self) -> Sequence[Mapping[str, Any]]:
+        """The node's pods as the API server has them now (one list, not the cache: for a pod the
+        watch has not brought yet)."""
         reply = await self._kube.list(object_path("v1", "pods"), fieldSelector=self._selector)
-        self._replace(reply.get("items") or [])
-        return self.cached()
+        return reply.get("items") or []
+
+    async def run(self) -> None:
+        """Keep the cache current until cancelled."""
+        await self._informer.run()
+
+    def _changed(self, _kind: str, _pod: dict[str, Any]) -> None:
+        # The informer stores the pod once this returns; waiters look after a yield.
+        self._event.set()
+        self._event = asyncio.Event()
 
     async def mark_refused(self, pod: PodRef, reason: str) -> None:
         try:
@@ -79,54 +92,3 @@ class KubePods:
     async def _annotate(self, pod: PodRef, annotations: dict[str, str | None]) -> dict[str, Any]:
         patch = {"metadata": {"uid": pod.uid, "annotations": annotations}}
         return await self._kube.merge_patch(object_path("v1", "pods", pod.name, namespace=pod.namespace), patch)
-
-    # ---- list + watch ------------------------------------------------------------------
-
-    async def run(self) -> None:
-        """Keep the cache current until cancelled; retries with backoff, logging each attempt."""
-        attempt = 0
-        while True:
-            try:
-                await self._list_and_watch()
-                attempt = 0
-            except ApiError as error:
-                delay_s = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-                attempt += 1
-                log.warning("pod watch for node %s failed (attempt %d): %s; retrying in %.1f s",
-                            self._node_name, attempt, error, delay_s)
-                await asyncio.sleep(delay_s)
-
-    async def _list_and_watch(self) -> None:
-        reply = await self._kube.list(object_path("v1", "pods"), fieldSelector=self._selector)
-        self._replace(reply.get("items") or [])
-        self.synced.set()
-        version = reply["metadata"]["resourceVersion"]
-        async for event in self._kube.watch(object_path("v1", "pods"), resource_version=version,
-                                            fieldSelector=self._selector):
-            if event.type == "ERROR":
-                return  # e.g. 410 Gone: list again
-            if event.type == "DELETED":
-                self._pods.pop(event.object["metadata"].get("uid", ""), None)
-            elif event.type in ("ADDED", "MODIFIED"):
-                self._store(event.object)
-            self._event.set()
-            self._event = asyncio.Event()
-
-    def _replace(self, items: list[dict[str, Any]]) -> None:
-        self._pods = {item["metadata"]["uid"]: item for item in items}
-
-    def _store(self, pod: dict[str, Any]) -> None:
-        uid = pod["metadata"]["uid"]
-        current = self._pods.get(uid)
-        if current is not None and _older(pod, current):
-            return  # a watch event older than our own patch reply
-        self._pods[uid] = pod
-
-
-def _older(pod: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
-    # resourceVersion is opaque by contract, but etcd-backed servers hand out increasing
-    # integers; when it does not parse, the newest delivery wins.
-    try:
-        return int(pod["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return False

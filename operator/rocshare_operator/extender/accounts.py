@@ -10,6 +10,9 @@ quota figures) and the in-flight gate. Rebuilt from the pod watch, never the sou
   not be read, or reading it failed -- is `unaccountable`: its node is blocked (no new pod
   goes there, DESIGN.md section 2 rule 5) and its namespace, when it has a quota, takes no
   new pod (its use is unknown). Never "free". It stays so until the pod ends or is read.
+* The process's one index of what pods hold: every change of a pod's GPU hold (a record
+  committed, a hold become unknown, a pod forgotten) is told to `on_hold`; pool and share status
+  derive their index from it, so they and the extender cannot disagree (issue 34).
 * The `InFlightGate`: per node at most one pod bound but not yet admitted by the node's kubelet
   (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it when the kubelet's
   own first status write after binding shows (`status.startTime` set, or phase Failed with its
@@ -25,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
+from rocshare.api.pod_lifecycle import awaiting_allocation
 from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest, Holding, read_hami, read_record, record_holding
 from rocshare.core.ids import PodKey
 from rocshare.core.ledger import Ledger
@@ -91,6 +95,10 @@ class Accounts:
         self.unaccountable: dict[PodKey, tuple[str, str, str]] = {}
         """Pod -> (namespace, node, why): what it holds is unknown."""
         self.on_release: list[Callable[[], None]] = []
+        self.on_hold: list[Callable[[PodKey, str, Holding | None], None]] = []
+        """Called with (pod, namespace, what it holds now; None: nothing) when a pod's GPU hold
+        changed: pool and share status derive their index from these (reconcilers/nodes_status.py),
+        so status and the extender cannot count a pod differently."""
         self.on_unaccountable: list[Callable[[PodKey, str, str, str], None]] = []
         """Called with (pod, namespace, node, why) when a pod's hold becomes unknown (the server posts an Event)."""
         self._cu_counts = cu_counts
@@ -121,7 +129,7 @@ class Accounts:
         elif self.ledger.record(key) is None:
             self._account(key, pod)
         node = self.pod_nodes.get(key)
-        if node and not awaiting_allocation(pod):
+        if node and not awaiting_allocation(phase=pod.phase, started=pod.started, deleting=pod.deleting):
             self.gate.release(node, key)
         elif node and pod.node == node and node not in self.gate:
             # Bound before this process started (or its bind's own mark was lost): still in
@@ -176,6 +184,7 @@ class Accounts:
         changed = self.unaccountable.get(key) != (namespace, node, why)
         self.unaccountable[key] = (namespace, node, why)
         if changed:
+            self._held(key, namespace, Holding(node, problem=why) if node else None)
             log.error("pod %s: %s; node %s takes no new pods and namespace %s no new quota until it ends",
                       key, why, node or "(unknown)", namespace)
             for callback in self.on_unaccountable:
@@ -184,12 +193,15 @@ class Accounts:
             self.pod_nodes[key] = node
 
     def forget(self, key: PodKey) -> None:
-        was_blocking = self.unaccountable.pop(key, None) is not None
+        unknown = self.unaccountable.pop(key, None)
+        was_blocking = unknown is not None
         self.hami_seen.pop(key, None)
         node = self.pod_nodes.pop(key, None)
-        self._uncount(key)
+        namespace = self._uncount(key) or (unknown[0] if unknown else None)
         released = key in self.ledger  # a slice, or CPU and memory
         self.ledger.release(key)
+        if namespace is not None:
+            self._held(key, namespace, None)
         if node:
             self.gate.release(node, key)
         if released or was_blocking:  # room appeared: a slice freed, or a blocked node unblocked
@@ -204,9 +216,15 @@ class Accounts:
             return
         self.ledger.apply(record, key, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
         self.pod_nodes[key] = record.node
-        held = record_holding(record).held(self._cu_counts(record.node))
+        holding = record_holding(record)
+        held = holding.held(self._cu_counts(record.node))
         self.pod_held[key] = (namespace, held)
         self.namespace_held[namespace] = self.namespace_held.get(namespace, Held()) + held
+        self._held(key, namespace, holding)
+
+    def _held(self, key: PodKey, namespace: str, holding: Holding | None) -> None:
+        for callback in self.on_hold:
+            callback(key, namespace, holding)
 
     def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
         """Account a GPU-less pod's CPU and memory on its node (bind's decision, or the watch's)."""
@@ -217,10 +235,13 @@ class Accounts:
         """Bind's decision was not written: take it back."""
         self.forget(key)
 
-    def _uncount(self, key: PodKey) -> None:
+    def _uncount(self, key: PodKey) -> str | None:
+        """Take the pod out of its namespace's figures; its namespace, or None when it held no GPU."""
         namespace, held = self.pod_held.pop(key, ("", None))
-        if held is not None:
-            self.namespace_held[namespace] = self.namespace_held[namespace] - held
+        if held is None:
+            return None
+        self.namespace_held[namespace] = self.namespace_held[namespace] - held
+        return namespace
 
     # ---- views -----------------------------------------------------------------------------
 
@@ -233,10 +254,3 @@ class Accounts:
     def unaccountable_in(self, namespace: str) -> list[str]:
         """The namespace's bound pods whose hold is unknown (an unbound pod holds nothing)."""
         return [f"{key} ({why})" for key, (ns, node, why) in self.unaccountable.items() if ns == namespace and node]
-
-
-def awaiting_allocation(pod: PodFacts) -> bool:
-    """Not yet admitted by the node's kubelet: the agent's own test (nodeagent inflight.py). The
-    kubelet allocates every container's devices while it admits a pod, and its first status
-    write after that sets status.startTime (or phase Failed, when it rejects the pod: finished)."""
-    return not pod.started and not pod.deleting and pod.phase == "Pending"

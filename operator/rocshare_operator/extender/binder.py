@@ -32,7 +32,8 @@ from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.holdings import HostRequest, host_request, placement_request
 from rocshare.core.request import PodRequest, RequestError
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
-from rocshare_operator.extender.decisions import Rejection, bind_decision, node_rejection
+from rocshare_operator.extender.decisions import bind_decision, node_rejection
+from rocshare_operator.extender.replies import Rejection
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class Binder:
     async def _wait_for_room(self, node: str, key: PodKey, deadline: float) -> None:
         """Until no other pod is in flight on the node (this pod may be: an attempt whose outcome
         could not be learnt left it so)."""
-        held = await self.state.accounts.gate.wait_free(node, key, deadline)
+        held = await self.state.wait_in_flight(node, key, deadline)
         if held is not None:
             raise BindRefused(f"node {node} is still allocating pod {held.pod}; retry later")
 
@@ -141,7 +142,7 @@ class Binder:
             else:
                 record = self._decide(pod, node)
             self.state.commit(key, namespace, record, _host(pod))
-            self.state.accounts.gate.acquire(node, key)
+            self.state.hold_in_flight(node, key)
             annotations = None if existing else _record_annotations(pod, record, self._device_types(node))
             try:
                 await self.kube.create(path + "/binding", _binding(pod, node, annotations))

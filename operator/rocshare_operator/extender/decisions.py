@@ -1,4 +1,5 @@
-"""Filter and prioritize: pure functions over a `Snapshot` of the scheduler's state.
+"""Filter and prioritize: pure functions over a `Snapshot` of the scheduler's state (the
+decision pass; the replies they return are replies.py's).
 
 Nothing here writes or reserves: kube-scheduler may drop a pod between filter and
 bind, and a reservation made here would leak (DESIGN.md section 2, rule 1).
@@ -28,12 +29,9 @@ ledger, under its per-node lock.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
-
-import orjson
 
 from rocshare.api.models import Scheduling
 from rocshare.api.allocation import AllocationRecord
@@ -41,16 +39,20 @@ from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner, record_fro
 from rocshare.core.bulk import BulkPlanner, handles
 from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.inventory import NodeInventory
-from rocshare.core.policies import MAX_EXTENDER_SCORE, Policy, ScoringContext, score_levels
+from rocshare.core.policies import Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import KeyMemo
 from rocshare_operator.extender.quota import quota_verdict
+from rocshare_operator.extender.replies import FilterResult, Priorities, Rejection
 from rocshare_operator.extender.state import Snapshot
 from rocshare_operator.extender.workloads import reads_model
 
 NO_INVENTORY = "NoGpuInventory"
 """The node has no published GPUs, no allocatable amd.com/gpu, its device plugin is not watched by the
 kubelet (AmdGpuNode condition DevicePlugin False), or it is in no pool."""
+UNREADABLE = "NodeUnreadable"
+"""The node's Node, its AmdGpuNode or its pool settings cannot be read (or the AmdGpuNode lists a GPU
+twice): it offers nothing until they can, and the reply says why."""
 BLOCKED = "UndecodableAllocationRecord"
 """A pod on the node cannot be accounted for (its record or object cannot be read): its GPUs stay blocked."""
 BULK_MIN_NODES = 16
@@ -58,48 +60,6 @@ BULK_MIN_NODES = 16
 form allows. Its fixed cost is some hundred array operations, ~0.5 ms; measured on the bench fleet
 (fragmentation-aware, 2026-12-02): 16 nodes 0.52 ms in bulk vs 0.68 ms one by one, 48: 0.66 vs 1.21,
 128: 0.89 vs 2.95. Below it, one by one (the refresher's few changed nodes)."""
-
-
-@dataclass(frozen=True)
-class Rejection:
-    reasons: tuple[tuple[str, int], ...]
-    total: int
-    detail: str = ""
-    rendered: str = field(init=False, repr=False, compare=False)
-    """The extender API's text, rendered once: memoised rejections go into many replies."""
-
-    def __post_init__(self) -> None:
-        summary = ", ".join(f"{count}/{self.total} {reason}" for reason, count in self.reasons)
-        object.__setattr__(self, "rendered", f"{summary} ({self.detail})" if self.detail else summary)
-
-    @classmethod
-    def of_fit(cls, failure: FitFailure) -> Rejection:
-        return cls(tuple((reason.value, count) for reason, count in failure.reasons), failure.total)
-
-    @classmethod
-    def whole_node(cls, reason: str, total: int, detail: str = "") -> Rejection:
-        return cls(((reason, total),), total, detail)
-
-    def text(self) -> str:
-        return self.rendered
-
-
-@dataclass(frozen=True)
-class FilterResult:
-    feasible: list[str]
-    failed: dict[str, Rejection]
-
-    def to_json(self) -> dict:
-        return {"NodeNames": self.feasible, "FailedNodes": {name: r.rendered for name, r in self.failed.items()},
-                "FailedAndUnresolvableNodes": {}, "Error": ""}
-
-    def reason_counts(self) -> Counter[str]:
-        """Nodes rejected per reason word (for metrics: one increment per reason, not per node)."""
-        counts: Counter[str] = Counter()
-        for rejection, nodes in Counter(self.failed.values()).items():  # failures alike are few
-            for reason, _gpus in rejection.reasons:
-                counts[reason] += nodes
-        return counts
 
 
 def policy_for(snap: Snapshot, node_name: str, request: PodRequest) -> Policy:
@@ -150,7 +110,7 @@ class _Pass:
         """Why the pod cannot go to this node now, or None when it can."""
         node = self._inventories.get(name)
         if node is None or not node.gpus:
-            return None if self.host_only else self.no_inventory()
+            return None if self.host_only else self.no_inventory(name)
         first = self.whole_node_rejection(name, node)
         if first is not None:
             return first
@@ -296,8 +256,10 @@ class _Pass:
             found = self._ways[(policy, ctx)] = _Way(planner, memo, bulk)
         return found
 
-    def no_inventory(self) -> Rejection:
-        return self._whole(NO_INVENTORY, 0)
+    def no_inventory(self, name: str) -> Rejection:
+        """Why a node without GPUs on offer offers none: it cannot be read, or has none."""
+        problem = self.snap.unreadable.get(name)
+        return self._whole(NO_INVENTORY, 0) if problem is None else self._whole(UNREADABLE, 0, problem)
 
     def _whole(self, reason: str, total: int, detail: str = "") -> Rejection:
         key = (reason, total, detail)
@@ -326,7 +288,7 @@ def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationR
     decision = _Pass(snap, request, memoised=False)
     node = snap.inventories.get(name)
     if node is None or not node.gpus:
-        return decision.no_inventory()
+        return decision.no_inventory(name)
     first = decision.whole_node_rejection(name, node)
     if first is not None:
         return first
@@ -361,7 +323,7 @@ def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Map
         if decision.host_only:
             feasible = [name for name in node_names if name in fits or name in no_gpus]
         else:
-            failed.update(dict.fromkeys(no_gpus, decision.no_inventory()))
+            failed.update({name: decision.no_inventory(name) for name in no_gpus})
     first = decision.whole_node_rejections(feasible + list(failed))
     if first:
         feasible = [name for name in feasible if name not in first]
@@ -420,46 +382,3 @@ def _levels(decision: _Pass, fits: Mapping[str, float], misfits: Mapping[str, Re
     level: dict[float | None, int] = score_levels(scored)
     level[None] = 0
     return list(map(level.__getitem__, raw))
-
-
-@dataclass(frozen=True)
-class Priorities:
-    """prioritize's answer: each listed node's 0-10 score, in kube-scheduler's order.
-
-    Kept as two lists and written as JSON text directly (`to_json`): no object per node, so a
-    decision allocates next to nothing the garbage collector counts, and rarely sets off a
-    collection (a reply dict per node did so in nearly every decision at 1,000 nodes: ~800 net
-    allocations against the young generation's threshold of 700)."""
-    names: list[str]
-    levels: list[int]
-
-    def scores(self) -> dict[str, int]:
-        return dict(zip(self.names, self.levels))
-
-    def lowered(self, penalties: Mapping[str, int]) -> Priorities:
-        """Scores less each listed node's penalty (never below 0)."""
-        return Priorities(self.names, [max(0, level - penalties.get(name, 0))
-                                       for name, level in zip(self.names, self.levels)])
-
-    def to_json(self) -> orjson.Fragment:
-        """The HostPriorityList, [{"Host": name, "Score": n}, ...], as JSON text."""
-        starts = _host_entries(self.names)
-        entries = map(bytes.__add__, map(starts.__getitem__, self.names), map(_SCORE_ENDINGS.__getitem__, self.levels))
-        return orjson.Fragment(b"[" + b",".join(entries) + b"]")
-
-
-_SCORE_ENDINGS = [b',"Score":%d}' % level for level in range(MAX_EXTENDER_SCORE + 1)]
-_HOST_ENTRIES: dict[str, bytes] = {}
-"""Node name -> b'{"Host":"<name>"' (the name JSON-quoted): kube-scheduler names the same nodes."""
-_HOST_ENTRIES_MAX = 100_000
-
-
-def _host_entries(names: list[str]) -> dict[str, bytes]:
-    """`_HOST_ENTRIES`, holding every one of `names`."""
-    if not _HOST_ENTRIES.keys() >= set(names):
-        if len(_HOST_ENTRIES) + len(names) > _HOST_ENTRIES_MAX:
-            _HOST_ENTRIES.clear()
-        for name in names:
-            if name not in _HOST_ENTRIES:
-                _HOST_ENTRIES[name] = b'{"Host":' + orjson.dumps(name)
-    return _HOST_ENTRIES

@@ -1,13 +1,15 @@
 """The cluster index: what the extender knows of nodes, their GPUs, pools and quotas, fed by
 events (never the source of truth).
 
-Fed by the operator's cluster feed (Nodes and AmdGpuNodes as `NodeFacts` and `GpuNodeFacts`)
-and by informers on AmdGpuPools and ResourceQuotas. It keeps only what decisions read:
+Fed by the operator's cluster feed (Nodes, AmdGpuNodes and ResourceQuotas as `NodeFacts`,
+`GpuNodeFacts` and `QuotaFacts`) and by an informer on AmdGpuPools. It keeps only what
+decisions read:
 * per node its facts (never the body) and its pool label;
 * per AmdGpuNode slotted `GpuFacts` (never the pydantic status);
 * per node a `NodeInventory` from the agent's AmdGpuNode status, the pool settings the
-  operator wrote on the Node and the Node's allocatable CPU and memory (scored and fitted against
-  every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node
+  operator wrote on the Node (a node whose Node, AmdGpuNode or settings cannot be read offers
+  nothing and is listed in `unreadable` with why: fail closed, never the defaults) and the
+  Node's allocatable CPU and memory (scored and fitted against every live pod's requests, as the simulator does; 0 = not listed, left to kube-scheduler) (a node
   whose allocatable amd.com/gpu is 0, whose quantity cannot be read, that has no status, or whose
   agent says its device plugin is not watched by the kubelet (DevicePlugin False: the agent is
   starting or stopping, the kubelet restarted) offers nothing);
@@ -30,7 +32,8 @@ from rocshare.api.models import AmdGpuPoolSpec, ShareLimits, Sharing
 from rocshare.api.node_settings import SettingsError, decode_settings
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import QuantityError, whole_quantity
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, gpu_node_facts, node_facts
+from rocshare_operator.feed.cluster_facts import (GpuNodeFacts, NodeFacts, QuotaFacts, gpu_node_facts, node_facts,
+                                                  quota_facts)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,11 @@ class ClusterIndex:
     node_pools: dict[str, str] = field(default_factory=dict)
     """Node name -> its pool label (an index of nodes, read once per node per decision)."""
     quotas: dict[str, dict[str, ShareLimits]] = field(default_factory=dict)
-    settings_problems: dict[str, str] = field(default_factory=dict)
     status_problems: dict[str, str] = field(default_factory=dict)
+    """Node name -> why its AmdGpuNode's status was refused (invalid, or a GPU listed twice)."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Node name -> why it offers nothing: its Node, its AmdGpuNode or its pool settings cannot be
+    read (filter's NodeUnreadable reason). Never a guess at what it holds."""
     on_inventory: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (node name, whether it now offers GPUs) when a node's inventory changed or went."""
     on_quota_change: list[Callable[[str], None]] = field(default_factory=list)
@@ -88,12 +94,21 @@ class ClusterIndex:
     def on_gpu_node_facts(self, kind: str, facts: GpuNodeFacts, _before: GpuNodeFacts | None = None) -> None:
         name = facts.name
         if kind == "DELETED" or facts.gpus is None:
-            if kind != "DELETED" and facts.problem:
-                log.error("AmdGpuNode %s has an %s; ignoring its GPUs", name, facts.problem)
+            problem = facts.problem if kind != "DELETED" else None
+            if problem and self.status_problems.get(name) != problem:
+                log.error("AmdGpuNode %s: %s; it offers nothing until it can be read", name, problem)
+            self._set(self.status_problems, name, problem)
             self.gpu_status.pop(name, None)
         else:
             self._accept_status(name, facts)
         self._rebuild_inventory(name)
+
+    @staticmethod
+    def _set(problems: dict[str, str], name: str, problem: str | None) -> None:
+        if problem is None:
+            problems.pop(name, None)
+        else:
+            problems[name] = problem
 
     def _accept_status(self, name: str, status: GpuNodeFacts) -> None:
         """A GPU listed twice would be offered twice (double its memory and CUs, or one pod handed
@@ -104,9 +119,9 @@ class ClusterIndex:
             self.status_problems.pop(name, None)
             self.gpu_status[name] = status
             return
-        problem = f"lists GPU {', '.join(repeated)} more than once"
+        problem = f"its AmdGpuNode lists GPU {', '.join(repeated)} more than once"
         if self.status_problems.get(name) != problem:
-            log.error("AmdGpuNode %s %s; ignoring its GPUs until its agent publishes each once", name, problem)
+            log.error("node %s: %s; ignoring its GPUs until its agent publishes each once", name, problem)
         self.status_problems[name] = problem
         self.gpu_status.pop(name, None)
 
@@ -145,11 +160,13 @@ class ClusterIndex:
     def _rebuild_inventory(self, name: str) -> None:
         node = self.nodes.get(name)
         status = self.gpu_status.get(name)
-        if node is None or status is None or not status.plugin_serving or not _allocatable_gpus(node):
+        sharing = self._sharing_of(node) if node is not None else None
+        self._set(self.unreadable, name, self._problem(name, node, sharing))
+        if (node is None or status is None or not isinstance(sharing, Sharing) or not status.plugin_serving
+                or not _allocatable_gpus(node)):
             if self.inventories.pop(name, None) is not None:
                 self._inventory_changed(name, False)
             return
-        sharing = self._sharing_of(node)
         inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing,  # GpuFacts: GpuInfo's fields
                                                  cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
         if inventory != self.inventories.get(name):
@@ -161,33 +178,41 @@ class ClusterIndex:
         for callback in self.on_inventory:
             callback(name, offers)
 
-    def _sharing_of(self, node: NodeFacts) -> Sharing:
-        name = node.name
+    def _problem(self, name: str, node: NodeFacts | None, sharing: Sharing | str | None) -> str | None:
+        """Why the node cannot be read, logged once per new problem; None when it can."""
+        problem = (node.problem if node is not None else None) or self.status_problems.get(name) or (
+            f"its pool settings cannot be read: {sharing}" if isinstance(sharing, str) else None)
+        if problem and problem != self.unreadable.get(name) and problem != self.status_problems.get(name):
+            log.error("node %s: %s; it offers nothing until it can be read", name, problem)
+        return problem
+
+    @staticmethod
+    def _sharing_of(node: NodeFacts) -> Sharing | str:
+        """The pool's sharing settings the operator wrote on the node (none written: the defaults,
+        a node in no pool), or why they cannot be read."""
         text = node.view.marks.settings_json
         if text is None:
             return Sharing()
         try:
-            settings = decode_settings(text)
+            return decode_settings(text).sharing
         except SettingsError as error:
-            if self.settings_problems.get(name) != str(error):
-                log.error("node %s: %s; using default sharing settings", name, error)
-            self.settings_problems[name] = str(error)
-            return Sharing()
-        self.settings_problems.pop(name, None)
-        return settings.sharing
+            return str(error)
 
     # ---- quotas ----------------------------------------------------------------------------
 
     def on_quota(self, kind: str, quota: dict[str, Any]) -> None:
-        meta = quota["metadata"]
-        namespace, name = meta.get("namespace", ""), meta["name"]
+        """A ResourceQuota object (tests, benches); the operator feeds `on_quota_facts` from its one watch."""
+        self.on_quota_facts(kind, quota_facts(quota))
+
+    def on_quota_facts(self, kind: str, quota: QuotaFacts, _before: QuotaFacts | None = None) -> None:
+        namespace, name = quota.namespace, quota.name
         per_namespace = self.quotas.setdefault(namespace, {})
         for callback in self.on_quota_change:
             callback(namespace)
         if kind == "DELETED":
             per_namespace.pop(name, None)
             return
-        hard = quota.get("spec", {}).get("hard", {})
+        hard = quota.hard
         per_namespace[name] = ShareLimits(
             memory_mib=_quota_value(hard, QUOTA_MEMORY, namespace, name),
             cores_pct=_quota_value(hard, QUOTA_CORES, namespace, name),
@@ -201,14 +226,6 @@ class ClusterIndex:
             cores_pct=_tightest(limit.cores_pct for limit in limits),
             gpus=_tightest(limit.gpus for limit in limits),
         )
-
-
-def quota_facts(quota: dict[str, Any]) -> dict[str, Any]:
-    """What `on_quota` reads of a ResourceQuota: its name and spec.hard (not status.used, which
-    the quota controller rewrites on every pod the namespace starts)."""
-    meta = quota.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", "")},
-            "spec": {"hard": dict((quota.get("spec") or {}).get("hard") or {})}}
 
 
 def _quota_value(hard: dict[str, Any], key: str, namespace: str, name: str) -> int | None:

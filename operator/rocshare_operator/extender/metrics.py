@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from rocshare.core.fit import Reason
 from rocshare.core.holdings import slice_cores_pct
 from rocshare.core.inventory import GpuSpec
-from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY
+from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY, UNREADABLE
 from rocshare_operator.extender.state import SchedulerState
 
 MIB = 1024 * 1024
@@ -62,7 +62,7 @@ class ExtenderMetrics:
             self.latency.labels(verb)
             for outcome in outcomes:
                 self.decisions.labels(verb, outcome)
-        for reason in [*(reason.value for reason in Reason), NO_INVENTORY, BLOCKED]:
+        for reason in [*(reason.value for reason in Reason), NO_INVENTORY, UNREADABLE, BLOCKED]:
             self.node_rejections.labels(reason)
         self.registry.register(_LedgerCollector(state))
 

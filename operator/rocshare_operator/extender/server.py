@@ -28,14 +28,14 @@ from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import Priorities, best_nodes, prioritize
+from rocshare_operator.extender.decisions import best_nodes, prioritize
+from rocshare_operator.extender.replies import Priorities
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.refresh import Refresher
 from rocshare_operator.extender.retry import Retrier
-from rocshare_operator.extender.index import quota_facts
 from rocshare_operator.extender.state import SchedulerState
 
 log = logging.getLogger(__name__)
@@ -182,17 +182,15 @@ class ExtenderSettings:
 
 
 def informers_for(kube: Kube, state: SchedulerState) -> list[Informer]:
-    """The extender's own watches; Nodes, Pods and AmdGpuNodes come from the process's cluster feed."""
-    return [
-        Informer(kube, object_path(API_VERSION, "amdgpupools"), state.on_pool, name="amdgpupools"),
-        Informer(kube, "/api/v1/resourcequotas", state.on_quota, name="resourcequotas", decode=quota_facts,
-                 changed_only=True),
-    ]
+    """The extender's own watch, on AmdGpuPools; Nodes, Pods, AmdGpuNodes and ResourceQuotas come
+    from the process's cluster feed."""
+    return [Informer(kube, object_path(API_VERSION, "amdgpupools"), state.on_pool, name="amdgpupools")]
 
 
 def subscribe(feed: ClusterFeed, state: SchedulerState) -> None:
     """Feed the state from the process's one watch per kind (before the feed runs)."""
-    feed.subscribe(on_node=state.on_node_facts, on_gpu_node=state.on_gpu_node_facts, on_pod=state.on_pod_facts)
+    feed.subscribe(on_node=state.on_node_facts, on_gpu_node=state.on_gpu_node_facts, on_pod=state.on_pod_facts,
+                   on_quota=state.on_quota_facts)
 
 
 async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None,

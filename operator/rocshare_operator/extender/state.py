@@ -9,8 +9,8 @@ decisions read.
 * `FleetArrays` (rocshare.core.fleet): every node's loads as arrays, which the bulk planner reads
   (it follows the ledger's journal itself).
 
-`SchedulerState` wires them to the cluster feed (Nodes, Pods and AmdGpuNodes, watched once for
-the process) and to the retrier; `snapshot()` is what filter, prioritize and bind's decision
+`SchedulerState` wires them to the cluster feed (Nodes, Pods, AmdGpuNodes and ResourceQuotas,
+watched once for the process) and to the retrier; `snapshot()` is what filter, prioritize and bind's decision
 read. A snapshot is taken on the event loop and used without awaiting, so no event changes it
 during a decision. Decisions return answers; side effects (binding, in-flight marks, retries,
 metrics) happen in the server's handlers and the binder.
@@ -30,13 +30,13 @@ from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
 from rocshare_operator.extender.accounts import Accounts, InFlight
-from rocshare_operator.extender.index import ClusterIndex, quota_facts
+from rocshare_operator.extender.index import ClusterIndex
 from rocshare_operator.extender.plans import KeyMemo, NodeMemo
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.workloads import PoolWorkloads
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, pod_facts
+from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, QuotaFacts, pod_facts
 
-__all__ = ["InFlight", "KeyMemo", "NodeMemo", "SchedulerState", "Snapshot", "quota_facts"]
+__all__ = ["InFlight", "KeyMemo", "NodeMemo", "SchedulerState", "Snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ class Snapshot:
     pools: Mapping[str, AmdGpuPoolSpec]
     ledger: Ledger
     blocked: frozenset[str]
+    unreadable: Mapping[str, str]
+    """Node -> why it offers nothing: its Node, AmdGpuNode or pool settings cannot be read."""
     plans: NodeMemo
     workloads: PoolWorkloads
     """Each pool's fragmentation model (workloads.py), for the scorers that read one."""
@@ -95,8 +97,8 @@ class SchedulerState:
     def snapshot(self) -> Snapshot:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
-                        frozenset(self.accounts.blocked_nodes()), self.plans, self.workloads, self.fleet, index,
-                        self.accounts)
+                        frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads,
+                        self.fleet, index, self.accounts)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -124,27 +126,49 @@ class SchedulerState:
         self.changes += 1
         self.index.on_quota(kind, quota)
 
+    def on_quota_facts(self, kind: str, quota: QuotaFacts, before: QuotaFacts | None = None) -> None:
+        self.changes += 1
+        self.index.on_quota_facts(kind, quota, before)
+
     async def on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         """A Pod object (tests, benches); the operator feeds `on_pod_facts` from its one pod watch."""
         await self.on_pod_facts(kind, pod_facts(pod))
 
     async def on_pod_facts(self, kind: str, pod: PodFacts, _before: PodFacts | None = None) -> None:
+        """The ledger first, inside the fail-closed guard; then the readers that cannot make GPUs
+        look free (the waiting list, the fragmentation model). Each step runs even when an earlier
+        one failed, and the first failure is raised afterwards, so the feed retries the event
+        (every step is idempotent)."""
         self.changes += 1
-        if self.retrier is not None:
-            self._track_waiting(pod, ended=kind == "DELETED" or pod.finished)
-        self.workloads.on_pod(kind, pod)
+        failures = [error for error in (self._account(kind, pod), self._guarded(self._track_waiting, kind, pod),
+                                        self._guarded(self.workloads.on_pod, kind, pod)) if error is not None]
+        if failures:
+            raise failures[0]
+
+    def _account(self, kind: str, pod: PodFacts) -> Exception | None:
         try:
             self.accounts.on_pod(kind, pod)
         except Exception as error:
             # Fail closed: whatever the pod holds stays blocked until a retry of this event succeeds.
             if kind != "DELETED":
                 self.accounts.hold_unknown(pod.key, pod.namespace, pod.node, f"reading it failed: {error!r}")
-            raise
+            return error
+        return None
 
-    def _track_waiting(self, pod: PodFacts, *, ended: bool) -> None:
+    @staticmethod
+    def _guarded(step, kind: str, pod: PodFacts) -> Exception | None:
+        try:
+            step(kind, pod)
+        except Exception as error:  # noqa: BLE001 -- handed back, raised once every step had its turn
+            return error
+        return None
+
+    def _track_waiting(self, kind: str, pod: PodFacts) -> None:
         """Pods of our scheduler that kube-scheduler found unschedulable -- by its own filters too
         (e.g. Insufficient amd.com/gpu while a node's GPUs were down) -- are retried when room appears."""
-        if ended or pod.node or pod.scheduler_name != self.scheduler_name:
+        if self.retrier is None:
+            return
+        if kind == "DELETED" or pod.finished or pod.node or pod.scheduler_name != self.scheduler_name:
             self.retrier.forget(pod.key)
             return
         if pod.unschedulable is not None:
@@ -163,7 +187,7 @@ class SchedulerState:
         if self.retrier is not None:
             self.retrier.room_freed()
 
-    # ---- bind's accounting (the binder's side effects) ------------------------------------------
+    # ---- bind's accounting and in-flight gate (the binder's side effects) ------------------------
 
     def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:
         self.changes += 1
@@ -177,7 +201,16 @@ class SchedulerState:
         self.changes += 1
         self.accounts.uncommit(key)
 
-    # ---- read-only views (tests, metrics, benches) --------------------------------------------
+    async def wait_in_flight(self, node: str, key: PodKey, deadline: float) -> InFlight | None:
+        """Until no pod but `key` is in flight on the node (DESIGN.md section 2 rule 2); the holder
+        when the deadline (time.monotonic) passed first."""
+        return await self.accounts.gate.wait_free(node, key, deadline)
+
+    def hold_in_flight(self, node: str, key: PodKey) -> None:
+        """`key` is in flight on the node from now until its kubelet admits it or it goes."""
+        self.accounts.gate.acquire(node, key)
+
+    # ---- read-only views (metrics, the binder, benches) ---------------------------------------
 
     @property
     def ledger(self) -> Ledger:
@@ -200,26 +233,9 @@ class SchedulerState:
         return self.index.quotas
 
     @property
-    def node_pools(self) -> dict[str, str]:
-        return self.index.node_pools
-
-    @property
-    def settings_problems(self) -> dict[str, str]:
-        return self.index.settings_problems
-
-    @property
-    def inflight(self) -> dict[str, InFlight]:
-        return self.accounts.gate.held
-
-    @property
     def namespace_costs(self) -> dict[str, Held]:
         return self.accounts.namespace_held
-
-    def blocked_nodes(self) -> set[str]:
-        return self.accounts.blocked_nodes()
 
     def quota_limits(self, namespace: str) -> ShareLimits:
         return self.index.quota_limits(namespace)
 
-    def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
-        return self.index.pool_of(node_name)

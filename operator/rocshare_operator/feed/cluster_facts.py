@@ -5,11 +5,14 @@ and hands the same value to every reader: the extender's `SchedulerState` and th
 and share reconcilers. So they hold only what some reader uses:
 * a Node: its `NodeView` (name, labels, the pool marks), allocatable devices (amd.com/gpu or partition
   names) and allocatable CPU and memory (the extender scores host resources as the simulator does);
+  a Node that cannot be read is kept as its name and `problem` (it offers nothing; decoders here
+  never raise, because an informer keeps an object's previous value when its decoder raises);
 * a Pod: where it runs, its CPU and memory requests (rocshare.core.holdings.host_request), its phase and scheduler, whether the kubelet has started it
   (status.startTime), whether it waits as unschedulable or is being deleted, and its allocation record (text; read by readers through
   rocshare.core.holdings); a pod whose facts cannot be read is kept with its `problem`
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
   a pod HAMi placed (no rocshare record) carries HAMi's decision instead (`HamiPlacement`);
+* a ResourceQuota: its limits and the AmdGpuShare that owns it (`QuotaFacts`);
 * an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
   models (a tenth of their size), or why its status was refused; pool and share status
   read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
@@ -37,7 +40,7 @@ from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity, whole_quantity
-from rocshare_operator.status.pool_logic import NodeView, marks_of
+from rocshare_operator.feed.node_view import NodeMarks, NodeView, marks_of
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 _LABEL_PAIRS_MAX = 100_000  # bound on the pair interner: past it, it starts afresh
@@ -49,6 +52,7 @@ class NodeFacts:
     gpus_allocatable: str | None  # the quantity as written; None when the node lists none
     cpu_milli: int = 0  # allocatable CPU; 0 when not listed or unreadable (host resources then untracked)
     memory_mib: int = 0  # allocatable memory, whole MiB rounded down; 0 likewise
+    problem: str | None = None  # the Node could not be read: it offers nothing (and no pool touches it)
 
     @property
     def name(self) -> str:
@@ -144,7 +148,18 @@ def gpu_facts(info: GpuInfo) -> GpuFacts:
 
 
 def gpu_node_facts(obj: Mapping) -> GpuNodeFacts:
-    """Validates the AmdGpuNode's status (AmdGpuNodeStatus); a status that fails is kept as its problem."""
+    """Validates the AmdGpuNode's status (AmdGpuNodeStatus); a status that fails is kept as its
+    problem. Never raises: an AmdGpuNode that cannot be read offers nothing."""
+    try:
+        return _gpu_node_facts(obj)
+    except Exception as error:  # noqa: BLE001 -- any failure here must fail closed, not keep old facts
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        return GpuNodeFacts(sys.intern(name if isinstance(name, str) else ""), None,
+                            problem=f"the AmdGpuNode cannot be read: {type(error).__name__}: {error}")
+
+
+def _gpu_node_facts(obj: Mapping) -> GpuNodeFacts:
     name = sys.intern((obj.get("metadata") or {}).get("name", ""))
     if "status" not in obj:
         return GpuNodeFacts(name, None)
@@ -171,6 +186,19 @@ def _number(value: object) -> int | None:
 
 
 def node_facts(node: Mapping) -> NodeFacts:
+    """Never raises: a Node that cannot be read is kept as its name and the problem, so that it
+    offers nothing (its previous facts would be silently stale)."""
+    try:
+        return _node_facts(node)
+    except Exception as error:  # noqa: BLE001 -- any failure here must fail closed, not keep old facts
+        meta = node.get("metadata") if isinstance(node, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        return NodeFacts(view=NodeView(name=sys.intern(name if isinstance(name, str) else ""), labels=(),
+                                       marks=NodeMarks()), gpus_allocatable=None,
+                         problem=f"the Node cannot be read: {type(error).__name__}: {error}")
+
+
+def _node_facts(node: Mapping) -> NodeFacts:
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
     marks = marks_of(labels, meta.get("annotations") or {}, _interned)
@@ -278,3 +306,27 @@ def _label_pair(key: str, value: str) -> tuple[str, str]:
             _label_pairs.clear()
         found = _label_pairs[pair] = pair
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFacts:
+    """What readers use of a ResourceQuota: its spec.hard (not status.used, which the quota
+    controller rewrites on every pod the namespace starts) and the AmdGpuShare that owns it, if any."""
+
+    namespace: str
+    name: str
+    hard: Mapping[str, str]
+    share: str | None = None  # the AmdGpuShare that owns it (a quota a share wrote), else None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def quota_facts(quota: Mapping) -> QuotaFacts:
+    meta = quota.get("metadata") or {}
+    owners = [ref.get("name") for ref in meta.get("ownerReferences") or () if ref.get("kind") == "AmdGpuShare"]
+    hard = {str(key): str(value) for key, value in ((quota.get("spec") or {}).get("hard") or {}).items()}
+    return QuotaFacts(namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""), hard=hard,
+                      share=owners[0] if owners else None)
+

@@ -1,14 +1,17 @@
-"""One watch per kind for the whole operator process: Nodes, Pods and AmdGpuNodes reach it
-here, once.
+"""One watch per kind for the whole operator process: Nodes, Pods, AmdGpuNodes and
+ResourceQuotas reach it here, once.
 
 The extender's `SchedulerState` and the pool and share reconcilers all read these kinds.
 Rather than each watching them (and decoding every event twice), the process runs one
 informer per kind and fans each change out to its subscribers, in the order they
 subscribed. The informers keep `NodeFacts`, `PodFacts` and `GpuNodeFacts`
-(cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
+(and `QuotaFacts`, cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
 heartbeats, status ticks nobody reads), so a subscriber only hears of a change it could
-notice. (Kopf keeps the kinds only the reconcilers read: pools, shares, their DaemonSets
-and quotas.)
+notice. Every cache here is a `rocshare.kube.Informer`, the product's one list+watch (see its
+docstring for why it and not Kopf's watcher). Kopf still watches the kinds whose handlers it
+runs -- AmdGpuPools and AmdGpuShares (their reconcile loops, the pool's finalizer) and the
+agent DaemonSets -- and the extender's pool cache is an Informer of its own: AmdGpuPools are
+the one kind this process watches twice (docs/reliability.md, issue 34).
 
 Subscribers join before the feed runs (`subscribe` refuses afterwards: a late reader
 would miss the first list). Readers must not answer from the feed before `synced`: the
@@ -34,9 +37,11 @@ from rocshare_operator.feed.cluster_facts import (
     GpuNodeFacts,
     NodeFacts,
     PodFacts,
+    QuotaFacts,
     gpu_node_facts,
     node_facts,
     pod_facts,
+    quota_facts,
 )
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 NodeHandler = Callable[[str, NodeFacts, NodeFacts | None], Awaitable[None] | None]
 PodHandler = Callable[[str, PodFacts, PodFacts | None], Awaitable[None] | None]
 GpuNodeHandler = Callable[[str, GpuNodeFacts, GpuNodeFacts | None], Awaitable[None] | None]
+QuotaHandler = Callable[[str, QuotaFacts, QuotaFacts | None], Awaitable[None] | None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", the facts now (last facts when deleted), the facts before)."""
 
 
@@ -52,6 +58,7 @@ class ClusterFeed:
         self._node_handlers: list[NodeHandler] = []
         self._pod_handlers: list[PodHandler] = []
         self._gpu_node_handlers: list[GpuNodeHandler] = []
+        self._quota_handlers: list[QuotaHandler] = []
         self._failing_handlers: list[Callable[[], None]] = []
         self._started = False
         self.nodes: Informer[NodeFacts] = Informer(kube, "/api/v1/nodes", self._on_node, name="nodes",
@@ -63,21 +70,25 @@ class ClusterFeed:
         self.gpu_nodes: Informer[GpuNodeFacts] = Informer(
             kube, object_path(API_VERSION, "amdgpunodes"), self._on_gpu_node, name="amdgpunodes",
             decode=gpu_node_facts, changed_only=True, on_failing=self._failing_changed)
+        self.quotas: Informer[QuotaFacts] = Informer(kube, "/api/v1/resourcequotas", self._on_quota,
+                                                     name="resourcequotas", decode=quota_facts, changed_only=True,
+                                                     on_failing=self._failing_changed)
 
     def subscribe(self, *, on_node: NodeHandler | None = None, on_pod: PodHandler | None = None,
-                  on_gpu_node: GpuNodeHandler | None = None, on_failing: Callable[[], None] | None = None) -> None:
+                  on_gpu_node: GpuNodeHandler | None = None, on_quota: QuotaHandler | None = None,
+                  on_failing: Callable[[], None] | None = None) -> None:
         """`on_failing`: told when an object starts or stops failing (see `failing`)."""
         if self._started:
             raise RuntimeError("subscribe to the cluster feed before it runs: a late reader misses the first list")
         if on_failing is not None:
             self._failing_handlers.append(on_failing)
         for handlers, handler in ((self._node_handlers, on_node), (self._pod_handlers, on_pod),
-                                  (self._gpu_node_handlers, on_gpu_node)):
+                                  (self._gpu_node_handlers, on_gpu_node), (self._quota_handlers, on_quota)):
             if handler is not None:
                 handlers.append(handler)
 
     def informers(self) -> tuple[Informer, ...]:
-        return (self.nodes, self.gpu_nodes, self.pods)
+        return (self.nodes, self.gpu_nodes, self.quotas, self.pods)
 
     def _failing_changed(self) -> None:
         for handler in self._failing_handlers:
@@ -113,7 +124,7 @@ class ClusterFeed:
         """Run until cancelled. Nodes and AmdGpuNodes are listed before pods, so that readers
         know every node's GPUs when the pods' records arrive."""
         self._started = True
-        await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self._pods_after_nodes())
+        await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self.quotas.run(), self._pods_after_nodes())
 
     async def _pods_after_nodes(self) -> None:
         await self.nodes.synced.wait()
@@ -127,6 +138,9 @@ class ClusterFeed:
 
     async def _on_gpu_node(self, kind: str, facts: GpuNodeFacts) -> None:
         await _fan_out(self._gpu_node_handlers, kind, facts, self.gpu_node(facts.name))
+
+    async def _on_quota(self, kind: str, facts: QuotaFacts) -> None:
+        await _fan_out(self._quota_handlers, kind, facts, self.quotas.store.get(facts.key))
 
     async def _on_pod(self, kind: str, facts: PodFacts) -> None:
         await _fan_out(self._pod_handlers, kind, facts, self.pods.store.get(facts.key))

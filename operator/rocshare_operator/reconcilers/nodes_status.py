@@ -14,19 +14,28 @@ from typing import Any
 
 import kopf
 
+from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts
+from rocshare.core.holdings import Holding
+from rocshare.core.ids import PodKey
+from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts
 from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_key
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
-from rocshare_operator.status.usage import slices_of
+from rocshare_operator.status.usage import PodSlices
 
 
 def subscribe(ctx: OperatorContext) -> None:
-    """Have the cluster feed tell the reconcilers about nodes and pods (before the feed runs)."""
+    """Have the cluster feed tell the reconcilers about nodes, pods and share quotas (before the feed
+    runs). What pods hold comes from the process's one hold index (`ctx.accounts`): the reconcilers'
+    own, fed by the pod watch here, until the extender shares its own (`share_accounts`)."""
+    own = Accounts(lambda node: _cu_counts(ctx, node))
+    use_accounts(ctx, own)
     ctx.feed.subscribe(on_node=lambda kind, facts, before: node_changed(ctx, kind, facts, before),
                        on_gpu_node=lambda kind, facts, before: gpu_node_changed(ctx, kind, facts, before),
-                       on_pod=lambda kind, facts, _before: pod_changed(ctx, kind, facts),
+                       on_pod=lambda kind, facts, _before: own.on_pod(kind, facts) if ctx.accounts is own else None,
+                       on_quota=lambda kind, facts, _before: shares.quota_changed(ctx, kind, facts),
                        on_failing=lambda: ctx.wakeups.wake_kind("pool"))  # their Degraded shows it
 
 
@@ -55,16 +64,30 @@ def gpu_node_changed(ctx: OperatorContext, kind: str, facts: GpuNodeFacts, befor
         ctx.wakeups.wake_kind("share")  # cores percent depends on the GPUs' CU counts
 
 
-def pod_changed(ctx: OperatorContext, kind: str, facts: PodFacts) -> None:
+def use_accounts(ctx: OperatorContext, accounts: Accounts) -> None:
+    """Derive status's slices from `accounts`, the process's one hold index (the extender calls this
+    with its own before the feed runs; the reconcilers' own then hears no more pods)."""
+    ctx.accounts = accounts
+    accounts.on_hold.append(lambda key, namespace, holding: hold_changed(ctx, key, namespace, holding)
+                            if ctx.accounts is accounts else None)
+
+
+def hold_changed(ctx: OperatorContext, key: PodKey, namespace: str, holding: Holding | None) -> None:
     """A slice appeared, changed or was released: wake its node's pool and its namespace's shares."""
-    held = None if kind == "DELETED" else slices_of(facts)
-    before = ctx.slices.put(facts.namespace, facts.name, held)
+    name = key.partition("/")[2]
+    held = None if holding is None else PodSlices(namespace, name, holding)
+    before = ctx.slices.put(namespace, name, held)
     if before == held:
         return
     for slices in (before, held):
         if slices is not None and slices.node:
             _wake_pool_of_node(ctx, slices.node, USAGE)
-    ctx.wakeups.wake_shares_in(facts.namespace, USAGE)
+    ctx.wakeups.wake_shares_in(namespace, USAGE)
+
+
+def _cu_counts(ctx: OperatorContext, node: str) -> dict[str, int]:
+    inventory = ctx.inventory(node)
+    return inventory.cu_counts() if inventory is not None else {}
 
 
 def _wake_pool_of_node(ctx: OperatorContext, node: str, reason: str = "") -> None:

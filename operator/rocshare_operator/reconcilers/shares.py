@@ -17,6 +17,7 @@ import kopf
 from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits
 from rocshare.kube.client import ApiError, object_path
 from rocshare_operator.context import LoopState, OperatorContext, share_key
+from rocshare_operator.feed.cluster_facts import QuotaFacts
 from rocshare_operator.reconcilers.pools import (
     ERROR_PAUSE_S,
     FIELD_MANAGER,
@@ -26,7 +27,7 @@ from rocshare_operator.reconcilers.pools import (
     wait_for_feed,
 )
 from rocshare_operator.retrying import with_retries
-from rocshare_operator.status.share_logic import QUOTA_LABELS, quota_body, share_status
+from rocshare_operator.status.share_logic import quota_body, share_status
 
 
 @kopf.on.event(GROUP, VERSION, "amdgpushares")
@@ -93,17 +94,14 @@ async def apply_quota(ctx: OperatorContext, state: LoopState, body: kopf.Body, l
     state.applied["quota_hard"] = quota["spec"]["hard"]
 
 
-@kopf.on.event("v1", "resourcequotas", labels=QUOTA_LABELS)
-def quota_event(event: kopf.RawEvent, namespace: str, meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo,
-                **_: Any) -> None:
-    """Someone deleted or edited a share's quota: have the share apply it again."""
-    ctx: OperatorContext = memo.rocshare
-    owners = [ref["name"] for ref in meta.get("ownerReferences") or [] if ref.get("kind") == "AmdGpuShare"]
-    if not owners:
+def quota_changed(ctx: OperatorContext, kind: str, quota: QuotaFacts) -> None:
+    """Someone deleted or edited a share's quota (from the process's one quota watch, the cluster
+    feed): have the share apply it again."""
+    if quota.share is None:
         return
-    key = share_key(namespace, owners[0])
+    key = share_key(quota.namespace, quota.share)
     state = ctx.wakeups.get(key)
     if state is None:
         return
-    if event["type"] == "DELETED" or dict(spec.get("hard") or {}) != state.applied.get("quota_hard"):
+    if kind == "DELETED" or dict(quota.hard) != state.applied.get("quota_hard"):
         ctx.wakeups.wake(key, "quota")

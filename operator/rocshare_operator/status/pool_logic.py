@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -33,6 +33,9 @@ from rocshare.api.node_settings import (
     NodeSettings,
     encode_settings,
 )
+from rocshare_operator.feed.node_view import NodeMarks, NodeView, marks_of
+
+__all__ = ["NodeMarks", "NodeView", "marks_of"]  # re-exported: membership decisions read them
 
 LABEL_VALUE_MAX_CHARS = 63
 """A pool's name becomes a label value, which Kubernetes caps at 63 characters."""
@@ -57,35 +60,6 @@ class PoolView:
 
     def selects(self, labels: Mapping[str, str]) -> bool:
         return selector_matches(dict(self.selector), labels)
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """A Node's labels and the marks the operator keeps on it."""
-
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    marks: NodeMarks
-
-    @property
-    def label_map(self) -> dict[str, str]:
-        return dict(self.labels)
-
-
-@dataclass(frozen=True)
-class NodeMarks:
-    """The pool label and the annotations; None means absent."""
-
-    pool: str | None = None
-    settings_json: str | None = None
-    operating_mode: str | None = None
-    pending_mode: str | None = None
-    """The mode a busy node switches to once drained (see the module's invariants)."""
-
-    @property
-    def any(self) -> bool:
-        # The operating-mode annotation alone is not evidence that we marked the node.
-        return self.pool is not None or self.settings_json is not None
 
 
 @dataclass(frozen=True)
@@ -129,14 +103,6 @@ def node_view(body: Mapping) -> NodeView:
     labels = meta.get("labels") or {}
     marks = marks_of(labels, meta.get("annotations") or {})
     return NodeView(name=meta.get("name", ""), labels=tuple(sorted(labels.items())), marks=marks)
-
-
-def marks_of(labels: Mapping[str, str], annotations: Mapping[str, str],
-             keep: Callable[[str | None], str | None] = lambda value: value) -> NodeMarks:
-    """The marks a Node carries; `keep` may intern the values (the cluster feed does)."""
-    return NodeMarks(pool=keep(labels.get(POOL_LABEL)), settings_json=keep(annotations.get(POOL_SETTINGS_ANNOTATION)),
-                     operating_mode=keep(annotations.get(HAMI_OPERATING_MODE_ANNOTATION)),
-                     pending_mode=keep(annotations.get(PENDING_MODE_ANNOTATION)))
 
 
 def seniority(pool: PoolView) -> tuple[str, str]:

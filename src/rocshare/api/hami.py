@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from rocshare.api.allocation import AllocationRecord
 from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, OperatingMode
+from rocshare.api.pod_lifecycle import is_sidecar
 
 DEVICE_VENDOR = "AMD"
 VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
@@ -242,7 +243,7 @@ def hami_placement(annotations: Mapping[str, str], spec: Mapping) -> HamiPlaceme
     devices = annotations.get(POD_DEVICES_ANNOTATION)
     if devices is None:
         return None
-    containers = tuple((str(c.get("name", "")), True, c.get("restartPolicy") == "Always")
+    containers = tuple((str(c.get("name", "")), True, is_sidecar(c, init=True))
                        for c in spec.get("initContainers") or ()) + \
         tuple((str(c.get("name", "")), False, False) for c in spec.get("containers") or ())
     return HamiPlacement(str(annotations.get(VGPU_NODE_ANNOTATION) or ""), devices,

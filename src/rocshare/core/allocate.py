@@ -7,21 +7,26 @@ current ledger, picks concrete CU ranges best-fit, and builds the record with py
 the edge.
 
 Containers are placed one after another against a scratch copy of the node's loads, so two
-containers of one pod may share a GPU (each holds its own slice). Init containers are placed
-first and keep their slices (the ledger reserves the sum: conservative, never less than
-the kubelet's max(init, sum of app containers)); the record lists them first, as required.
+containers of one pod may share a GPU (each holds its own slice). App containers and native
+sidecars are placed first (they run together: their slices add up); then each plain init
+container, whose devices lie over the pod's slots (rocshare.core.holdings.overlap_slots: the
+kubelet's max(init, app), per slot): on the slot's GPU, growing the slot to the larger of the
+two, with CU ranges inside the slot's before any free CU. The record lists init containers
+first, as the kubelet asks for them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.core.choose import choose_gpus
-from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges
+from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges, ranges_from_mask
 from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, barred_reason, load_reason, need_for
 from rocshare.core.headroom import free_share_milli
-from rocshare.core.inventory import NodeInventory, ShapeKey
+from rocshare.core.holdings import Slot, overlap_slots, slice_mask
+from rocshare.core.inventory import GpuSpec, NodeInventory, ShapeKey
 from rocshare.core.ledger import NodeUsage
 from rocshare.core.policies import NODE_SCORERS, NodeView, Policy, ScoringContext, gpu_scorer_for, reads_headroom
 from rocshare.core.request import ContainerRequest, PodRequest
@@ -106,15 +111,58 @@ class PodPlanner:
         cpu_after = cpu_before - self.request.cpu_milli if cpu_before is not None else None
         loads = list(usage.loads)
         free = list(usage.free_milli) if self._reads_headroom else []  # free shares under `loads`, in step
-        placed: list[tuple[PlannedDevice, ...]] = []
-        for fit in fits:
-            result = self._place_container(node, loads, free, fit, barred, (cpu_before, cpu_after))
+        placed: list[tuple[PlannedDevice, ...] | None] = [None] * len(fits)
+        slots = self._slots(node)
+        cpu = (cpu_before, cpu_after)
+        peaks: dict[Slot, Load] = {}
+        for index in [index for index in range(len(fits)) if index not in slots] + list(slots):
+            result = (self._place_container(node, loads, free, fits[index], barred, cpu) if index not in slots
+                      else self._place_init(node, loads, free, fits, (index, slots[index]), placed, peaks, barred, cpu))
             if isinstance(result, FitFailure):
                 return result
-            placed.append(result)
+            placed[index] = result
         view = NodeView(node, usage.loads, tuple(loads), cpu_before, cpu_after, usage.free_milli if free else (),
                         tuple(free))
         return Plan(tuple(placed), tuple(loads), self._node_scorer(view, self.request, self.ctx))
+
+    def _slots(self, node: NodeInventory) -> dict[int, tuple[Slot | None, ...]]:
+        """Per plain init container (by index in gpu_containers), the slot each device lies over
+        (rocshare.core.holdings' rule, with the node's partitions counted whole)."""
+        return _overlap_slots(node, self.request.gpu_containers)
+
+    def _place_init(self, node: NodeInventory, loads: list[Load], free: list[int], fits: tuple[_ContainerFit, ...],
+                    init: tuple[int, tuple[Slot | None, ...]], placed: list, peaks: dict[Slot, Load],
+                    barred: tuple[Reason | None, ...],
+                    cpu: tuple[int | None, int | None]) -> tuple[PlannedDevice, ...] | FitFailure:
+        """A plain init container: each device over its slot's GPU, growing the slot to the larger
+        of the two (it must fit there, or the pod does not fit the node); devices without a slot
+        (or whose slot's GPU this container already has) are placed like an app container's."""
+        index, slots = init
+        fit = fits[index]
+        over: list[PlannedDevice] = []
+        for slot in slots:
+            if slot is None:
+                continue
+            base = placed[slot[0]][slot[1]]
+            pos = base.position
+            if any(device.position == pos for device in over):
+                continue
+            peak = peaks.get(slot, fits[slot[0]].adds[pos])
+            grown = _grown_load(loads[pos], peak, fit.adds[pos])
+            reason = barred[pos] or fit.unoffered[pos] or _hold_reason(node.gpus[pos], grown)
+            if reason is not None:
+                return FitFailure.of({reason: len(node.gpus)}, len(node.gpus))
+            peaks[slot] = _peak(peak, fit.adds[pos])
+            loads[pos] = grown
+            if free:
+                free[pos] = free_share_milli(node.gpus[pos], grown)
+            over.append(PlannedDevice(pos, fit.needs[pos]))
+        rest = fit.gpus - len(over)
+        if not rest:
+            return tuple(over)
+        more = self._place_container(node, loads, free, dataclasses.replace(fit, gpus=rest), barred, cpu,
+                                     frozenset(device.position for device in over))
+        return more if isinstance(more, FitFailure) else (*over, *more)
 
     def shape_facts(self, node: NodeInventory) -> tuple[tuple[_ContainerFit, ...], tuple[Reason | None, ...]]:
         """Per GPU container its need of each GPU of the node (`_ContainerFit`), and per GPU the
@@ -138,11 +186,15 @@ class PodPlanner:
         fit: _ContainerFit,
         barred: tuple[Reason | None, ...],
         cpu: tuple[int | None, int | None],
+        taken: frozenset[int] = frozenset(),
     ) -> tuple[PlannedDevice, ...] | FitFailure:
+        """`taken`: GPUs the container has already (an init container's devices over its slots)."""
         reasons: dict[Reason, int] = {}  # GPUs per reason (a plain dict: a Counter costs more to make)
         candidates: list[int] = []
         verdicts, twins = (None if self._reads_ids else fit.verdicts), node.twins
         for pos, load in enumerate(loads):
+            if pos in taken:
+                continue
             if verdicts is None:
                 reason = barred[pos] or fit.unoffered[pos] or load_reason(node.gpus[pos], load, fit.needs[pos])
             else:
@@ -157,8 +209,8 @@ class PodPlanner:
                 reasons[reason] = reasons.get(reason, 0) + 1
         total = len(node.gpus)
         if len(candidates) < fit.gpus:
-            if candidates:  # no GPU check gives this reason: the fitting GPUs are counted once
-                reasons[Reason.NODE_INSUFFICIENT_GPUS] = len(candidates)
+            if candidates or taken:  # no GPU check gives this reason: the fitting GPUs are counted once
+                reasons[Reason.NODE_INSUFFICIENT_GPUS] = len(candidates) + len(taken)
             return FitFailure.of(reasons, total)
         frozen, frozen_free, scorer, ctx = tuple(loads), tuple(free), self._gpu_scorer, self.ctx
         scored: dict[tuple[int, Load], float] = {}  # twins under equal loads score alike: once
@@ -183,6 +235,26 @@ class PodPlanner:
             if free:
                 free[pos] = free_share_milli(node.gpus[pos], loads[pos])
         return tuple(PlannedDevice(pos, fit.needs[pos]) for pos in chosen)
+
+
+def _peak(a: Load, b: Load) -> Load:
+    """The larger of two loads that never run at once (a slot and an init container over it)."""
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
+
+
+def _grown_load(load: Load, slot_peak: Load, init: Load) -> Load:
+    """The GPU's load once the slot (at `slot_peak` so far) grows to hold the init container too."""
+    after = _peak(slot_peak, init)
+    return (load[0] + after[0] - slot_peak[0], load[1], load[2] + after[2] - slot_peak[2], load[3])
+
+
+def _hold_reason(spec: GpuSpec, load: Load) -> Reason | None:
+    """Whether the GPU can hold `load` at all (memory, then CUs)."""
+    if load[0] > spec.memory_mib:
+        return Reason.CARD_INSUFFICIENT_MEMORY
+    if load[2] > max(spec.cu_usable, spec.cu_count if load[3] else 0):
+        return Reason.CARD_INSUFFICIENT_CORE
+    return None
 
 
 def _container_fit(node: NodeInventory, container: ContainerRequest) -> _ContainerFit:
@@ -218,24 +290,60 @@ def allocate(
 
 
 def record_from_plan(node: NodeInventory, usage: NodeUsage, request: PodRequest, plan: Plan) -> AllocationRecord:
+    """The record of a plan, CU ranges chosen best-fit: app containers and sidecars first (pod
+    order), then each plain init container's, inside its slot's ranges before any free CU."""
     masks = [gpu.cu_mask for gpu in usage.gpus]
-    containers = []
-    for container, devices in zip(request.gpu_containers, plan.containers):
-        slices = [_device_slice(node, masks, device, container.cores_pct) for device in devices]
-        containers.append(ContainerAllocation(name=container.name, init=container.init, sidecar=container.sidecar,
-                                              devices=slices))
-    return AllocationRecord(node=node.name, containers=containers, oversubscribed=node.oversubscribed)
+    containers = request.gpu_containers
+    slots = _overlap_slots(node, containers)
+    slices: list[list[DeviceSlice]] = [[] for _ in containers]
+    spares: dict[Slot, int] = {}
+    for index in [index for index in range(len(containers)) if index not in slots]:
+        slices[index] = [_device_slice(node, masks, device, containers[index].cores_pct)
+                         for device in plan.containers[index]]
+    for index, over in slots.items():
+        for device, slot in zip(plan.containers[index], _slots_taken(plan, over, len(plan.containers[index]))):
+            if slot is None:
+                slices[index].append(_device_slice(node, masks, device, containers[index].cores_pct))
+                continue
+            spare = spares.setdefault(slot, slice_mask(slices[slot[0]][slot[1]]))
+            found = _device_slice(node, masks, device, containers[index].cores_pct, spare)
+            spares[slot] = spare | slice_mask(found)
+            slices[index].append(found)
+    return AllocationRecord(node=node.name, oversubscribed=node.oversubscribed, containers=[
+        ContainerAllocation(name=c.name, init=c.init, sidecar=c.sidecar, devices=devices)
+        for c, devices in zip(containers, slices)])
 
 
-def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice, cores_pct: int | None) -> DeviceSlice:
+def _overlap_slots(node: NodeInventory, containers: tuple[ContainerRequest, ...]) -> dict[int, tuple[Slot | None, ...]]:
+    """`overlap_slots` on this node: on a node of partitions every device is whole. A node mixing
+    partitions and GPUs lays no init container over a slot (whether a device is whole depends on
+    the GPU chosen): there, init slices are summed, as the record then says."""
+    partitions = [gpu.partition for gpu in node.gpus]
+    if any(partitions) and not all(partitions):
+        return {}
+    return overlap_slots([(c.init, c.sidecar, c.gpus, c.whole or any(partitions)) for c in containers])
+
+
+def _slots_taken(plan: Plan, over: tuple[Slot | None, ...], count: int) -> list[Slot | None]:
+    """Per device of an init container, as `PodPlanner._place_init` placed them: first those over
+    a slot (each slot's GPU once), then the rest, placed like an app container's (None)."""
+    taken: list[Slot | None] = []
+    for slot in over:
+        if slot is not None and all(plan.containers[slot[0]][slot[1]].position
+                                    != plan.containers[other[0]][other[1]].position for other in taken):
+            taken.append(slot)
+    return taken + [None] * (count - len(taken))
+
+
+def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice, cores_pct: int | None,
+                  spare: int = 0) -> DeviceSlice:
+    """`spare`: CUs the pod already holds there that this container may reuse (an init
+    container's slot): its ranges are taken from them first, then from the GPU's free CUs."""
     spec = node.gpus[device.position]
     need = device.need
     ranges: list[tuple[int, int]] = []
     if need.pin_cus:
-        found = choose_cu_ranges(masks[device.position], spec.cu_count, need.pin_cus, spec.cu_align)
-        if found is None:  # plan_pod checked the count; only a corrupt ledger gets here
-            raise ValueError(f"GPU {spec.gpu_id}: no {need.pin_cus} free CUs despite the plan")
-        ranges = found
+        ranges = _cu_ranges(masks[device.position], spare, spec, need.pin_cus)
         masks[device.position] |= mask_from_ranges(ranges)
     elif need.whole or need.reserves_all:
         masks[device.position] = full_mask(spec.cu_count)
@@ -248,3 +356,15 @@ def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice, 
         reserves_all_cores=need.reserves_all,
         cores_pct=cores_pct if need.pin_cus else None,
     )
+
+
+def _cu_ranges(held: int, spare: int, spec: GpuSpec, count: int) -> list[tuple[int, int]]:
+    """`count` CUs best-fit: inside `spare` when it has them, else all of `spare` and the rest free."""
+    everything = full_mask(spec.cu_count)
+    found = choose_cu_ranges(everything & ~spare, spec.cu_count, count, spec.cu_align) if spare else None
+    if found is None:
+        extra = choose_cu_ranges(held | spare, spec.cu_count, count - spare.bit_count(), spec.cu_align)
+        if extra is None:  # plan_pod checked the count; only a corrupt ledger gets here
+            raise ValueError(f"GPU {spec.gpu_id}: no {count} free CUs despite the plan")
+        found = ranges_from_mask(spare | mask_from_ranges(extra))
+    return found

@@ -10,9 +10,16 @@ From the allocation record (what bind committed), per GPU:
   GPU is unknown -- never under-count);
 * omitted gpucores under Exclusive (``reservesAllCores``): its memory, every CU, 100 %;
 * omitted gpucores under Shared: its memory only; it reserves no CU, so 0 % of cores.
-Every container's slices are summed, init containers and native sidecars included: the
-allocator gives each container its own slice for the pod's whole life (an init container's
-slice is not handed to the app containers), so that is what the GPU cannot give to others.
+App containers and native sidecars run together, so their slices are summed. A plain init
+container runs before the app containers start, with only the sidecars declared before it, so
+it is counted as Kubernetes counts it -- max(init, app) -- per slice it lies over: its device j
+lies over the j-th *slot* of the pod (`overlap_slots`: the devices of the app containers and of
+the sidecars declared after it, in pod order, of the same kind -- whole or slice), on the same
+GPU, with CU ranges inside that slot's (plus whatever more it needs); the pod holds, per slot,
+the larger of the slot and every init device over it, in memory, cores and CUs. An init device
+with no slot (more init devices than slots), or one whose record puts it on another GPU than
+its slot's, is summed like an app container's (never under-count). The allocator places init
+containers by this rule, so what it plans is exactly what the record holds.
 
 The GPU count is the one Kubernetes itself counts for ``requests.amd.com/gpu`` (the API
 server's quota admission and the kubelet use it): max(the largest init container plus the
@@ -37,15 +44,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
 from rocshare.api.hami import HamiFormatError, HamiPlacement, decode_cu_allocated, decode_pod_devices, rocshare_gpu_id
 from rocshare.api.models import OmittedCores
+from rocshare.api.pod_lifecycle import is_sidecar
 from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity
-from rocshare.core.request import PodRequest, RequestError, parse_pod
+from rocshare.core.request import ContainerRequest, PodRequest, RequestError, parse_pod
 
 WHOLE_PCT = 100
 
@@ -136,14 +144,66 @@ def slice_cores_pct(device: DeviceSlice) -> int | None:
     return 0 if not device.cu_ranges else None
 
 
+Slot = tuple[int, int]
+"""(container index, device index) of an app container's or sidecar's device."""
+
+
+def is_plain_init(init: bool, sidecar: bool) -> bool:
+    """An init container that runs to completion before the app containers start."""
+    return init and not sidecar
+
+
+def overlap_slots(containers: Sequence[tuple[bool, bool, int, bool]]) -> dict[int, tuple[Slot | None, ...]]:
+    """For each plain init container (by index), the slot each of its devices lies over, or None
+    (summed). `containers`: (init, sidecar, device count, whole) per container in pod order, init
+    containers first. The slots of an init container are the devices of the app containers and
+    of the sidecars declared after it (those not yet running beside it), in pod order, whose
+    kind (whole device or slice) is its own; its device j lies over the j-th."""
+    found: dict[int, tuple[Slot | None, ...]] = {}
+    for index, (init, sidecar, count, whole) in enumerate(containers):
+        if not is_plain_init(init, sidecar):
+            continue
+        slots = [(other, device) for other, (o_init, o_sidecar, o_count, o_whole) in enumerate(containers)
+                 if (not o_init or (o_sidecar and other > index)) and o_whole == whole for device in range(o_count)]
+        found[index] = tuple(slots[device] if device < len(slots) else None for device in range(count))
+    return found
+
+
 def record_holding(record: AllocationRecord) -> Holding:
-    """The pod's hold, from its committed record."""
+    """The pod's hold, from its committed record: app and sidecar slices summed per GPU, each
+    plain init container's slices over their slots (max, see the module docstring)."""
+    containers = record.containers
     per_gpu: dict[str, GpuHold] = {}
-    for container in record.containers:
+    over: dict[Slot, list[DeviceSlice]] = {}
+    slots = overlap_slots([(c.init, c.sidecar, len(c.devices), all(d.whole for d in c.devices)) for c in containers])
+    for index, container in enumerate(containers):
+        if index in slots:
+            continue
         for device in container.devices:
             per_gpu[device.gpu_id] = _added(per_gpu.get(device.gpu_id), device)
-    count = effective_gpus((c.init, c.sidecar, len(c.devices)) for c in record.containers)
+    for index, devices in ((index, containers[index].devices) for index in slots):
+        for device, slot in zip(devices, slots[index]):
+            base = containers[slot[0]].devices[slot[1]] if slot is not None else None
+            if base is not None and (base.gpu_id, base.whole) == (device.gpu_id, device.whole):
+                over.setdefault(slot, []).append(device)
+            else:
+                per_gpu[device.gpu_id] = _added(per_gpu.get(device.gpu_id), device)
+    for (index, position), inits in over.items():
+        base = containers[index].devices[position]
+        per_gpu[base.gpu_id] = _grown(per_gpu[base.gpu_id], base, inits)
+    count = effective_gpus((c.init, c.sidecar, len(c.devices)) for c in containers)
     return Holding(record.node, tuple(per_gpu.values()), count)
+
+
+def _grown(total: GpuHold, base: DeviceSlice, inits: list[DeviceSlice]) -> GpuHold:
+    """The GPU's hold with one slot grown to the largest of itself and the init slices over it."""
+    memory = max(0, max(device.memory_mib for device in inits) - base.memory_mib)
+    mask = total.cu_mask
+    for device in inits:
+        mask |= slice_mask(device)
+    pcts = [slice_cores_pct(device) for device in (base, *inits)]
+    cores = None if total.cores_pct is None or None in pcts else total.cores_pct + max(0, max(pcts[1:]) - pcts[0])
+    return GpuHold(total.gpu_id, total.memory_mib + memory, total.slices, mask, total.whole, cores)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -219,7 +279,7 @@ def _effective_host(spec: Mapping, resource: str, read) -> int:
             name = container.get("name", "?") if isinstance(container, Mapping) else "?"
             resources = (container.get("resources") or {}) if isinstance(container, Mapping) else {}
             asked = (resources.get("requests") or {}).get(resource, (resources.get("limits") or {}).get(resource))
-            sidecar = init and container.get("restartPolicy") == "Always"
+            sidecar = isinstance(container, Mapping) and is_sidecar(container, init=init)
             containers.append((init, sidecar, _host_value(asked, read, f"container {name!r}: {resource}")))
     overhead = _host_value((spec.get("overhead") or {}).get(resource), read, f"spec.overhead.{resource}")
     return effective_gpus(containers) + overhead
@@ -251,27 +311,47 @@ def request_cost(request: PodRequest, *, gpu_memory_mib: int, omitted: OmittedCo
     before GPUs are chosen. `gpu_memory_mib` stands for the memory of the GPUs it will get (a
     percentage or whole-GPU ask depends on it); `whole_devices`: the node serves partitions,
     each a whole device whatever the ask."""
-    memory = cores = 0
-    for container in request.gpu_containers:
-        whole = whole_devices or container.whole
-        if whole:
-            per_gpu_mib = max(container.memory_mib or 0, gpu_memory_mib)
-        elif container.memory_mib is not None:
-            per_gpu_mib = container.memory_mib
-        elif container.memory_pct is not None:
-            per_gpu_mib = gpu_memory_mib * container.memory_pct // 100
-        else:
-            per_gpu_mib = gpu_memory_mib
-        if whole:
-            pct = WHOLE_PCT
-        elif container.cores_pct is not None:
-            pct = container.cores_pct
-        else:
-            pct = WHOLE_PCT if omitted == OmittedCores.EXCLUSIVE else 0
-        memory += per_gpu_mib * container.gpus
-        cores += pct * container.gpus
+    costs = [_container_cost(container, gpu_memory_mib, omitted, whole_devices) for container in request.containers]
+    slots = overlap_slots([(c.init, c.sidecar, c.gpus, cost[2]) for c, cost in zip(request.containers, costs)])
+    summed = [(cost, c.gpus) for index, (c, cost) in enumerate(zip(request.containers, costs)) if index not in slots]
+    memory = sum(cost[0] * gpus for cost, gpus in summed)
+    cores = sum(cost[1] * gpus for cost, gpus in summed)
+    peaks: dict[Slot, tuple[int, int]] = {}
+    for index, over in slots.items():
+        init_mib, init_pct, _whole = costs[index]
+        for slot in over:
+            if slot is None:
+                memory, cores = memory + init_mib, cores + init_pct
+                continue
+            base_mib, base_pct, _ = costs[slot[0]]
+            was_mib, was_pct = peaks.get(slot, (base_mib, base_pct))
+            peaks[slot] = (max(was_mib, init_mib), max(was_pct, init_pct))
+    for slot, (peak_mib, peak_pct) in peaks.items():
+        memory += peak_mib - costs[slot[0]][0]
+        cores += peak_pct - costs[slot[0]][1]
     count = effective_gpus((c.init, c.sidecar, c.gpus) for c in request.containers)
     return Held(memory, cores, count)
+
+
+def _container_cost(container: ContainerRequest, gpu_memory_mib: int, omitted: OmittedCores,
+                    whole_devices: bool) -> tuple[int, int, bool]:
+    """(MiB, cores percent, whole) one container holds on each of its GPUs."""
+    whole = whole_devices or container.whole
+    if whole:
+        per_gpu_mib = max(container.memory_mib or 0, gpu_memory_mib)
+    elif container.memory_mib is not None:
+        per_gpu_mib = container.memory_mib
+    elif container.memory_pct is not None:
+        per_gpu_mib = gpu_memory_mib * container.memory_pct // 100
+    else:
+        per_gpu_mib = gpu_memory_mib
+    if whole:
+        pct = WHOLE_PCT
+    elif container.cores_pct is not None:
+        pct = container.cores_pct
+    else:
+        pct = WHOLE_PCT if omitted == OmittedCores.EXCLUSIVE else 0
+    return per_gpu_mib, pct, whole
 
 
 def asked_devices(request: PodRequest) -> list[tuple[str, int]]:

@@ -7,8 +7,8 @@ number of slices, the CU bitmask held, and how many whole-GPU slices sit there.
 
 What a pod reserves of each GPU is rocshare.core.holdings' rule (`record_holding`), the one
 every reader applies: whole GPUs and all-cores slices every CU, CU slices their ranges, Shared
-slices without gpucores no CU; every container's slices summed (init containers and sidecars
-keep theirs for the pod's life).
+slices without gpucores no CU; app and sidecar slices summed, a plain init container's over the
+pod's slots (max(init, app), as Kubernetes counts it).
 
 Usage is recomputed per GPU from its holders on every change, so a pair of conflicting
 records (which the allocator never produces) cannot make subtraction go wrong.

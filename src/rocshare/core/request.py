@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rocshare.api.models import GpuPolicy, NodePolicy
+from rocshare.api.pod_lifecycle import is_sidecar
 from rocshare.api.resource_names import GPU_RESOURCE, is_partition_resource
 from rocshare.core.quantity import QuantityError, whole_quantity
 
@@ -149,7 +150,7 @@ def _parse_container(container: Mapping, *, init: bool) -> ContainerRequest:
     # Extended resources must have requests == limits; limits are the usual place.
     values = {**_mapping(resources.get("requests"), f"{where}: requests"),
               **_mapping(resources.get("limits"), f"{where}: limits")}
-    sidecar = init and container.get("restartPolicy") == "Always"
+    sidecar = is_sidecar(container, init=init)
     partitions = sorted(key for key in values if is_partition_resource(str(key)))
     if partitions:
         return _partition_container(name, init, sidecar, values, partitions, where)

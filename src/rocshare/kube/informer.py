@@ -1,5 +1,20 @@
 """List+watch caches: the only way rocshare's processes learn cluster state.
 
+The product's one list+watch (STYLE.md 14): every cache in the operator (the cluster feed's
+Nodes, Pods, AmdGpuNodes and ResourceQuotas; the extender's AmdGpuPools) and in the node agent
+(its node's pods) is an `Informer`. Why this and not Kopf's watcher, in DESIGN's terms:
+* continuity: `synced` is set after the first full list, so the extender and webhook answer only
+  from whole caches; Kopf offers no "listed everything" signal to a cache outside its handlers;
+* paging: lists come in pages of PAGE_SIZE (one unpaged list of 20,000 pods is ~60 MB), and a
+  relist after 410 Gone reports objects that vanished meanwhile as deletions;
+* decode failures: each object is decoded once into small facts (`decode`) and kept in
+  `failing` when that fails -- visible to readiness and metrics, never silently dropped; a
+  handler that raises gets the event again with a backoff, never loses it;
+* backoff: every retry waits by a backoff list and is logged with its attempt number.
+The agent has no Kopf at all, so only this one can serve both processes. Kopf still watches the
+kinds whose handlers it runs in the operator (AmdGpuPools and AmdGpuShares for their reconcile
+loops and the pool's finalizer, the agent DaemonSets): handler machinery, not caches.
+
 An `Informer` lists a collection, hands every object to its handler, then watches
 from the list's resourceVersion; when the watch ends it resumes, and when the server
 says the version is too old (410 Gone) it lists again and reports objects that

@@ -8,6 +8,7 @@ import pytest
 from rocshare.api.models import GpuInfo, Partition
 from rocshare_agent.health import (ExporterError, ExporterVerdict, apply_device_file_health, apply_exporter_health,
                                    parse_exporter_health)
+from rocshare.api.node_settings import SettingsError
 from rocshare_agent.inventory_loop import ready_condition, settings_from_node
 from rocshare_agent.publish import health_transitions, node_labels, sanitize_label_value
 
@@ -86,5 +87,6 @@ def test_ready_condition_and_settings_defaults():
     assert ready_condition([]).reason == "NoGpus"
     assert ready_condition([gpu(0, healthy=False)]).status == "False"
     assert ready_condition([gpu(0)]).message == "1/1 GPUs healthy"
-    assert settings_from_node({"metadata": {"annotations": {"rocshare.io/pool-settings": "{bad"}}}).sharing.split_count == 0
+    with pytest.raises(SettingsError):  # never a guess: the agent then offers nothing (test_fail_closed.py)
+        settings_from_node({"metadata": {"annotations": {"rocshare.io/pool-settings": "{bad"}}})
     assert settings_from_node({"metadata": {}}).pool == ""

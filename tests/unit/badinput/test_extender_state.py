@@ -1,7 +1,7 @@
 """Bad node annotations, AmdGpuNode statuses, quotas and pod records fed to the extender's
 state: it never crashes, logs the problem once with what is wrong, and never offers capacity it
 cannot account for (a node with a doubled GPU offers nothing; a pod with an unreadable record
-keeps its node blocked; bad pool settings fall back to the defaults)."""
+keeps its node blocked; bad pool settings make the node offer nothing)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_a_gpu_listed_twice_makes_the_node_offer_nothing(caplog) -> None:
     assert "n1" not in state.inventories
     assert "lists GPU GPU-1 more than once" in caplog.text
     result = filter_nodes(state.snapshot(), parse_pod(pod(gpu="2", gpumem="1000")), ["n1"])
-    assert result.feasible == [] and "NoGpuInventory" in result.failed["n1"].text()
+    assert result.feasible == [] and "NodeUnreadable" in result.failed["n1"].text()
 
 
 def test_the_doubled_gpu_is_logged_once_and_the_node_returns_when_fixed(caplog) -> None:
@@ -79,12 +79,13 @@ def test_invalid_gpu_node_status_is_ignored_with_the_field(caplog, status: dict,
     '{"version":1,"pool":"p","sharing":{"splitCount":"four"}}',  # wrong type
     "[]",
 ], ids=["truncated JSON", "wrong type", "an array"])
-def test_bad_pool_settings_fall_back_to_defaults_with_a_log(caplog, settings: str) -> None:
+def test_bad_pool_settings_make_the_node_offer_nothing_with_why(caplog, settings: str) -> None:
     with caplog.at_level(logging.ERROR):
         state = state_with([gpu("GPU-1", 0)], settings=settings)
-    assert state.inventories["n1"].gpus[0].split_count == 10  # the GPU's own, not the broken override
-    assert "rocshare.io/pool-settings is invalid" in caplog.text and "using default sharing" in caplog.text
-    assert state.settings_problems["n1"]
+    assert "n1" not in state.inventories  # fail closed: never the defaults (up to 10 pods per GPU)
+    assert "rocshare.io/pool-settings is invalid" in caplog.text and "offers nothing" in caplog.text
+    rejection = filter_nodes(state.snapshot(), parse_pod(pod()), ["n1"]).failed["n1"]
+    assert rejection.reasons == (("NodeUnreadable", 0),) and "pool settings cannot be read" in rejection.detail
 
 
 async def test_an_unreadable_record_blocks_its_node_and_frees_it_when_the_pod_ends(caplog) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from rocshare.api.models import GpuPolicy, OmittedCores, Sharing, GpuInfo
 from rocshare.core.allocate import allocate, plan_pod
+from rocshare.core.cumask import mask_from_ranges
 from rocshare.core.fit import FitFailure, Reason, format_reasons, may_fit, summarize
 from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
@@ -159,13 +160,27 @@ def test_binpack_and_spread_choose_gpus():
     assert inv.gpus[spread.containers[0][0].position].gpu_id != first
 
 
-def test_init_containers_listed_first_and_reserved():
+def test_init_containers_listed_first_and_counted_as_kubernetes_counts_them():
     inv, ledger = node(gpu(0)), Ledger()
     raw = pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 10}, init=({"amd.com/gpumem": 500, "amd.com/gpucores": 5},))
     record = place(inv, ledger, raw)
     assert [c.init for c in record.containers] == [True, False]
     usage = ledger.gpu_usage(inv.name, "GPU-n1-0000")
-    assert (usage.memory_mib, usage.slices, usage.cu_held) == (1500, 2, 11 + 6)
+    # max(init, app) on the one GPU: the app's 1000 MiB and ceil(0.10 x 104) = 11 CUs, one slice;
+    # the init container's ceil(0.05 x 104) = 6 CUs lie inside the app's.
+    assert (usage.memory_mib, usage.slices, usage.cu_held) == (1000, 1, 11)
+    init, app = (mask_from_ranges(c.devices[0].cu_ranges) for c in record.containers)
+    assert init.bit_count() == 6 and app.bit_count() == 11 and init & ~app == 0
+
+
+def test_an_init_container_larger_than_the_app_grows_the_pods_hold_to_its_own():
+    inv, ledger = node(gpu(0)), Ledger()
+    raw = pod({"amd.com/gpumem": 1000, "amd.com/gpucores": 10}, init=({"amd.com/gpumem": 3000, "amd.com/gpucores": 60},))
+    record = place(inv, ledger, raw)
+    usage = ledger.gpu_usage(inv.name, "GPU-n1-0000")
+    assert (usage.memory_mib, usage.slices, usage.cu_held) == (3000, 1, 63)  # ceil(0.60 x 104) = 63 CUs
+    init, app = (mask_from_ranges(c.devices[0].cu_ranges) for c in record.containers)
+    assert init.bit_count() == 63 and app & ~init == 0  # the app's 11 CUs are among the init's 63
 
 
 def test_reason_summary_format_and_quick_reject():

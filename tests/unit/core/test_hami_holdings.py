@@ -88,7 +88,7 @@ def test_init_containers_and_empty_segments_keep_their_place() -> None:
     record, holding = read_hami(placement(f"{G0},MI210,1000,10:;;{G0},MI210,2000,10:;", init=1, apps=2), "")
     assert record is not None and record.node == "n1"  # unbound: the node HAMi chose
     assert [(c.name, c.init) for c in record.containers] == [("i0", True), ("c1", False)]
-    assert holding.gpu_count == 1 and holding.memory_mib == 3000
+    assert holding.gpu_count == 1 and holding.memory_mib == 2000  # the init's 1000 MiB lie over the app's 2000
 
 
 @pytest.mark.parametrize(("devices", "cu_allocated", "bound", "why"), [

@@ -55,9 +55,21 @@ CU_COUNTS = {"g1": 104, "g2": 104}
     ([container("a", shared("g1", 4096))], Held(4096, 0, 1)),  # Shared, no gpucores: reserves no CU
     ([container("a", exclusive("g1", 4096))], Held(4096, 100, 1)),  # Exclusive, no gpucores: every CU
     ([container("a", whole("g1"))], Held(65536, 100, 1)),  # a whole GPU or a partition
-    # Every container's slice is held for the pod's life: init and app summed on memory and cores...
+    # A plain init container runs before the app: over the app's slice on the same GPU the pod holds
+    # max(init, app) -- 8000 MiB, 10 % (the CUs: the union of both, 0-19) -- and the GPU count is
+    # Kubernetes': max(init, app) = 1...
     ([container("i", cu_slice("g1", 8000, 0, 9, 10), init=True), container("a", cu_slice("g1", 2000, 10, 19, 10))],
-     Held(10000, 20, 1)),  # ...and the GPU count is Kubernetes': max(init, app) = 1
+     Held(8000, 10, 1)),
+    # ...a larger init grows it: max(2000, 3000) MiB, max(10, 40) %...
+    ([container("i", cu_slice("g1", 3000, 0, 41, 40), init=True), container("a", cu_slice("g1", 2000, 0, 9, 10))],
+     Held(3000, 40, 1)),
+    # ...but an init slice on another GPU than its slot's is summed (never under-count).
+    ([container("i", cu_slice("g2", 8000, 0, 9, 10), init=True), container("a", cu_slice("g1", 2000, 10, 19, 10))],
+     Held(10000, 20, 1)),
+    # A sidecar declared before the init runs beside it: the init lies over the app's slice, not the sidecar's.
+    ([container("s", cu_slice("g1", 1000, 0, 9, 10), init=True, sidecar=True),
+      container("i", cu_slice("g1", 5000, 20, 49, 30), init=True), container("a", cu_slice("g1", 2000, 20, 29, 10))],
+     Held(1000 + 5000, 10 + 30, 2)),
     # A native sidecar runs beside the app containers: its GPU counts with theirs.
     ([container("s", cu_slice("g1", 1000, 0, 9, 10), init=True, sidecar=True),
       container("a", cu_slice("g2", 1000, 0, 9, 10))], Held(2000, 20, 2)),
@@ -102,7 +114,9 @@ def test_the_ledger_reserves_what_the_holding_says() -> None:
                   container("b", exclusive("g2", 100)))
     ledger.apply(held, "ns/p")
     g1, g2 = ledger.gpu_usage("n1", "g1"), ledger.gpu_usage("n1", "g2")
-    assert (g1.memory_mib, g1.slices, g1.cu_held, g1.whole) == (10000, 2, 10, 0)
+    # The init slice lies over the Shared app slice on g1 (which reserves no CU): max(8000, 2000) MiB,
+    # one slice, the init's 10 CUs.
+    assert (g1.memory_mib, g1.slices, g1.cu_held, g1.whole) == (8000, 1, 10, 0)
     assert (g2.memory_mib, g2.slices, g2.cu_held) == (100, 1, 104)
     ledger.release("ns/p")
     assert ledger.is_empty

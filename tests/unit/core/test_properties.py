@@ -62,13 +62,26 @@ def check_invariants(inventory: NodeInventory, ledger: Ledger) -> None:
         assert usage.whole <= 1 and (not usage.whole or usage.slices == 1)
     held: dict[str, int] = {}
     for record in ledger.records().values():
+        pod: dict[str, int] = {}
+        for container in record.containers:
+            if container.init and not container.sidecar:
+                continue  # runs before the app containers: its ranges lie over the pod's (checked below)
+            for device in container.devices:
+                mask = device_mask(device)
+                assert pod.get(device.gpu_id, 0) & mask == 0, "CU ranges of containers running together overlap"
+                pod[device.gpu_id] = pod.get(device.gpu_id, 0) | mask
         for container in record.containers:
             for device in container.devices:
-                mask = mask_from_ranges(device.cu_ranges)
-                if device.whole or device.reserves_all_cores:
-                    mask = (1 << device.cu_count) - 1
-                assert held.get(device.gpu_id, 0) & mask == 0, "co-tenant CU ranges overlap"
-                held[device.gpu_id] = held.get(device.gpu_id, 0) | mask
+                pod[device.gpu_id] = pod.get(device.gpu_id, 0) | device_mask(device)
+        for gpu_id, mask in pod.items():
+            assert held.get(gpu_id, 0) & mask == 0, "co-tenant CU ranges overlap"
+            held[gpu_id] = held.get(gpu_id, 0) | mask
+
+
+def device_mask(device) -> int:
+    if device.whole or device.reserves_all_cores:
+        return (1 << device.cu_count) - 1
+    return mask_from_ranges(device.cu_ranges)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

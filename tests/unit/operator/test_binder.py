@@ -80,7 +80,7 @@ async def test_a_pod_seen_at_filter_is_bound_in_one_request(state: SchedulerStat
     assert server.calls == ["BIND"]
     assert server.pod["spec"]["nodeName"] == "n1"
     assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
-    assert state.ledger.records()["ns/p"] == record and state.inflight["n1"].pod == "ns/p"
+    assert state.ledger.records()["ns/p"] == record and state.accounts.gate.held["n1"].pod == "ns/p"
 
 
 async def test_a_stale_copy_costs_one_read_and_a_second_decision(state: SchedulerState) -> None:
@@ -112,7 +112,7 @@ async def test_a_binding_written_but_unanswered_stands(state: SchedulerState, no
     record = await Binder(server, state).bind("ns", "p", "uid-p", "n1")
     assert server.calls == ["GET", "BIND", "GET"]
     assert decode_record(server.pod["metadata"]["annotations"][ALLOCATION_ANNOTATION]) == record
-    assert state.ledger.records()["ns/p"] == record and state.inflight["n1"].pod == "ns/p"
+    assert state.ledger.records()["ns/p"] == record and state.accounts.gate.held["n1"].pod == "ns/p"
 
 
 async def test_a_binding_never_written_is_taken_back(state: SchedulerState, no_pauses) -> None:
@@ -120,7 +120,7 @@ async def test_a_binding_never_written_is_taken_back(state: SchedulerState, no_p
     server.fail_binding = "before"
     with pytest.raises(BindRefused, match="connection reset"):
         await Binder(server, state).bind("ns", "p", "uid-p", "n1")
-    assert "ns/p" not in state.ledger and "n1" not in state.inflight
+    assert "ns/p" not in state.ledger and "n1" not in state.accounts.gate.held
     assert not server.pod["spec"].get("nodeName")
 
 
@@ -138,7 +138,7 @@ async def bind_with_the_api_server_unreadable(state: SchedulerState) -> tuple[On
 async def test_an_outcome_nobody_can_read_stays_accounted_until_the_next_bind_reads_it(
         state: SchedulerState, no_pauses) -> None:
     server, binder = await bind_with_the_api_server_unreadable(state)
-    assert "ns/p" in state.ledger and state.inflight["n1"].pod == "ns/p"  # blocked, not free
+    assert "ns/p" in state.ledger and state.accounts.gate.held["n1"].pod == "ns/p"  # blocked, not free
     server.fail_binding, server.fail_reads = None, False
     binder.saw(pod())  # kube-scheduler tries again, with its copy
     record = await binder.bind("ns", "p", "uid-p", "n1")
@@ -157,7 +157,7 @@ async def test_an_unreadable_outcome_is_settled_in_the_background_once_reads_wor
     server.fail_reads = False  # the API server answers again; kube-scheduler has not retried yet
     for _ in range(20):
         await asyncio.sleep(0)
-    assert "ns/p" not in state.ledger and "n1" not in state.inflight
+    assert "ns/p" not in state.ledger and "n1" not in state.accounts.gate.held
     assert not binder._settling
 
 
@@ -200,7 +200,7 @@ async def test_a_pod_gone_after_an_unanswered_binding_holds_nothing(state: Sched
     server.get = gone  # deleted meanwhile (its DELETED event may have come before the commit)
     with pytest.raises(BindRefused):
         await binder.bind("ns", "p", "uid-p", "n1")
-    assert "ns/p" not in state.ledger and "n1" not in state.inflight
+    assert "ns/p" not in state.ledger and "n1" not in state.accounts.gate.held
 
 
 def count_decisions(monkeypatch) -> list[int]:

@@ -33,13 +33,14 @@ from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex, slices_of
 
 NODES, PODS, GPU_NODES = "/api/v1/nodes", "/api/v1/pods", object_path(API_VERSION, "amdgpunodes")
+QUOTAS = "/api/v1/resourcequotas"
 
 
 class ScriptedKube:
     """Lists from `objects` in pages; watches stream what tests `push`, until cancelled."""
 
     def __init__(self, objects: dict[str, list[dict]], page: int = 2) -> None:
-        self.objects = {NODES: [], PODS: [], GPU_NODES: [], **objects}
+        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], **objects}
         self.page = page
         self.calls: Counter[tuple[str, str]] = Counter()
         self.events: dict[str, asyncio.Queue] = {path: asyncio.Queue() for path in self.objects}
@@ -187,9 +188,13 @@ def gpu_node(name: str, *, healthy: bool = True, heartbeat: str = "t0") -> dict:
 
 
 async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -> None:
+    share_quota = {"metadata": {"name": "team-quota", "namespace": "ns",
+                                "ownerReferences": [{"kind": "AmdGpuShare", "name": "team"}]},
+                   "spec": {"hard": {"limits.amd.com/gpumem": "40k"}}}
     kube = ScriptedKube({NODES: [node("n1"), node("n2")], GPU_NODES: [gpu_node("n1"), gpu_node("n2")],
                          PODS: [pod("a", allocation=record("n1", gpu="GPU-n1")),
-                                pod("b", node_name="n2", allocation=record("n2", gpu="GPU-n2")), pod("plain")]})
+                                pod("b", node_name="n2", allocation=record("n2", gpu="GPU-n2")), pod("plain")],
+                         QUOTAS: [share_quota]})
     ctx = operator_context(kube)
     nodes_status.subscribe(ctx)
     state = SchedulerState()
@@ -197,8 +202,15 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     task = asyncio.create_task(ctx.feed.run())
     await ctx.feed.wait_synced()
     await settle()
-    assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in (NODES, GPU_NODES, PODS)}
-    assert kube.calls["watch", NODES] == kube.calls["watch", GPU_NODES] == kube.calls["watch", PODS] == 1
+    kinds = (NODES, GPU_NODES, PODS, QUOTAS)
+    assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in kinds}
+    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1]
+    assert state.quota_limits("ns").memory_mib == 40000  # the extender's quota, from the one quota watch ...
+    share = ctx.wakeups.register(share_key("ns", "team"))
+    share.applied["quota_hard"] = {"limits.amd.com/gpumem": "40k"}
+    kube.push(QUOTAS, "MODIFIED", {**share_quota, "spec": {"hard": {"limits.amd.com/gpumem": "1"}}})
+    await settle()
+    assert "quota" in share.take_reasons()  # ... and the share's loop, told its quota was edited
     # The extender's caches ...
     assert set(state.ledger.records()) == {"ns/a", "ns/b"} and set(state.inventories) == {"n1", "n2"}
     assert state.index.nodes["n1"] is ctx.feed.node("n1")  # one object per node, shared with the reconcilers
@@ -213,6 +225,34 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     assert "ns/a" not in state.ledger and ctx.slices.on_node("n1") == []
     with pytest.raises(RuntimeError, match="before it runs"):
         ctx.feed.subscribe(on_pod=state.on_pod_facts)
+    task.cancel()
+
+
+@pytest.mark.parametrize("extender", [True, False], ids=["with the extender", "reconcilers alone"])
+async def test_status_and_the_extender_read_one_hold_index(extender: bool) -> None:
+    """The known disagreement of two indexes: a HAMi pod naming a GPU its node does not list. The
+    fail-closed answer -- its hold is unknown: the node is blocked and status says the pod cannot be
+    accounted for -- is the one answer, because status derives its slices from the extender's accounts."""
+    stray = {"metadata": {"name": "h", "namespace": "ns", "annotations": {
+                 "hami.io/amd-devices-allocated": "GPU-elsewhere,MI210,8000,26:;", "hami.io/vgpu-node": "n1"}},
+             "spec": {"nodeName": "n1", "containers": [{"name": "c0"}]}, "status": {"phase": "Running", "startTime": "t"}}
+    kube = ScriptedKube({NODES: [node("n1")], GPU_NODES: [gpu_node("n1")], PODS: [stray]})
+    ctx = operator_context(kube)
+    nodes_status.subscribe(ctx)
+    state = SchedulerState()
+    if extender:
+        extender_subscribe(ctx.feed, state)
+        nodes_status.use_accounts(ctx, state.accounts)  # as scheduling.extender_task wires it
+    task = asyncio.create_task(ctx.feed.run())
+    await ctx.feed.wait_synced()
+    await settle()
+    [held] = ctx.slices.on_node("n1")
+    assert not held.holding.accountable and "does not list" in held.error
+    assert ctx.accounts.blocked_nodes() == {"n1"}
+    assert (state.accounts is ctx.accounts) == extender
+    kube.push(PODS, "DELETED", stray)
+    await settle()
+    assert ctx.slices.on_node("n1") == [] and not ctx.accounts.blocked_nodes()
     task.cancel()
 
 
@@ -317,9 +357,9 @@ async def test_a_pod_the_extender_fails_to_account_keeps_its_node_blocked_until_
     facts = pod_facts(pod("a", allocation=record("n1"), phase="Running"))
     with pytest.raises(RuntimeError):
         await state.on_pod_facts("ADDED", facts)
-    assert state.blocked_nodes() == {"n1"}  # fail closed: its GPUs are not free meanwhile
+    assert state.accounts.blocked_nodes() == {"n1"}  # fail closed: its GPUs are not free meanwhile
     await state.on_pod_facts("ADDED", facts)  # the retry
-    assert state.blocked_nodes() == set() and "ns/a" in state.ledger
+    assert state.accounts.blocked_nodes() == set() and "ns/a" in state.ledger
 
 
 def test_a_pod_object_the_decoder_chokes_on_is_kept_with_its_problem() -> None:

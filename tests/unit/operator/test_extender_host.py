@@ -130,7 +130,7 @@ async def test_a_gpu_less_pod_is_bound_plainly_and_its_cpu_counted_at_once(state
     assert await Binder(server, state).bind(NAMESPACE, "web", "uid-web", "n2") is None
     assert server.pod["spec"]["nodeName"] == "n2" and not server.pod["metadata"].get("annotations")
     assert state.ledger.usage(state.inventories["n2"]).cpu_milli == 2000
-    assert "n2" not in state.inflight  # the kubelet allocates it no device: nothing to wait for
+    assert "n2" not in state.accounts.gate.held  # the kubelet allocates it no device: nothing to wait for
 
 
 async def test_a_gpu_less_bind_that_fails_takes_its_cpu_back(state: SchedulerState) -> None:

@@ -35,10 +35,10 @@ def pod(name: str, *, node: str = "", phase: str = "Pending", annotations: dict 
 async def test_bound_unserved_pod_is_in_flight_again_after_a_restart() -> None:
     state = SchedulerState()
     await state.on_pod("ADDED", pod("p1", node="n1", annotations={ALLOCATION_ANNOTATION: record()}))
-    assert state.inflight["n1"].pod == "ns/p1"
+    assert state.accounts.gate.held["n1"].pod == "ns/p1"
     # A second such pod (the state a restart without this rule produced) does not take the slot.
     await state.on_pod("ADDED", pod("p2", node="n1", annotations={ALLOCATION_ANNOTATION: record()}))
-    assert state.inflight["n1"].pod == "ns/p1"
+    assert state.accounts.gate.held["n1"].pod == "ns/p1"
 
 
 async def test_admitted_running_or_deleting_pods_are_not_in_flight() -> None:
@@ -47,20 +47,20 @@ async def test_admitted_running_or_deleting_pods_are_not_in_flight() -> None:
                          ("deleting", {"deleting": True, "annotations": {ALLOCATION_ANNOTATION: record()}})]:
         state = SchedulerState()
         await state.on_pod("ADDED", pod(name, node="n1", **kwargs))
-        assert "n1" not in state.inflight, name
+        assert "n1" not in state.accounts.gate.held, name
 
 
 async def test_the_kubelets_first_status_write_releases_the_gate() -> None:
     state = SchedulerState()
     await state.on_pod("ADDED", pod("p1", node="n1", annotations={ALLOCATION_ANNOTATION: record()}))
-    assert "n1" in state.inflight
+    assert "n1" in state.accounts.gate.held
     # An agent mark (older agents) is not the kubelet's word: still in flight.
     await state.on_pod("MODIFIED", pod("p1", node="n1", annotations={ALLOCATION_ANNOTATION: record(),
                                                                       "rocshare.io/allocated": "t"}))
-    assert "n1" in state.inflight
+    assert "n1" in state.accounts.gate.held
     # The kubelet admitted it (devices allocated) and wrote status.startTime, still Pending.
     await state.on_pod("MODIFIED", pod("p1", node="n1", started=True, annotations={ALLOCATION_ANNOTATION: record()}))
-    assert "n1" not in state.inflight
+    assert "n1" not in state.accounts.gate.held
     assert "ns/p1" in state.ledger  # still holds its slice
 
 
@@ -68,11 +68,11 @@ async def test_the_kubelets_rejection_releases_the_gate_and_the_slice() -> None:
     state = SchedulerState()
     await state.on_pod("ADDED", pod("p1", node="n1", annotations={ALLOCATION_ANNOTATION: record()}))
     await state.on_pod("MODIFIED", pod("p1", node="n1", phase="Failed", annotations={ALLOCATION_ANNOTATION: record()}))
-    assert "n1" not in state.inflight and "ns/p1" not in state.ledger
+    assert "n1" not in state.accounts.gate.held and "ns/p1" not in state.ledger
 
 
 async def test_committed_but_unbound_pod_is_not_in_flight_by_the_watch() -> None:
     # The binder marks in flight itself; the watch echo of the record before the Binding must not.
     state = SchedulerState()
     await state.on_pod("MODIFIED", pod("p1", annotations={ALLOCATION_ANNOTATION: record()}))
-    assert not state.inflight
+    assert not state.accounts.gate.held

@@ -231,7 +231,8 @@ def helm_page(values_file: Path, schema_file: Path) -> str:
            "| key | default | allowed | description |\n|---|---|---|---|\n"]
     for key, default in value_rows(values):
         shown = json.dumps(default, separators=(", ", ": "))
-        out.append(f"| `{key}` | `{_cell(shown)}` | {_schema_note(key, schema)} | {_cell(_described(key, comments))} |\n")
+        note, described = _schema_note(key, schema), _cell(_described(key, comments))
+        out.append(f"| `{key}` | `{_cell(shown)}` | {note} | {described} |\n")
     return "".join(out)
 
 

@@ -37,7 +37,8 @@ def _run(env) -> dict:
 
 
 def test_real_runtime_errors_come_through_the_hook(hook_build: HookBuild, tmp_path):
-    assert ctypes.util.find_library("amdhip64"), "Debian's libamdhip64 is not installed (make -C hook real-runtime installs it)"
+    assert ctypes.util.find_library("amdhip64"), \
+        "Debian's libamdhip64 is not installed (make -C hook real-runtime installs it)"
     bare = _run(hook_build.env(tmp_path, hooked=False, HIP_DEVICE_MEMORY_LIMIT_0="100m"))
     hooked = _run(hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="100m"))
     # no GPU: the runtime itself says so, with or without the hook

@@ -7,8 +7,9 @@ namespace of their own; images built here (`make images`); then
 once, on the empty cluster -- its output is kept for the tests -- the GPU node labelled for a
 pool whose agent reads a real sysfs capture and fake device nodes, and the agent DaemonSet pod
 Running. The pool's hookPath starts EMPTY and nothing is placed there by hand: the agent
-installs rocshare's memory hook from its image (what it left there is kept for the tests). Everything is torn down at the end (processes, mounts, cgroups, iptables, netns,
-sysctls). Missing images or binaries fail the session: an e2e test that skips proves nothing.
+installs rocshare's memory hook from its image (what it left there is kept for the tests).
+Everything is torn down at the end (processes, mounts, cgroups, iptables, netns, sysctls).
+Missing images or binaries fail the session: an e2e test that skips proves nothing.
 """
 
 from __future__ import annotations

@@ -114,7 +114,8 @@ def pods(deployed: Deployed) -> Iterator[dict[str, dict]]:
 def probe(deployed: Deployed, pod: str, *args: str) -> dict:
     """hook-probe's JSON (hook/test/probe.c: it reports what the runtime answered, decides nothing)."""
     done = exec_in(deployed, pod, PROBE, *args, check=False)
-    assert done.returncode == 0, f"{PROBE} {' '.join(args)} in {pod}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, \
+        f"{PROBE} {' '.join(args)} in {pod}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout)
 
 

@@ -93,7 +93,8 @@ def _metric_names_in_code() -> dict[str, str]:
 def test_every_metric_the_code_constructs_is_on_the_metrics_page() -> None:
     in_code, rows = _metric_names_in_code(), _rows("metrics.md")
     assert len(in_code) >= 25
-    assert set(rows) == set(in_code), f"only in code: {set(in_code) - set(rows)}; only on the page: {set(rows) - set(in_code)}"
+    assert set(rows) == set(in_code), \
+        f"only in code: {set(in_code) - set(rows)}; only on the page: {set(rows) - set(in_code)}"
     for name, kind in in_code.items():
         assert rows[name][1] == kind, f"{name}: page says {rows[name][1]}, code constructs a {kind}"
 
@@ -108,7 +109,8 @@ def test_the_metrics_page_agrees_with_the_reference() -> None:
             continue
         name = cells[0].strip("`")
         assert name in reference, f"docs/metrics.md describes {name}, which the code does not register"
-        assert cells[1] == reference[name][1], f"{name}: type {cells[1]} on docs/metrics.md, {reference[name][1]} in code"
+        assert cells[1] == reference[name][1], \
+            f"{name}: type {cells[1]} on docs/metrics.md, {reference[name][1]} in code"
         assert set(re.findall(r"`([a-z_]+)`", cells[2])) == set(re.findall(r"`([a-z_]+)`", reference[name][2])), \
             f"{name}: labels on docs/metrics.md differ from the code's"
         described += 1

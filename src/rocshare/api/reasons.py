@@ -45,10 +45,10 @@ FILTER_REASONS = _reasons(
     "CardNotHealth", "CardTypeMismatch", "NumaNotFit", "LinkNotFit", "CardUuidMismatch",
     "CardTimeSlicingExhausted", "ExclusiveDeviceAllocateConflict", "ResourceQuotaNotFit",
     "CardInsufficientMemory", "CardInsufficientCore", "NodeInsufficientCPU", "NodeInsufficientMemory",
-    "NodeInsufficientGPUs", "NoGpuInventory", "UndecodableAllocationRecord",
+    "NodeInsufficientGPUs", "NoGpuInventory", "UndecodableAllocationRecord", "NodeUnreadable",
 )
-"""The per-node reasons of the extender's filter: rocshare.core.fit.Reason plus the two whole-node
-ones of the operator's extender (no inventory, a blocked node)."""
+"""The per-node reasons of the extender's filter: rocshare.core.fit.Reason plus the whole-node
+ones of the operator's extender (no inventory, a blocked node, a node whose facts cannot be read)."""
 
 EVENT_REASONS = (
     *_reasons(Where.POD_EVENT, "NoMemoryLimit", "UnaccountableAllocation"),
@@ -58,9 +58,9 @@ EVENT_REASONS = (
 )
 
 CONDITION_REASONS = (
-    # AmdGpuNode: Ready, DevicePlugin and MemoryHook, written by the node's agent.
-    *_reasons(Where.NODE_CONDITION, "NoGpus", "NotWatched", "AgentStopping"),
-    *_reasons(Where.NODE_CONDITION, "GpusFound", "Serving", "MemoryHookFound", healthy=True),
+    # AmdGpuNode: Ready, DevicePlugin, MemoryHook and PoolSettings, written by the node's agent.
+    *_reasons(Where.NODE_CONDITION, "NoGpus", "NotWatched", "AgentStopping", "Unreadable"),
+    *_reasons(Where.NODE_CONDITION, "GpusFound", "Serving", "MemoryHookFound", "Read", healthy=True),
     # AmdGpuPool: Ready and Degraded, written by the operator.
     *_reasons(Where.POOL_CONDITION, "InvalidPool", "NoNodes", "NoGpusReported", "UnhealthyGpus",
               "NodesNotReporting", "UndecodableAllocations", "EventsNotHandled", "NodeConflicts"),

@@ -77,7 +77,8 @@ def test_anything_but_an_audit_library_is_missing_with_the_reason(tmp_path: Path
 
 def test_a_library_for_another_architecture_is_missing(tmp_path: Path, elf_files: dict[str, Path]) -> None:
     place(tmp_path, other_architecture(elf_files["external"], tmp_path))
-    assert check_hook(str(tmp_path)).problem == "is built for EM_AARCH64 (64-bit, little-endian), not this node's x86_64"
+    assert check_hook(str(tmp_path)).problem == \
+        "is built for EM_AARCH64 (64-bit, little-endian), not this node's x86_64"
     arch, target = node_target("aarch64")
     with (tmp_path / "libamvgpu.so").open("rb") as stream:  # the same file passes on an arm64 node
         assert inspect_audit_library(stream, arch=arch, target=target).version is None
@@ -156,8 +157,8 @@ def test_old_versions_are_pruned_but_never_the_one_in_use(tmp_path: Path, elf_fi
     folder.mkdir()
     targets = []
     for n in range(KEEP_VERSIONS + 2):
-        source = compile_c(folder, f"v{n}.so", AUDIT_SOURCE + f'const char rocshare_hook_version[] = "rocshare-hook 0.{n}";',
-                           "-shared", "-fPIC")
+        version = f'const char rocshare_hook_version[] = "rocshare-hook 0.{n}";'
+        source = compile_c(folder, f"v{n}.so", AUDIT_SOURCE + version, "-shared", "-fPIC")
         targets.append(install_hook(source, tmp_path / "vgpu").target)
         os.utime(tmp_path / "vgpu" / targets[-1], ns=(n * 10**9, n * 10**9))  # distinct ages
     kept = sorted(p.name for p in (tmp_path / "vgpu").iterdir() if p.name != "libamvgpu.so")

@@ -31,6 +31,7 @@ from typing import Any
 from rocshare.kube.client import Kube
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.feed.cluster_feed import ClusterFeed
+from rocshare_operator.leadership import DecisionGate
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex
@@ -127,6 +128,8 @@ class OperatorContext:
     slices: SliceIndex = field(default_factory=SliceIndex)
     wakeups: Wakeups = field(default_factory=Wakeups)
     kubeconfig: str | None = None
+    gate: DecisionGate = field(default_factory=DecisionGate)
+    """Whether this replica's extender decides (leadership.py); drained on SIGTERM."""
 
     def node_views(self) -> list[NodeView]:
         return [facts.view for facts in self.feed.node_facts()]

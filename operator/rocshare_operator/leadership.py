@@ -70,7 +70,7 @@ def holder_of(lease: dict[str, Any] | None) -> str:
     return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: prometheus-client registers it as a collector
 class DecisionGate:
     """Whether this replica's extender decides now, and the decisions it has running."""
 

@@ -15,6 +15,7 @@ Used by tests/e2e/test_failover.py and `rocshare-dev bench failover`.
 from __future__ import annotations
 
 import signal
+import ssl
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
@@ -68,6 +69,21 @@ class OperatorReplica:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.extender_port}/leaderz", timeout=2) as reply:
                 return reply.status == 200
+        except OSError:
+            return False
+
+    def standing_by(self) -> bool:
+        """Ready to take over: the extender synced and not deciding, its kube-scheduler serving."""
+        return self._answers(f"http://127.0.0.1:{self.extender_port}/readyz", b"standby") and \
+            self._answers(f"https://127.0.0.1:{self.scheduler_port}/readyz", b"ok")
+
+    @staticmethod
+    def _answers(url: str, text: bytes) -> bool:
+        # kube-scheduler's serving certificate is self-signed; /readyz needs no credentials.
+        context = ssl._create_unverified_context() if url.startswith("https") else None  # noqa: S323
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as reply:
+                return reply.status == 200 and text in reply.read()
         except OSError:
             return False
 

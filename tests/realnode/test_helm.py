@@ -88,10 +88,11 @@ def remove_kustomize_install(node: RealNode) -> None:
 def operator_ready(release: Release, *, memory_limit: str | None = None) -> dict | None:
     pods = release.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-operator")["items"]
     for pod in pods:
-        operator = next(c for c in pod["spec"]["containers"] if c["name"] == "operator")
+        # The operator is a native sidecar: an init container (issue 30).
+        operator = next(c for c in pod["spec"].get("initContainers", []) if c["name"] == "operator")
         if memory_limit is not None and operator["resources"]["limits"]["memory"] != memory_limit:
             continue
-        statuses = pod["status"].get("containerStatuses", [])
+        statuses = [*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])]
         if statuses and all(s.get("ready") for s in statuses) and not pod["metadata"].get("deletionTimestamp"):
             return pod
     return None

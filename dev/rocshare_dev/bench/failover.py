@@ -34,7 +34,7 @@ from rocshare.api.models import API_VERSION
 from rocshare.kube.client import ApiError, Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
-from rocshare_dev.devcluster.controlplane import ControlPlane, Ports
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
 from rocshare_dev.devcluster.evidence import PodEvidence
 from rocshare_dev.devcluster.replica import OperatorReplica, install_peering
 from rocshare_dev.devcluster.simnode import SimulatedNode
@@ -74,6 +74,7 @@ class Stream:
     created_at: dict[str, float] = field(default_factory=dict)
     bound_at: dict[str, float] = field(default_factory=dict)
     deleting: set[str] = field(default_factory=set)
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
     refused: int = 0
     serial: int = 0
 
@@ -96,7 +97,8 @@ class Stream:
             self.bound_at[name] = time.monotonic()
         if kind != "DELETED" and (pod.get("status") or {}).get("phase") == "Running" and name not in self.deleting:
             self.deleting.add(name)
-            asyncio.get_running_loop().call_later(LIFETIME_S, lambda: asyncio.ensure_future(self._delete(name)))
+            self.timers.append(asyncio.get_running_loop().call_later(
+                LIFETIME_S, lambda: asyncio.ensure_future(self._delete(name))))
 
     async def _delete(self, name: str) -> None:
         try:
@@ -126,6 +128,7 @@ async def _measure(root: Path, *, trials: int, rate_per_s: float, progress: bool
     nodes: list[SimulatedNode] = []
     try:
         cluster.start()
+        cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
         cluster.kubectl("create", "namespace", NAMESPACE)
         install_peering(cluster)
         for replica in replicas:
@@ -167,6 +170,8 @@ async def _trials(kube: Kube, replicas: list[OperatorReplica], *, trials: int, r
                     print(f"   trial {trial + 1} {kind}: next pod bound {gaps[kind][-1]:.2f} s after the stop",
                           flush=True)
     finally:
+        for timer in stream.timers:
+            timer.cancel()  # deletions due after the run: the cluster goes anyway
         for task in tasks:
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)

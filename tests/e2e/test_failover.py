@@ -33,7 +33,7 @@ from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.replica import OperatorReplica, install_peering
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare_operator.leadership import LEADER_PRIORITY
-from rocshare_dev.devcluster.evidence import PodEvidence
+from rocshare_dev.devcluster.evidence import PodEvidence, stop_tasks
 from tests.e2e.fleet import gpu_pod, mi210_with_synthetic_vram, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -136,9 +136,7 @@ async def run_burst_with_kill(kube: Kube, pair: Pair, prefix: str, how: str) -> 
                        what=f"every pod of the {how} burst Running")
         await wait_for(lambda: _admitted(evidence, names), timeout_s=10, what="every pod seen admitted")
     finally:
-        checking.cancel()
-    if checking.done() and not checking.cancelled() and checking.exception():
-        raise checking.exception()
+        await stop_tasks([checking])  # an error of the checker fails the test
     assert not evidence.violations, "\n".join(evidence.violations[:20])
     assert not evidence.failed, f"failed pods: {evidence.failed}"
     successor = pair.leader()

@@ -35,7 +35,7 @@ from rocshare.kube.client import ApiError, Kube, object_path
 from rocshare.kube.informer import Informer
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
-from rocshare_dev.devcluster.evidence import PodEvidence
+from rocshare_dev.devcluster.evidence import PodEvidence, stop_tasks
 from rocshare_dev.devcluster.replica import OperatorReplica, install_peering
 from rocshare_dev.devcluster.simnode import SimulatedNode
 
@@ -172,12 +172,7 @@ async def _trials(kube: Kube, replicas: list[OperatorReplica], *, trials: int, r
     finally:
         for timer in stream.timers:
             timer.cancel()  # deletions due after the run: the cluster goes anyway
-        for task in tasks:
-            task.cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-    failures = [result for result in results if isinstance(result, Exception)]
-    if failures:
-        raise failures[0]
+        await stop_tasks(tasks)
     return _figures(gaps, stream, evidence, rate_per_s)
 
 

@@ -194,3 +194,14 @@ class PodEvidence:
             self.violations.extend(conflicts(share, holders))
             holders.append(share)  # a pod's containers must not overlap each other either
         self.live[key] = shares
+
+
+async def stop_tasks(tasks: list[asyncio.Task]) -> None:
+    """Cancel checking and driving tasks, then raise the first exception any of them had ended with:
+    a task that died early must fail the run, not vanish in gather(return_exceptions=True)."""
+    for task in tasks:
+        task.cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [result for result in results if isinstance(result, Exception)]
+    if failures:
+        raise failures[0]

@@ -21,7 +21,8 @@ loopback). This module lets the operator follow that one election instead of hol
   run in the replica whose scheduler leads, and nowhere else -- while every replica's Kopf still
   serves the admission webhook (it fails closed, so both replicas must answer it).
 * **Graceful stop.** On SIGTERM the gate drains: no new decisions, running ones get `drain_s`
-  to finish, the rest are cancelled, then Kopf is stopped. kube-scheduler releases its Lease on
+  to finish, the rest are cancelled; the webhook answers for `LINGER_S` more (endpoints drop a
+  terminating pod asynchronously), then Kopf is stopped. kube-scheduler releases its Lease on
   SIGTERM itself (ReleaseOnCancel is set by kube-scheduler), so the standby takes over within
   one retry period.
 
@@ -55,6 +56,9 @@ TAKEOVER_WAIT_S = 2.0
 """How long a request waits for the Lease event that makes this replica the leader."""
 DRAIN_S = 5.0
 """How long running decisions may take to finish on SIGTERM before they are cancelled."""
+LINGER_S = 2.0
+"""How long the admission webhook still answers after SIGTERM: Service endpoints drop a terminating
+pod asynchronously, and the webhook fails closed, so a request routed here meanwhile must not fail."""
 
 
 class NotDeciding(Exception):
@@ -215,8 +219,8 @@ def stop_on_sigterm(gate: DecisionGate, stop: Callable[[], None]) -> None:
         loop.add_signal_handler(number, on_signal)
 
 
-async def _drain_then(gate: DecisionGate, stop: Callable[[], None]) -> None:
+async def _drain_then(gate: DecisionGate, stop: Callable[[], None], linger_s: float = LINGER_S) -> None:
     try:
-        await gate.drain()
+        await asyncio.gather(gate.drain(), asyncio.sleep(linger_s))
     finally:
         stop()

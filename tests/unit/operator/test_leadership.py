@@ -8,7 +8,7 @@ import datetime
 
 import pytest
 
-from rocshare_operator.leadership import (LEADER_PRIORITY, STANDBY_PRIORITY, DecisionGate, NotDeciding, holder_of,
+from rocshare_operator.leadership import (LEADER_PRIORITY, _drain_then, STANDBY_PRIORITY, DecisionGate, NotDeciding, holder_of,
                                           leads, peering_status)
 
 NOW = datetime.datetime(2026, 12, 3, 11, 0, tzinfo=datetime.UTC)
@@ -108,3 +108,11 @@ def test_the_leading_gauge_follows_the_gate() -> None:
     assert [sample.value for family in gate.collect() for sample in family.samples] == [0.0]
     gate.leading = True
     assert [sample.value for family in gate.collect() for sample in family.samples] == [1.0]
+
+
+async def test_sigterm_stops_kopf_after_the_drain_and_the_webhook_linger() -> None:
+    gate, stopped_at = DecisionGate(), []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await _drain_then(gate, lambda: stopped_at.append(loop.time() - started), linger_s=0.1)
+    assert gate.draining and stopped_at and stopped_at[0] >= 0.1

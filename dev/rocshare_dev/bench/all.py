@@ -352,7 +352,7 @@ NOTES = [
     "capture with synthetic 64 GiB VRAM and splitCount 25; idle over 30 s; burst: 200 pods bound one at a "
     "time (the extender's in-flight gate) until all Running and marked allocated. CPU from /proc/<pid>/stat.",
     "* **Failover** (`dev/rocshare_dev/bench/failover.py`): two operator replicas, each with its own "
-    "kube-scheduler on the shipped Lease timings (6 s / 4 s / 1 s), two simulated MI210 nodes, 10 slice pods "
+    "kube-scheduler on the shipped Lease timings (6 s / 4 s / 0.5 s), two simulated MI210 nodes, 10 slice pods "
     "a second (each deleted 2 s after it runs); the leader stopped 3 times per kind while the stream goes on. "
     "`failover_<kind>_s` is the worst time from the stop to the first bind of a pod created after it; "
     "refused counts refused creations and Failed pods; double bookings are checked from what the kubelet "

@@ -92,7 +92,7 @@ def with_values(obj: Obj, holes: Holes) -> Obj:
         return obj
     pod = obj["spec"]["template"]["spec"]
     for container, prefix in ((c, ".Values.operator" if c["name"] == "operator" else ".Values.scheduler")
-                              for c in pod["containers"]):
+                              for c in pod_containers(pod)):
         container["image"] = holes.scalar(image(f"{prefix}.image.repository", f"{prefix}.image.tag"))
         container["imagePullPolicy"] = holes.optional(".Values.global.imagePullPolicy", scalar=True)
         container["resources"] = holes.block(f"{prefix}.resources")
@@ -102,10 +102,15 @@ def with_values(obj: Obj, holes: Holes) -> Obj:
     return obj
 
 
+def pod_containers(pod: Obj) -> list[Obj]:
+    """The operator pod's containers: the operator (a native sidecar, an init container) and kube-scheduler."""
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
 def default_values(dev: Sequence[Obj]) -> dict[str, Any]:
     """values.yaml: what the dev overlay says, so that the defaults render it unchanged."""
     pod = next(o for o in dev if o["kind"] == "Deployment" and o["metadata"]["name"] == OPERATOR)["spec"]["template"]["spec"]
-    containers = {c["name"]: c for c in pod["containers"]}
+    containers = {c["name"]: c for c in pod_containers(pod)}
 
     def image_of(name: str) -> dict[str, str]:
         repository, _, tag = containers[name]["image"].rpartition(":")
@@ -115,7 +120,7 @@ def default_values(dev: Sequence[Obj]) -> dict[str, Any]:
         "global": {"imagePullPolicy": "", "imagePullSecrets": []},
         "webhook": {"certificate": "self-managed"},
         "operator": {"image": image_of("operator"), "resources": containers["operator"]["resources"],
-                     "nodeSelector": {}, "tolerations": [], "affinity": {}, "hostAliases": []},
+                     "nodeSelector": {}, "tolerations": [], "affinity": pod.get("affinity", {}), "hostAliases": []},
         "scheduler": {"image": image_of(SCHEDULER), "resources": containers[SCHEDULER]["resources"]},
         "agent": {"image": {"repository": "rocshare/node-agent", "tag": "0.1.0"}, "hookMissing": "Refuse"},
         "samplePools": {"enabled": False},
@@ -131,8 +136,9 @@ VALUES_COMMENTS = """\
 # webhook.certificate        self-managed: the operator makes and renews its own certificate and
 #                            the webhooks' caBundle (overlays/dev); cert-manager: an Issuer and a
 #                            Certificate, caBundle by cert-manager's CA injector (overlays/cert-manager)
-# operator.*                 the operator image, its resources, and where its pod runs
-#                            (nodeSelector, tolerations, affinity; hostAliases where there is no DNS)
+# operator.*                 the operator image, its resources, and where its pods run
+#                            (nodeSelector, tolerations, affinity -- by default the two replicas
+#                            prefer different nodes; hostAliases where there is no DNS)
 # scheduler.*                the kube-scheduler image (same minor as the cluster) and resources
 # agent.image                the node agent image of the sample pools (your pools name theirs in
 #                            spec.agent.image)

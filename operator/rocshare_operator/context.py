@@ -32,6 +32,7 @@ from rocshare.kube.client import Kube
 from rocshare_operator.extender.accounts import Accounts
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.feed.cluster_feed import ClusterFeed
+from rocshare_operator.leadership import DecisionGate
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex
@@ -132,6 +133,8 @@ class OperatorContext:
     in this process, else the reconcilers' own (reconcilers/nodes_status.py wires it)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     kubeconfig: str | None = None
+    gate: DecisionGate = field(default_factory=DecisionGate)
+    """Whether this replica's extender decides (leadership.py); drained on SIGTERM."""
 
     def node_views(self) -> list[NodeView]:
         """Every readable Node's view; one that cannot be read is left as it is (no pool marks or

@@ -11,6 +11,7 @@ at our TLS certificate. With `--webhook-tls-secret` the operator owns that certi
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Awaitable
 
@@ -21,17 +22,34 @@ from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
 from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.leadership import DecisionGate, LeaseFollower
 from rocshare_operator.reconcilers import nodes_status
+from rocshare_operator.reconcilers.peering import this_process_identity
 
 
-def extender_task(settings: ExtenderSettings, state: SchedulerState):
+def extender_task(settings: ExtenderSettings, state: SchedulerState, gate: DecisionGate | None = None):
     def serve(context: OperatorContext) -> Awaitable[None]:
         # Now, not inside the coroutine: run_operator calls this before the cluster feed runs.
         subscribe(context.feed, state)
         nodes_status.use_accounts(context, state.accounts)  # one hold index: status derives from the extender's
-        return run_extender(context.kube, settings, state, feed=context.feed)
+        if gate is not None:
+            context.gate = gate
+        return run_extender(context.kube, settings, state, feed=context.feed, gate=gate)
 
     return serve
+
+
+def leadership_task(args, gate: DecisionGate, kopf_settings: kopf.OperatorSettings):
+    """Follows kube-scheduler's Lease (--scheduler-lease): the gate, and Kopf's peering priority
+    unless Kopf runs standalone."""
+    def follow(context: OperatorContext) -> Awaitable[None]:
+        peering = None if args.standalone else kopf_settings.peering
+        follower = LeaseFollower(context.kube, gate, namespace=args.namespace, lease=args.scheduler_lease,
+                                 scheduler_host=args.scheduler_host or socket.gethostname(), peering=peering,
+                                 identity=this_process_identity())
+        return follower.run()
+
+    return follow
 
 
 def register_webhook(settings: webhook.WebhookSettings, state: SchedulerState) -> None:
@@ -60,7 +78,10 @@ def prepare(args, kopf_settings: kopf.OperatorSettings) -> list:
     extender = ExtenderSettings(host=args.extender_host, port=args.extender_port, metrics_port=args.metrics_port,
                                 tls_cert=args.extender_tls_cert, tls_key=args.extender_tls_key,
                                 bind_wait_s=args.bind_wait_s)
-    tasks.append(extender_task(extender, state))
+    gate = DecisionGate()
+    tasks.append(extender_task(extender, state, gate))
+    if args.scheduler_lease:
+        tasks.append(leadership_task(args, gate, kopf_settings))
     if not args.no_webhook:
         tasks.append(admission_params_task(args.namespace, state, scheduler_name=args.scheduler_name))
     return tasks

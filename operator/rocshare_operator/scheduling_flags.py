@@ -14,6 +14,13 @@ def add_arguments(parser) -> None:
     group.add_argument("--bind-wait-s", type=float, default=25.0,
                        help="how long a bind waits for the node's in-flight pod (default: %(default)s s)")
     group.add_argument("--no-extender", action="store_true", help="do not run the scheduler extender")
+    group.add_argument("--scheduler-lease", default=None, metavar="NAME",
+                       help="decide only while the kube-scheduler beside this replica holds this Lease of "
+                            "--namespace (its leaderElection.resourceName; several replicas); Kopf's reconcilers "
+                            "follow it too. Default: no Lease, this replica always decides")
+    group.add_argument("--scheduler-host", default=None, metavar="HOSTNAME",
+                       help="the hostname kube-scheduler puts in its Lease identity (default: this host's name, "
+                            "which the containers of one pod share)")
     group.add_argument("--webhook-host", default="0.0.0.0", help="webhook listen address (default: %(default)s)")
     group.add_argument("--webhook-port", type=int, default=9443, help="webhook port (default: %(default)s)")
     group.add_argument("--webhook-cert", default=None, help="TLS certificate of the webhook (PEM)")

@@ -27,7 +27,7 @@ class Prometheus:
     (generous: on a loaded 2-core machine a monitor's scrape of the 63-partition MI300X can take
     over a second, and a failed scrape marks every series of its target stale)."""
 
-    def __init__(self, work: Path, *, operator: str, agents: dict[str, str]) -> None:
+    def __init__(self, work: Path, *, operator: str, agents: dict[str, str], rule_files: tuple[Path, ...] = ()) -> None:
         binary = shutil.which("prometheus")
         assert binary, "prometheus is not installed: run `make observability-deps` (Debian package prometheus)"
         self.port = free_port()
@@ -41,6 +41,8 @@ class Prometheus:
                       {"job_name": "rocshare-node-agent", "honor_labels": True,
                        "static_configs": [{"targets": [address], "labels": {"node": node}}
                                           for node, address in agents.items()]}]}
+        if rule_files:  # Prometheus rule files (a PrometheusRule's spec, as its operator writes them)
+            config["rule_files"] = [str(path) for path in rule_files]
         (work / "prometheus.yml").write_text(json.dumps(config))
         self.log = work / "prometheus.log"
         with open(self.log, "ab") as log:

@@ -6,7 +6,14 @@ GPU, see fleet.mi210_with_synthetic_vram), Strix Point APU, Vega10 and MI300X in
 (63 CPX partitions). Pods ask for whole GPUs, slices, several GPUs, numa/link binding, in
 three namespaces (two with quotas); each lives a few seconds once Running, then is deleted.
 
-Invariants, checked every couple of seconds and at the end, recomputed from every pod's
+Invariants from what the containers received (rocshare_dev/devcluster/evidence.py): a watch sees every pod the
+kubelet peer admitted, with the devices and environment it handed each container, and checks it
+against every pod holding GPUs at that moment -- no GPU handed whole to two pods, disjoint CU
+masks, memory limits within VRAM. At least MIN_PODS_CHECKED pods must have been checked so, and
+every pod the polls saw Running among them; a failed pod stops counting at the version that
+shows it failed (and one the kubelet rejected was never handed a device).
+
+Besides, checked every couple of seconds and at the end, recomputed from every pod's
 allocation record and the AmdGpuNode inventories (never from the extender's own view):
 * no GPU over its memory, CUs or splitCount; a whole GPU has no co-tenant; no two holders of a
   GPU have overlapping CU ranges (a holder reserving every CU overlaps any other range holder);
@@ -47,6 +54,7 @@ from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import ApiError, Kube, object_path
 from rocshare_dev.devcluster.simnode import runtime_specs
+from rocshare_dev.devcluster.evidence import PodEvidence, stop_tasks
 from tests.e2e.fleet import gpu_pod, mi210_with_synthetic_vram
 
 pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
@@ -75,6 +83,8 @@ class Profile:
 SHORT = Profile("short", {"mi210": 2, "apu": 2, "vega10": 1, "mi300x": 1}, 90, (4, 8), 2.0, 3)
 LONG_PROFILE = Profile("long", {"mi210": 7, "apu": 5, "vega10": 5, "mi300x": 3}, 360, (3, 7), 3.0, 3)
 PROFILE = LONG_PROFILE if LONG else SHORT
+MIN_PODS_CHECKED = 40 if not LONG else 300
+"""The short run admits ~100 pods at seed 9; fewer checked means the run did not really run."""
 FAULT_WEIGHTS = {"operator_sigkill": 3, "agent_restart": 3, "kubelet_restart": 3, "apiserver_restart": 1}
 
 
@@ -307,7 +317,11 @@ def env_violations(pods: list[dict], gpu_nodes: list[dict]) -> list[str]:
         if ALLOCATION_ANNOTATION not in annotations:
             problems.append(f"{name}: Running with GPUs but no allocation record")
             continue
-        record = decode_record(annotations[ALLOCATION_ANNOTATION])
+        try:
+            record = decode_record(annotations[ALLOCATION_ANNOTATION])
+        except AllocationError as error:
+            problems.append(f"{name}: Running with an undecodable allocation record: {error}")
+            continue
         if record.node != pod["spec"].get("nodeName"):
             problems.append(f"{name}: record names {record.node}, pod runs on {pod['spec'].get('nodeName')}")
             continue
@@ -335,6 +349,7 @@ class Figures:
     gpus: int
     pods_created: int = 0
     pods_ran: int = 0
+    pods_checked_from_containers: int = 0
     pods_failed: Counter = field(default_factory=Counter)
     create_refused: Counter = field(default_factory=Counter)
     faults: Counter = field(default_factory=Counter)
@@ -353,6 +368,7 @@ class Figures:
     def as_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "seed": self.seed, "nodes": self.nodes, "gpus": self.gpus,
                 "pods_created": self.pods_created, "pods_ran": self.pods_ran,
+                "pods_checked_from_containers": self.pods_checked_from_containers,
                 "pods_failed_by_reason": dict(self.pods_failed), "creates_refused_by_kind": dict(self.create_refused),
                 "faults_by_kind": dict(self.faults), "longest_recovery_s_by_kind": self.recovery_s,
                 "longest_recovery_s": max([self.post_fault_bind_s, *self.recovery_s.values()], default=0.0),
@@ -453,6 +469,8 @@ class Chaos:
             self.figures.api_errors += 1
 
     async def check_loop(self) -> None:
+        """Checks every 2 s; an API error is counted (the API server restarts), anything else ends the
+        loop with its exception, which the test raises (raise_failures)."""
         while True:
             await asyncio.sleep(2.0)
             try:
@@ -661,7 +679,9 @@ async def test_chaos_keeps_every_invariant(fleet: Fleet, kube: Kube, cluster) ->
     chaos = Chaos(kube, cluster, fleet)
     await chaos.wait_fleet_ready()
     chaos.figures.peak_rss_mib = fleet_rss_mib(fleet)
-    loops = [asyncio.create_task(loop()) for loop in (chaos.create_loop, chaos.reap_loop, chaos.check_loop)]
+    evidence = PodEvidence(kube, f"{LABEL}=1")
+    loops = [asyncio.create_task(loop()) for loop in (evidence.run, chaos.create_loop, chaos.reap_loop,
+                                                      chaos.check_loop)]
     try:
         fault_began = time.monotonic()
         await chaos.fault_loop()
@@ -672,9 +692,11 @@ async def test_chaos_keeps_every_invariant(fleet: Fleet, kube: Kube, cluster) ->
         chaos.figures.post_fault_bind_s = round(await chaos.wait_all_bound(), 2)
         await asyncio.sleep(3)
     finally:
-        for loop in loops:
-            loop.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await stop_tasks(loops)
+    chaos.figures.pods_checked_from_containers = len(evidence.admitted)
+    chaos.figures.violations.extend(evidence.violations)
+    missed = chaos.seen_running - evidence.admitted
+    assert not missed, f"pods seen Running but never checked from what they received: {sorted(missed)[:10]}"
     await chaos.check()
     await chaos.delete_everything()
     await chaos.check()
@@ -690,7 +712,10 @@ async def test_chaos_keeps_every_invariant(fleet: Fleet, kube: Kube, cluster) ->
     assert not chaos.figures.violations, "\n".join(chaos.figures.violations[:30])
     assert chaos.figures.leaked_records == 0 and chaos.figures.leaked_extender_bytes == 0
     assert chaos.figures.probe_pods_ran == len(fleet.nodes), "a node could not take a pod for all its GPUs"
-    assert chaos.figures.pods_ran > 0 and sum(chaos.figures.faults.values()) > 0
+    assert len(evidence.admitted) >= MIN_PODS_CHECKED, f"only {len(evidence.admitted)} pods checked"
+    assert not set(evidence.failed) & set(evidence.live), "a failed pod still counts as holding GPUs"
+    assert sum(chaos.figures.faults.values()) > 0
+
 
 
 # ---- a directed regression ------------------------------------------------------------------------

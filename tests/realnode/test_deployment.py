@@ -22,6 +22,7 @@ from rocshare.core.cumask import render_hsa_cu_mask
 from rocshare_dev.devcluster.captures import FIXTURES
 from rocshare_dev.devcluster.controlplane import k8s_version
 from rocshare_dev.realnode import deploy
+from rocshare_operator.leadership import LEADER_PRIORITY
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
 from rocshare_agent.discovery.names import SOURCE_BUILTIN, SOURCE_IDS_DEVICE
 from tests.realnode.conftest import (AGENT_LABEL, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, hook_version,
@@ -36,33 +37,40 @@ def test_one_apply_installs_everything_on_an_empty_cluster(deployed: Deployed) -
     lines = [line for line in deployed.first_apply.splitlines() if line.strip()]
     assert lines and all("serverside-applied" in line for line in lines), deployed.first_apply
     assert any(line.startswith("customresourcedefinition") and "clusterkopfpeerings.kopf.dev" in line for line in lines)
-    # The operator made the peering object and keeps its heartbeat there under its pod's name.
-    peering = wait_for("the operator's peering heartbeat", lambda: deployed.json(
-        "get", "clusterkopfpeering", "rocshare").get("status"), timeout_s=60)
-    pod = operator_pod(deployed)
-    assert pod["metadata"]["name"] in peering, peering
+    # Both replicas made or found the peering object and keep their heartbeat there under their
+    # pod's name; the one whose kube-scheduler leads holds the leader's priority (issue 30).
+    names = {pod["metadata"]["name"] for pod in operator_pods(deployed)}
+
+    def both_peers_one_leader() -> dict | None:
+        peering = deployed.json("get", "clusterkopfpeering", "rocshare").get("status") or {}
+        leaders = [peer for peer, entry in peering.items() if (entry or {}).get("priority", 0) >= LEADER_PRIORITY]
+        return peering if names <= set(peering) and len(leaders) == 1 and leaders[0] in names else None
+
+    wait_for("both replicas' peering heartbeats, one at the leader's priority", both_peers_one_leader, timeout_s=90)
 
 
-def operator_pod(deployed: Deployed) -> dict:
+def operator_pods(deployed: Deployed) -> list[dict]:
     pods = deployed.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-operator")["items"]
-    assert len(pods) == 1, [pod["metadata"]["name"] for pod in pods]
-    return pods[0]
+    assert len(pods) == 2, [pod["metadata"]["name"] for pod in pods]  # replicas: 2 (issue 30)
+    return pods
 
 
-def test_operator_pod_runs_both_containers_unprivileged_without_restarts(deployed: Deployed) -> None:
-    """Defect 3: Kopf's getpass.getuser() crashed the operator (uid 65532 has no passwd entry)."""
-    pod = operator_pod(deployed)
-    statuses = {status["name"]: status for status in pod["status"]["containerStatuses"]}
-    assert set(statuses) == {"operator", "kube-scheduler"}
-    for name, status in statuses.items():
-        assert status["ready"] and status["restartCount"] == 0, (name, status)
-    assert statuses["operator"]["image"].endswith("localhost/rocshare/operator:dev")
-    # The scheduler image is the control plane's own build (make images), tagged with its version.
-    assert statuses["kube-scheduler"]["image"].endswith(f"localhost/rocshare/kube-scheduler:v{k8s_version()}")
-    uid = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator", "--", "id", "-u")
-    assert uid.stdout.strip() == "65532"
-    logs = deployed.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator").stdout
-    assert "Traceback" not in logs and "Forbidden" not in logs, logs[-3000:]
+def test_operator_pods_run_both_containers_unprivileged_without_restarts(deployed: Deployed) -> None:
+    """Defect 3: Kopf's getpass.getuser() crashed the operator (uid 65532 has no passwd entry).
+    The operator is a native sidecar (an init container that keeps running), kube-scheduler the container."""
+    for pod in operator_pods(deployed):
+        statuses = {status["name"]: status for status in
+                    [*pod["status"].get("initContainerStatuses", []), *pod["status"]["containerStatuses"]]}
+        assert set(statuses) == {"operator", "kube-scheduler"}
+        for name, status in statuses.items():
+            assert status["ready"] and status["restartCount"] == 0, (name, status)
+        assert statuses["operator"]["image"].endswith("localhost/rocshare/operator:dev")
+        # The scheduler image is the control plane's own build (make images), tagged with its version.
+        assert statuses["kube-scheduler"]["image"].endswith(f"localhost/rocshare/kube-scheduler:v{k8s_version()}")
+        uid = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator", "--", "id", "-u")
+        assert uid.stdout.strip() == "65532"
+        logs = deployed.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator").stdout
+        assert "Traceback" not in logs and "Forbidden" not in logs, logs[-3000:]
 
 
 def test_operator_made_the_webhook_certificate_and_the_ca_bundle(deployed: Deployed) -> None:

@@ -1,6 +1,7 @@
 """rocshare installed with Helm on the real node, as HAMi's users install (README.md, "Install on a cluster"; docs/install.md):
 `helm install` of charts/rocshare with the images built here, a pool, a slice pod Running in
-its real container; `helm upgrade` with a changed value that reaches the running operator pod;
+its real container; `helm upgrade` with a changed value that reaches the running operator pods, while slice pods are
+being created (none refused, all running, disjoint, no slice leaked);
 `helm uninstall` leaves none of the chart's objects: only its CRDs (Helm never deletes a
 chart's crds/), and in them the Kopf peering object the operator made and the node's AmdGpuNode
 (owned by its Node). helm is built from its Go module
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rocshare_dev.devcluster import evidence
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SERVICE_CIDR, ControlPlane
 from rocshare_dev.realnode import deploy
 from rocshare_dev.realnode.network import kubernetes_service_ip
@@ -29,6 +32,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 CHART = PROJECT_ROOT / "charts" / "rocshare"
 RELEASE = "rocshare"
 WORKLOADS = "helm-e2e"
+UPGRADE_PODS = 8
+UPGRADE_CREATE_GAP_S = 3.0
+"""Slice pods created one by one while `helm upgrade` rolls the two operator replicas (~25 s)."""
 
 
 @dataclass
@@ -88,10 +94,11 @@ def remove_kustomize_install(node: RealNode) -> None:
 def operator_ready(release: Release, *, memory_limit: str | None = None) -> dict | None:
     pods = release.json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=rocshare-operator")["items"]
     for pod in pods:
-        operator = next(c for c in pod["spec"]["containers"] if c["name"] == "operator")
+        # The operator is a native sidecar: an init container (issue 30).
+        operator = next(c for c in pod["spec"].get("initContainers", []) if c["name"] == "operator")
         if memory_limit is not None and operator["resources"]["limits"]["memory"] != memory_limit:
             continue
-        statuses = pod["status"].get("containerStatuses", [])
+        statuses = [*pod["status"].get("initContainerStatuses", []), *pod["status"].get("containerStatuses", [])]
         if statuses and all(s.get("ready") for s in statuses) and not pod["metadata"].get("deletionTimestamp"):
             return pod
     return None
@@ -142,15 +149,63 @@ def test_helm_install_runs_the_operator_and_a_slice_pod(installed: Release) -> N
     assert "HIP_DEVICE_MEMORY_LIMIT_0=2048m" in env and "LD_AUDIT=/usr/local/vgpu/libamvgpu.so" in env, env
 
 
-def test_helm_upgrade_changes_the_running_operator(installed: Release) -> None:
-    release = installed
+def test_helm_upgrade_under_load_refuses_nothing(installed: Release) -> None:
+    """Issue 30: `helm upgrade` with a changed operator pod template (a new memory limit: both replicas
+    are replaced, one at a time) while slice pods are being created. Every creation is accepted, every
+    pod runs, the slices are disjoint and within VRAM as read inside the containers (their environment
+    and /dev/dri), and after they are deleted a pod asking for every GPU whole runs: no slice leaked."""
+    release, cluster = installed, installed.cluster
+    names = [f"upgrade-{index:02d}" for index in range(UPGRADE_PODS)]
+    refused: list[str] = []
+
+    def create_pods() -> None:
+        for name in names:
+            pod = deploy.slice_pod(name, WORKLOADS, memory_mib=1024, cores_pct=10)
+            created = cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump(pod), check=False)
+            if created.returncode != 0:
+                refused.append(f"{name}: {created.stderr.strip()}")
+            time.sleep(UPGRADE_CREATE_GAP_S)
+
+    creating = threading.Thread(target=create_pods)
+    creating.start()
     release.run("upgrade", RELEASE, str(CHART), "-f", str(release.values), "--reuse-values",
                 "--set", "operator.resources.limits.memory=768Mi", "--wait", "--timeout=10m", timeout_s=700)
+    creating.join()
+    assert not refused, refused
     pod = wait_for("an operator pod with the new memory limit ready", lambda: operator_ready(release, memory_limit="768Mi"),
-                   timeout_s=300, explain=lambda: describe(release.cluster, f"pods -n {NAMESPACE}"))
+                   timeout_s=300, explain=lambda: describe(cluster, f"pods -n {NAMESPACE}"))
     assert pod is not None
     history = json.loads(release.run("history", RELEASE, "-o", "json").stdout)
     assert [entry["revision"] for entry in history] == [1, 2] and history[-1]["status"] == "deployed"
+    wait_for("every pod created during the upgrade Running", lambda: all(
+        phase == "Running" for phase in _phases(release, names)) or None, timeout_s=300,
+        explain=lambda: describe(cluster, f"pods -n {WORKLOADS}"))
+    gpus = evidence.inventories(release.json("get", "amdgpunodes")["items"])[release.node.node_name]
+    live = [*names, "helm-slice"]  # the install test's slice runs on as well
+    shares = [share for name in live for share in evidence.shares_of(
+        f"{WORKLOADS}/{name}", release.node.node_name, {"c": received_in(cluster, name)}, gpus)]
+    assert len(shares) == len(live)
+    problems = [problem for index, share in enumerate(shares) for problem in evidence.conflicts(share, shares[:index])]
+    assert not problems, problems
+    cluster.kubectl("delete", "pods", "--all", "-n", WORKLOADS, "--wait=true", "--timeout=180s")
+    whole = deploy.slice_pod("every-gpu", WORKLOADS, memory_mib=1, cores_pct=1)
+    whole["spec"]["containers"][0]["resources"]["limits"] = {"amd.com/gpu": str(len(gpus))}
+    cluster.kubectl("create", "-f", "-", input_text=yaml.safe_dump(whole))
+    wait_for("a pod with every GPU Running (no slice leaked)", lambda: _phases(release, ["every-gpu"]) == ["Running"]
+             or None, timeout_s=240, explain=lambda: describe(cluster, f"pod -n {WORKLOADS} every-gpu"))
+
+
+def _phases(release: Release, names: list[str]) -> list[str | None]:
+    pods = {pod["metadata"]["name"]: pod for pod in release.json("get", "pods", "-n", WORKLOADS)["items"]}
+    return [(pods.get(name) or {}).get("status", {}).get("phase") for name in names]
+
+
+def received_in(cluster: ControlPlane, name: str) -> dict:
+    """What the container really has: its environment and its /dev/dri nodes, read inside it."""
+    env = cluster.kubectl("exec", "-n", WORKLOADS, name, "--", "env").stdout
+    dri = cluster.kubectl("exec", "-n", WORKLOADS, name, "--", "ls", "/dev/dri").stdout.split()
+    envs = dict(line.split("=", 1) for line in env.splitlines() if "=" in line)
+    return {"envs": envs, "devices": [{"containerPath": f"/dev/dri/{entry}"} for entry in dri]}
 
 
 def test_helm_uninstall_leaves_only_the_crds(installed: Release) -> None:

@@ -23,6 +23,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
               "decides nothing, against plain kube-scheduler"),
     "cost": ("rocshare_dev.bench.cost",
              "operator RSS with 100-5,000 nodes and 4 pods each; agent CPU and RSS idle and in a 200-pod burst"),
+    "failover": ("rocshare_dev.bench.failover",
+                 "kill the leading operator replica (SIGKILL, graceful) under a stream of slice pods: time to the "
+                 "next bind, pods refused, double bookings from what containers received"),
     "all": ("rocshare_dev.bench.all",
             "every benchmark of the report -> docs/benchmarks.json, .md and -scaling.png (make bench)"),
     "hook": ("rocshare_dev.bench.hook",

@@ -49,12 +49,22 @@ class OperatorProcess:
     """How to run `rocshare`: this interpreter's by default; an installed one's entry point to test
     what users install (tests/e2e/test_runtime_install.py)."""
     pid: int | None = None
+    extender_port: int | None = None
+    """The extender's port; None: the one the control plane's kube-scheduler calls."""
+    standalone: bool = True
+    """Kopf without peering; False peers through ClusterKopfPeering `rocshare` (replica.py installs it)."""
+    name: str = "operator"
+    """Names the log file (replicas run side by side)."""
     policies: tuple[str, ...] = ()
     """The admission policies `install_webhooks` created ("kind/name" for kubectl), removed by `stop`."""
 
     @property
     def log_path(self) -> Path:
-        return self.cluster.logs / "operator.log"
+        return self.cluster.logs / f"{self.name}.log"
+
+    @property
+    def port(self) -> int:
+        return self.extender_port or self.cluster.ports.extender
 
     def start(self, *, wait_s: float = 60.0) -> None:
         # The operator's own namespace (node-agent DaemonSets go there), as the manifests create it.
@@ -62,8 +72,8 @@ class OperatorProcess:
                                                             '"metadata":{"name":"rocshare-system"}}')
         pair = self._webhook_cert()
         command = [*self.command, "operator", f"--kubeconfig={self.cluster.kubeconfig}",
-                   "--standalone", "--namespace=rocshare-system",
-                   f"--extender-port={self.cluster.ports.extender}", f"--metrics-port={self.metrics_port}",
+                   *(["--standalone"] if self.standalone else []), "--namespace=rocshare-system",
+                   f"--extender-port={self.port}", f"--metrics-port={self.metrics_port}",
                    f"--webhook-port={self.webhook_port}", "--webhook-host=127.0.0.1",
                    f"--webhook-cert={pair.cert}", f"--webhook-key={pair.key}",
                    f"--trusted-user={_admin_user()}", *self.extra_args]
@@ -81,7 +91,7 @@ class OperatorProcess:
 
     def stop(self) -> None:
         if self.pid:
-            stop_process(self.pid, "operator")
+            stop_process(self.pid, self.name)
             self.pid = None
         if self.policies:
             self.cluster.kubectl("delete", *self.policies, "--ignore-not-found", check=False)
@@ -176,7 +186,7 @@ class OperatorProcess:
 
     def readyz(self) -> tuple[str, ssl.SSLContext | None]:
         """The extender's readiness URL and the TLS context to reach it with (None: plain HTTP)."""
-        return f"http://127.0.0.1:{self.cluster.ports.extender}/readyz", None
+        return f"http://127.0.0.1:{self.port}/readyz", None
 
     def _wait_ready(self, wait_s: float) -> None:
         url, context = self.readyz()

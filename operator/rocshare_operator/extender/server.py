@@ -2,8 +2,9 @@
 field names, served by aiohttp. It refuses to answer (503) until every cache has been
 listed once, so a freshly restarted operator never decides from a partial ledger.
 
-Routes: POST /extender/filter, /extender/prioritize, /extender/bind; GET /healthz,
-/readyz. Metrics are served on their own port by prometheus-client.
+Routes: POST /extender/filter, /extender/prioritize, /extender/bind (503 from a replica that
+does not decide: standby or stopping, leadership.py); GET /healthz, /readyz (synced and not
+stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are served on their own port by prometheus-client.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.refresh import Refresher
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.leadership import DecisionGate, NotDeciding
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class ExtenderService:
     problems: Callable[[], dict[str, str]] = dict
     """Watch events not taken yet -> why: readiness reports them (the decisions go on, with what
     the affected pods may hold kept blocked)."""
+    gate: DecisionGate = field(default_factory=DecisionGate)
+    """Whether this replica decides (leadership.py): a standby or a stopping replica answers 503."""
 
     async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         names = _node_names(args)
@@ -144,7 +148,9 @@ def make_app(service: ExtenderService) -> web.Application:
             args = orjson.loads(await request.read())
             if not isinstance(args, dict):
                 raise BadRequest("the request body must be a JSON object")
-            reply = await verbs[verb](args)
+            reply = await service.gate.run(lambda: verbs[verb](args))
+        except NotDeciding as error:  # kube-scheduler retries the pod later (or the leader does)
+            return web.json_response({"Error": str(error)}, status=503)
         except orjson.JSONDecodeError as error:
             return web.json_response({"Error": f"the request body is not JSON: {error}"}, status=400)
         except BadRequest as error:
@@ -157,17 +163,26 @@ def make_app(service: ExtenderService) -> web.Application:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
+        # Ready means "synced, able to decide when leading": a standby is ready (so a
+        # PodDisruptionBudget counts it and a drain can move the leader); the body says its role.
         if not service.ready():
             return web.Response(status=503, text="caches not synced")
+        if service.gate.draining:
+            return web.Response(status=503, text="shutting down")
         problems = service.problems()
         if problems:
             listed = "\n".join(f"{what}: {why}" for what, why in sorted(problems.items())[:20])
             return web.Response(status=503, text=f"{len(problems)} watch event(s) not handled yet (retrying):\n{listed}")
-        return web.Response(text="ok")
+        return web.Response(text=f"ok ({service.gate.role()})")
+
+    async def leaderz(_: web.Request) -> web.Response:
+        deciding = service.ready() and service.gate.deciding()
+        return web.Response(status=200 if deciding else 503, text=service.gate.role())
 
     app.router.add_post("/extender/{verb}", handle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/leaderz", leaderz)
     return app
 
 
@@ -194,7 +209,7 @@ def subscribe(feed: ClusterFeed, state: SchedulerState) -> None:
 
 
 async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None,
-                       feed: ClusterFeed | None = None) -> None:
+                       feed: ClusterFeed | None = None, gate: DecisionGate | None = None) -> None:
     """Serve until cancelled: caches from watches, the HTTP service, the metrics port. `feed`: the
     operator's cluster feed, `state` already subscribed to it; without one the extender runs its own."""
     state = state or SchedulerState()
@@ -210,7 +225,8 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     state.accounts.on_unaccountable.append(PodEvents(kube).unaccountable)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
                               ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers),
-                              problems=lambda: _failing(watches))
+                              problems=lambda: _failing(watches), gate=gate or DecisionGate())
+    metrics.registry.register(service.gate)
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)
     await runner.setup()

@@ -37,6 +37,7 @@ from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.reconcilers.peering import PEERING_NAME, ensure_peering_object, this_process_identity
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext
+from rocshare_operator.leadership import stop_on_sigterm
 
 ExtraTask = Callable[[OperatorContext], Awaitable[Any]]
 FINALIZER = "rocshare.io/operator"
@@ -77,10 +78,12 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
         extras = [asyncio.create_task(factory(context), name=f"extra-{index}")
                   for index, factory in enumerate(extra_tasks)]
         extras.append(asyncio.create_task(context.feed.run(), name="cluster-feed"))
+        ready_flag = asyncio.Event()
         operator = asyncio.create_task(kopf.operator(
             settings=settings or operator_settings(standalone=standalone), standalone=standalone,
-            clusterwide=True, stop_flag=stop_flag, memo=kopf.Memo(rocshare=context),
+            clusterwide=True, stop_flag=stop_flag, ready_flag=ready_flag, memo=kopf.Memo(rocshare=context),
             identity=this_process_identity()), name="kopf")
+        extras.append(asyncio.create_task(_drain_on_sigterm(context, ready_flag, stop_flag), name="sigterm"))
         done, _ = await asyncio.wait([operator, *extras], return_when=asyncio.FIRST_COMPLETED)
         await _stop(operator, extras, stop_flag)
         for task in done:
@@ -88,6 +91,14 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
                 task.result()  # raise the first failure, if any
     finally:
         await kube.close()
+
+
+async def _drain_on_sigterm(context: OperatorContext, ready_flag: asyncio.Event, stop_flag: asyncio.Event) -> None:
+    """Once Kopf is up (it installs its own SIGTERM handler), take SIGTERM over: the extender stops
+    deciding and drains first, then Kopf stops (leadership.py)."""
+    await ready_flag.wait()
+    stop_on_sigterm(context.gate, stop_flag.set)
+    await asyncio.Event().wait()  # runs until the operator stops
 
 
 async def _stop(operator: asyncio.Task, extras: list[asyncio.Task], stop_flag: asyncio.Event) -> None:

@@ -50,6 +50,17 @@ SERVICE_MONITOR = _top("monitoring.coreos.com/v1", "ServiceMonitor", _closed({
     "endpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
 }, ("selector", "endpoints")))
 
+_RULE = {"oneOf": [_closed({"alert": STRING, "expr": STRING, "for": {"type": "string", "pattern": r"^\d+(s|m|h)$"},
+                             "labels": {"type": "object", "additionalProperties": STRING},
+                             "annotations": {"type": "object", "additionalProperties": STRING}}, ("alert", "expr")),
+                    _closed({"record": STRING, "expr": STRING,
+                             "labels": {"type": "object", "additionalProperties": STRING}}, ("record", "expr"))]}
+
+PROMETHEUS_RULE = _top("monitoring.coreos.com/v1", "PrometheusRule", _closed({
+    "groups": {"type": "array", "minItems": 1, "items": _closed({
+        "name": STRING, "interval": STRING, "rules": {"type": "array", "minItems": 1, "items": _RULE}}, ("name", "rules"))},
+}, ("groups",)))
+
 APPLICATION = _top("argoproj.io/v1alpha1", "Application", _closed({
     "project": STRING,
     "source": _closed({"repoURL": STRING, "targetRevision": STRING, "path": STRING}, ("repoURL", "path")),
@@ -67,4 +78,5 @@ APPLICATION = _top("argoproj.io/v1alpha1", "Application", _closed({
 
 BY_KIND = {("cert-manager.io", "Issuer"): ISSUER, ("cert-manager.io", "Certificate"): CERTIFICATE,
            ("monitoring.coreos.com", "ServiceMonitor"): SERVICE_MONITOR,
+           ("monitoring.coreos.com", "PrometheusRule"): PROMETHEUS_RULE,
            ("argoproj.io", "Application"): APPLICATION}

@@ -64,7 +64,7 @@ def test_values_take_effect() -> None:
         "--set", "samplePools.enabled=true", "--set", "agent.image.tag=9.9", "--set", "agent.hookMissing=RunWithoutLimit",
         "--set", "namespace.create=false")
     pod = find(objects, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]
-    containers = {c["name"]: c for c in pod["containers"]}
+    containers = {c["name"]: c for c in [*pod["initContainers"], *pod["containers"]]}
     assert containers["operator"]["image"] == "registry.example/rocshare/operator:1.2.3"
     assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.35.9"
     assert {c["imagePullPolicy"] for c in containers.values()} == {"IfNotPresent"}

@@ -23,13 +23,14 @@ CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "Clust
 
 def containers(objects: list[dict]) -> dict[str, dict]:
     spec = find(objects, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]
-    return {container["name"]: container for container in spec["containers"]}
+    return {container["name"]: container for container in [*spec.get("initContainers", []), *spec["containers"]]}
 
 
 def test_operator_pod_runs_the_operator_and_kube_scheduler() -> None:
     objects = render("manifests/base")
     pod = containers(objects)
-    assert pod["operator"]["args"] == ["operator", "--namespace", "rocshare-system"]
+    assert pod["operator"]["args"] == ["operator", "--namespace", "rocshare-system", "--scheduler-lease",
+                                       "rocshare-scheduler"]
     assert {port["containerPort"] for port in pod["operator"]["ports"]} == {31990, 31993, 9443}
     scheduler = pod["kube-scheduler"]
     assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.35.4"
@@ -242,3 +243,36 @@ def test_with_the_pod_defaults_policy_an_overlay_renders_no_webhook(tmp_path: Pa
     assert webhooks <= plain
     assert with_policy == (plain - webhooks) | {("MutatingAdmissionPolicy", "rocshare-pod-defaults"),
                                                 ("MutatingAdmissionPolicyBinding", "rocshare-pod-defaults")}
+
+
+def test_two_operator_replicas_with_one_decider_and_a_disruption_budget() -> None:
+    """Issue 30: two replicas spread over nodes, a rollout that adds a synced replica before removing
+    one, the operator started (and synced) before kube-scheduler, following the scheduler's Lease."""
+    from rocshare.cli import build_parser
+
+    objects = render("manifests/base")
+    deployment = find(objects, "Deployment", "rocshare-operator")
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (operator,) = pod["initContainers"]
+    assert operator["name"] == "operator" and operator["restartPolicy"] == "Always"  # a native sidecar
+    assert "/readyz" in " ".join(operator["startupProbe"]["exec"]["command"])
+    assert [container["name"] for container in pod["containers"]] == ["kube-scheduler"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    budget = find(objects, "PodDisruptionBudget", "rocshare-operator")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    election = yaml.safe_load((ROOT / "manifests/base/scheduler/kube-scheduler-config.yaml").read_text())[
+        "leaderElection"]
+    assert build_parser().parse_args(operator["args"]).scheduler_lease == election["resourceName"]
+    seconds = {key: float(election[key].removesuffix("ms")) / 1000 if election[key].endswith("ms")
+               else float(election[key].removesuffix("s")) for key in ("leaseDuration", "renewDeadline", "retryPeriod")}
+    assert seconds["retryPeriod"] * 2.2 <= 1.2  # client-go's jitter: a graceful handover within the 2 s goal
+    assert seconds["retryPeriod"] < seconds["renewDeadline"] < seconds["leaseDuration"] <= 8  # SIGKILL goal 10 s
+
+
+def pod_labels(deployment: dict) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]

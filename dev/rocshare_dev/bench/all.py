@@ -364,7 +364,8 @@ NOTES = [
     "* **Failover** (`dev/rocshare_dev/bench/failover.py`): two operator replicas, each with its own "
     "kube-scheduler on the shipped Lease timings (6 s / 4 s / 0.5 s), two simulated MI210 nodes, 10 slice pods "
     "a second (each deleted 2 s after it runs); the leader stopped 3 times per kind while the stream goes on. "
-    "`failover_<kind>_s` is the worst time from the stop to the first bind of a pod created after it; "
+    "`failover_<kind>_s` is the worst time from the stop to the next pod bound once the old leader's "
+    "kube-scheduler has exited; "
     "refused counts refused creations and Failed pods; double bookings are checked from what the kubelet "
     "peer handed each container.",
     "* **Placement**: 3 seeds (42–44) instead of the 10 of docs/placement.md, for time.",

@@ -89,15 +89,15 @@ class OperatorReplica:
 
     def crash(self) -> None:
         """SIGKILL both processes, as a node failure or an OOM kill of the pod would."""
-        self._stop_scheduler(signal.SIGKILL)
+        self.stop_scheduler(signal.SIGKILL)
         self.operator.kill()
 
     def delete(self) -> None:
         """A graceful pod deletion: SIGTERM kube-scheduler (it releases the Lease), then the operator."""
-        self._stop_scheduler(signal.SIGTERM)
+        self.stop_scheduler(signal.SIGTERM)
         self.operator.stop()
 
-    def _stop_scheduler(self, sig: int) -> None:
+    def stop_scheduler(self, sig: int) -> None:
         if self.scheduler_pid:
             stop_process(self.scheduler_pid, f"kube-scheduler-{self.name}", sig=sig)
             self.scheduler_pid = None

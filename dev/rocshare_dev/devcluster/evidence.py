@@ -117,7 +117,8 @@ def shares_of(pod: str, node: str, containers: dict[str, Any], gpus: list[Gpu]) 
 def conflicts(share: Share, others: Iterable[Share]) -> list[str]:
     """Why `share` cannot sit beside `others` on its GPU (empty: it can); memory counts `share` once."""
     gpu, problems = share.gpu, []
-    here = [other for other in others if other.gpu == gpu and (other.pod, other.container) != (share.pod, share.container)]
+    here = [other for other in others
+            if other.gpu == gpu and (other.pod, other.container) != (share.pod, share.container)]
     where = f"{gpu.node}/{gpu.gpu_id}"
     for other in here:
         if share.memory_mib is None or other.memory_mib is None:

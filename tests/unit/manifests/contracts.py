@@ -58,7 +58,8 @@ _RULE = {"oneOf": [_closed({"alert": STRING, "expr": STRING, "for": {"type": "st
 
 PROMETHEUS_RULE = _top("monitoring.coreos.com/v1", "PrometheusRule", _closed({
     "groups": {"type": "array", "minItems": 1, "items": _closed({
-        "name": STRING, "interval": STRING, "rules": {"type": "array", "minItems": 1, "items": _RULE}}, ("name", "rules"))},
+        "name": STRING, "interval": STRING, "rules": {"type": "array", "minItems": 1, "items": _RULE}},
+        ("name", "rules"))},
 }, ("groups",)))
 
 APPLICATION = _top("argoproj.io/v1alpha1", "Application", _closed({

@@ -8,8 +8,8 @@ import datetime
 
 import pytest
 
-from rocshare_operator.leadership import (LEADER_PRIORITY, _drain_then, STANDBY_PRIORITY, DecisionGate, NotDeciding, holder_of,
-                                          leads, peering_status)
+from rocshare_operator.leadership import (LEADER_PRIORITY, _drain_then, STANDBY_PRIORITY, DecisionGate, NotDeciding,
+                                          holder_of, leads, peering_status)
 
 NOW = datetime.datetime(2026, 12, 3, 11, 0, tzinfo=datetime.UTC)
 

@@ -316,6 +316,7 @@ def _command(name: str, section: dict) -> str:
 def _section_lines(name: str, section: dict) -> list[str]:
     title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
              "cost": "Operator and agent cost", "e2e": "End to end on the real control plane",
+             "hook": "Memory hook cost (against the stub ROCm runtime)",
              "failover": "Failover of the leading operator replica"}[name]
     lines = [f"## {title}", ""]
     if section.get("absent"):
@@ -355,9 +356,9 @@ NOTES = [
     "* **Operator** (`dev/rocshare_dev/bench/cost.py`): real etcd + kube-apiserver + controller-manager; "
     "N Nodes, N AmdGpuNodes with status, 4 bound pods per node with allocation records (no webhook, no "
     "kube-scheduler), then `rocshare operator --standalone --no-webhook`; RSS (VmRSS, max over 20 s after "
-    "/readyz) from /proc. The process holds one watch per kind for Nodes, Pods and AmdGpuNodes (small "
-    "facts, no bodies) shared by the extender and the reconcilers, the extender's caches, and Kopf's "
-    "watches on pools, shares, DaemonSets and quotas.",
+    "/readyz) from /proc. The process holds one watch per kind for Nodes, Pods, AmdGpuNodes and "
+    "ResourceQuotas (small facts, no bodies) shared by the extender and the reconcilers, the extender's "
+    "caches, and Kopf's watches on pools, shares and DaemonSets.",
     "* **Agent**: one simulated node (kubelet peer + `rocshare agent`, health every 2 s) on the MI210 "
     "capture with synthetic 64 GiB VRAM and splitCount 25; idle over 30 s; burst: 200 pods bound one at a "
     "time (the extender's in-flight gate) until all Running and marked allocated. CPU from /proc/<pid>/stat.",

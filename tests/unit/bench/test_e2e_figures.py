@@ -26,3 +26,11 @@ def test_a_finished_hami_burst_needs_no_bound() -> None:
     hami = burst(pods=2000, bound=2000, elapsed_s=150.0, all_bound_s=150.0)
     ours = burst(pods=2000, bound=2000, elapsed_s=100.0, all_bound_s=100.0)
     assert _unfinished_hami_ratios(hami, ours, partial=2000 / 150.0) == {}
+
+
+def test_every_bench_all_section_has_a_report_title():
+    """`bench all` renders each section under a title; a section without one crashed the report."""
+    from rocshare_dev.bench import all as bench_all
+
+    for name in bench_all.SECTIONS:
+        assert bench_all._section_lines(name, {"skipped": True})[0].startswith("## "), name

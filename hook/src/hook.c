@@ -715,37 +715,36 @@ static hipError_t w_hipMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 	return err;
 }
 
+/* A call that reported dev's total memory succeeded: the slice's limit instead, where dev has one. */
+static hipError_t as_slice_total(hipError_t err, size_t *total_bytes, int dev)
+{
+	if (err == hipSuccess && total_bytes && limit_of(dev))
+		*total_bytes = limit_of(dev);
+	return err;
+}
+
 static hipError_t w_hipGetDeviceProperties(hipDeviceProp_t *prop, int dev)
 {
 	hipError_t err = REAL(&hip_map_g, hipGetDeviceProperties)(prop, dev);
-	if (err == hipSuccess && prop && limit_of(dev))
-		prop->totalGlobalMem = limit_of(dev);
-	return err;
+	return as_slice_total(err, prop ? &prop->totalGlobalMem : NULL, dev);
 }
 
 /* ROCm 6 (hip6.h): the 5.x layout under its versioned name, and the R0600 layout. */
 static hipError_t w_hipGetDevicePropertiesR0000(hipDeviceProp_t *prop, int dev)
 {
 	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0000)(prop, dev);
-	if (err == hipSuccess && prop && limit_of(dev))
-		prop->totalGlobalMem = limit_of(dev);
-	return err;
+	return as_slice_total(err, prop ? &prop->totalGlobalMem : NULL, dev);
 }
 
 static hipError_t w_hipGetDevicePropertiesR0600(struct rocshare_device_prop_r0600_head *prop, int dev)
 {
 	hipError_t err = REAL(&hip_map_g, hipGetDevicePropertiesR0600)(prop, dev);
-	if (err == hipSuccess && prop && limit_of(dev))
-		prop->total_global_mem = limit_of(dev);
-	return err;
+	return as_slice_total(err, prop ? &prop->total_global_mem : NULL, dev);
 }
 
 static hipError_t w_hipDeviceTotalMem(size_t *bytes, hipDevice_t dev)
 {
-	hipError_t err = REAL(&hip_map_g, hipDeviceTotalMem)(bytes, dev);
-	if (err == hipSuccess && bytes && limit_of(dev))
-		*bytes = limit_of(dev);
-	return err;
+	return as_slice_total(REAL(&hip_map_g, hipDeviceTotalMem)(bytes, dev), bytes, dev);
 }
 
 static hipError_t w_hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr, int dev)

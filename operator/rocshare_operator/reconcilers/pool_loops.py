@@ -96,9 +96,11 @@ class PoolLoops:
                     else:
                         self._stop(name)
                 await self._ctx.gate.wait_changed()
-        finally:
-            for name in list(self._loops):
-                self._stop(name)
+        finally:  # the process is stopping: a pass under way is cut short (every write is idempotent)
+            for task, stopped in self._loops.values():
+                stopped.set()
+                task.cancel()
+            self._loops.clear()
 
     def _active(self) -> bool:
         return self._ctx.gate.leading

@@ -126,3 +126,14 @@ def test_gfx_names_and_device_class():
     assert [dra.gfx_target(v) for v in (90402, 90010, 110000, 120001, 90008)] == [
         "gfx942", "gfx90a", "gfx1100", "gfx1201", "gfx908"]
     assert dra.device_class()["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "gpu.rocshare.io"'}}]
+
+
+def test_the_shipped_device_class_is_the_codes():
+    import yaml
+    from pathlib import Path
+
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[3] / "manifests/base/dra/deviceclass.yaml").read_text())
+    expected = dra.device_class()
+    assert shipped["apiVersion"] == expected["apiVersion"] and shipped["kind"] == expected["kind"]
+    assert shipped["metadata"]["name"] == expected["metadata"]["name"] == "gpu.rocshare.io"
+    assert shipped["spec"] == expected["spec"]

@@ -24,6 +24,9 @@ from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.dra.cdi import DEFAULT_CDI_DIR
+from rocshare_agent.dra.plugin import DraPluginService
+from rocshare_agent.dra.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, serve_dra_plugin
 from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.hook_install import SHIPPED_HOOK, InstallError, install_hook
 from rocshare_agent.inventory_loop import run_inventory_loop
@@ -51,6 +54,9 @@ class AgentConfig:
     monitor_port: int = 9394
     monitor_addr: str = "0.0.0.0"
     interface: AgentInterface = AgentInterface.DEVICE_PLUGIN
+    dra_plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
+    cdi_dir: Path = Path(DEFAULT_CDI_DIR)
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):
@@ -139,7 +145,11 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
 
 
 async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices: SlicePublisher) -> None:
-    """DRA mode: the inventory becomes the node's ResourceSlice; no device plugin registers."""
+    """DRA mode: the inventory becomes the node's ResourceSlice, and the DRA kubelet plugin prepares
+    claims from what that slice offers; no device plugin registers."""
+    service = DraPluginService(kube=kube, node_name=config.node_name, inventory=lambda: slices.offered,
+                               cdi_dir=config.cdi_dir, hook_host_dir=config.hook_path,
+                               hook_missing=config.hook_missing, dev_root=str(config.dev_root))
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
                                              dev_root=config.dev_root, exporter_url=config.exporter_url,
@@ -147,6 +157,8 @@ async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices
                                              hook_missing=config.hook_missing,
                                              interval_s=config.health_interval_s, slices=slices))
         tasks.create_task(pods.run())
+        tasks.create_task(serve_dra_plugin(service, plugins_dir=config.dra_plugins_dir,
+                                           registry_dir=config.dra_registry_dir))
 
 
 async def _withdraw_slice(slices: SlicePublisher) -> None:

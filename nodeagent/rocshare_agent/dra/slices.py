@@ -43,6 +43,8 @@ class SlicePublisher:
         self.path = object_path(dra.RESOURCE_API_VERSION, "resourceslices", dra.slice_name(node_name))
         self._written: tuple[str, int] | None = None
         """(digest, generation) of what the API server holds, once known."""
+        self.offered: tuple[list[GpuInfo], Sharing] | None = None
+        """The GPUs and pool settings the stored slice was made from (what the DRA plugin prepares from)."""
 
     async def publish(self, gpus: Sequence[GpuInfo], sharing: Sharing, *, node_uid: str | None) -> bool:
         """Write the slice if its devices changed; True when it wrote. Raises ApiError."""
@@ -53,12 +55,14 @@ class SlicePublisher:
         if self._written is None:
             self._written = await self._stored()
         if self._written is not None and self._written[0] == digest:
+            self.offered = (list(gpus), sharing)
             return False
         generation = (self._written[1] if self._written else 0) + 1
         body["spec"]["pool"]["generation"] = generation
         body["metadata"]["annotations"] = {DIGEST_ANNOTATION: digest}
         await self.kube.apply(self.path, body, field_manager=FIELD_MANAGER)
         self._written = (digest, generation)
+        self.offered = (list(gpus), sharing)
         log.info("ResourceSlice %s: %d devices, pool generation %d", dra.slice_name(self.node_name),
                  len(body["spec"]["devices"]), generation)
         return True
@@ -75,3 +79,4 @@ class SlicePublisher:
         """Delete the node's slice (the node serves the device plugin now). Raises ApiError."""
         await self.kube.delete(self.path)
         self._written = None
+        self.offered = None

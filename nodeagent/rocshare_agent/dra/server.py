@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 import grpc
 
 from rocshare.api import dra
+from rocshare_agent.deviceplugin.server import start_owner_only
 from rocshare_agent.dra import dra_pb2_grpc as dra_grpc
 from rocshare_agent.dra import registration_pb2 as reg_pb
 from rocshare_agent.dra import registration_pb2_grpc as reg_grpc
@@ -77,22 +77,11 @@ async def serve_dra_plugin(service: DraPluginService, *, plugins_dir: Path | str
     dra_grpc.add_DRAPluginServicer_to_server(DraServicer(service), dra_server)
     registration_server = grpc.aio.server()
     reg_grpc.add_RegistrationServicer_to_server(RegistrationServicer(endpoint), registration_server)
-    await _start(dra_server, endpoint)
-    await _start(registration_server, registration_socket(Path(registry_dir)))
+    await start_owner_only(dra_server, endpoint)
+    await start_owner_only(registration_server, registration_socket(Path(registry_dir)))
     log.info("DRA driver %s serving %s", dra.DRIVER_NAME, endpoint)
     try:
         await asyncio.Event().wait()
     finally:
         await registration_server.stop(grace=0.5)
         await dra_server.stop(grace=0.5)
-
-
-async def _start(server: grpc.aio.Server, socket: Path) -> None:
-    socket.parent.mkdir(parents=True, exist_ok=True)
-    socket.unlink(missing_ok=True)
-    previous = os.umask(0o077)  # the socket file is created by bind(): owner-only from the start
-    try:
-        server.add_insecure_port(f"unix://{socket}")
-        await server.start()
-    finally:
-        os.umask(previous)

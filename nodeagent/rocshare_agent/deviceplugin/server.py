@@ -35,6 +35,8 @@ KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_SOCKET_NAME = "rocshare-amdgpu.sock"
 REGISTER_DELAYS_S = (0.2, 0.5, 1, 2, 5)
+SOCKET_PATH_MAX_BYTES = 107
+"""sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL."""
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -70,6 +72,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 async def start_owner_only(server: grpc.aio.Server, socket: Path) -> None:
     """Serve on a fresh unix socket at `socket` that only its owner can open: bind() creates the
     file, so the umask is narrowed around it (anyone able to write it could ask for devices)."""
+    if len(os.fsencode(socket)) > SOCKET_PATH_MAX_BYTES:
+        raise ValueError(f"socket path {socket} is longer than a unix socket address holds "
+                         f"({SOCKET_PATH_MAX_BYTES} bytes): choose a shorter folder")
     socket.parent.mkdir(parents=True, exist_ok=True)
     socket.unlink(missing_ok=True)
     previous = os.umask(0o077)

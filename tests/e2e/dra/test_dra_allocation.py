@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -37,20 +39,27 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 NAMESPACE = "default"
 
 
-@pytest.fixture(scope="module")
-def node(cluster, sysfs_fixtures, tmp_path_factory):
-    name = f"dra-vega-{uuid.uuid4().hex[:6]}"
-    work = tmp_path_factory.mktemp("dra-node")
+def dra_node(cluster, capture: Path, prefix: str) -> SimulatedNode:
+    """A simulated node whose agent runs in DRA mode, its kubelet folders and CDI folder under its root
+    (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     root = work / name
-    sim = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_fixtures / "vega10-1gpu",
-                        work_dir=work, bin_dir=cluster.bin_dir, health_interval_s=0.3, agent_args=(
-                            "--interface=DRA", f"--dra-plugins-dir={root / 'plugins'}",
-                            f"--dra-registry-dir={root / 'registry'}", f"--cdi-dir={root / 'cdi'}"))
+    return SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=capture, work_dir=work,
+                         bin_dir=cluster.bin_dir, health_interval_s=0.3, agent_args=(
+                             "--interface=DRA", f"--dra-plugins-dir={root / 'plugins'}",
+                             f"--dra-registry-dir={root / 'registry'}", f"--cdi-dir={root / 'cdi'}"))
+
+
+@pytest.fixture(scope="module")
+def node(cluster, sysfs_fixtures):
+    sim = dra_node(cluster, sysfs_fixtures / "vega10-1gpu", "dra-vega")
     sim.start()
     try:
         yield sim
     finally:
         sim.stop()
+        shutil.rmtree(sim.root.parent, ignore_errors=True)
 
 
 def slice_path(node: SimulatedNode) -> str:
@@ -225,3 +234,24 @@ async def _prepared(node: SimulatedNode, claim: tuple[str, str]):
         await asyncio.sleep(0.2)
         return None
     return reply
+
+
+async def test_rdna_compute_is_rounded_up_to_whole_wgps_by_the_scheduler(cluster, kube, sysfs_fixtures):
+    """Strix Point (RDNA 3.5, 12 CUs in WGPs of 2): the slice's compute step makes kube-scheduler
+    itself round 5 CUs up to 6, and the plugin pins exactly those 6."""
+    apu = dra_node(cluster, sysfs_fixtures / "strixpoint-apu", "dra-apu")
+    apu.start()
+    try:
+        await wait_for(lambda: _with_devices(kube, apu, 1), timeout_s=30, what="the APU's device published")
+        await claim_with_pod(kube, apu, "apu-share", memory="1Gi", compute="5")
+        [result] = (await allocated(kube, "apu-share"))["devices"]["results"]
+        assert result["pool"] == apu.name and result["device"] == "gpu-pci-0000-c1-00-0"
+        assert consumed(result) == (1024, 6, 1)
+        uid = await claim_uid(kube, "apu-share")
+        assert (await as_kubelet(apu, "prepare", ("apu-share", uid))).claims[uid].error == ""
+        env = cdi_env(apu, uid)
+        assert env["HSA_CU_MASK"] == "0:0-5" and env["HIP_DEVICE_MEMORY_LIMIT_0"] == "1024m"
+        assert env["ROCR_VISIBLE_DEVICES"] == "0"  # an APU without unique_id: named by index
+    finally:
+        apu.stop()
+        shutil.rmtree(apu.root.parent, ignore_errors=True)

@@ -179,3 +179,11 @@ async def test_whole_gpu_gets_no_mask_no_limit_and_unallocated_claims_are_refuse
     assert "HSA_CU_MASK" not in env and "LD_AUDIT" not in env and mounts == []
     assert not any(key.startswith("HIP_DEVICE_MEMORY_LIMIT") for key in env)
     assert reply.claims["uid-g"].error == "rocshare: ClaimNotAllocated: claim team/ghost does not exist"
+
+
+async def test_a_socket_path_too_long_for_unix_addresses_is_refused_by_name(tmp_path):
+    from rocshare_agent.deviceplugin.server import start_owner_only
+
+    deep = tmp_path / ("d" * 120) / "dra.sock"  # a unix socket's path holds at most 107 bytes
+    with pytest.raises(ValueError, match="longer than a unix socket address holds"):
+        await start_owner_only(grpc.aio.server(), deep)

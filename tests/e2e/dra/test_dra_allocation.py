@@ -20,8 +20,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rocshare.api.models import Sharing
+from rocshare.core.dra_claims import claim_spec
+from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
+from rocshare.core.request import ContainerRequest
 from rocshare.kube.client import Kube, NotFound, object_path
+from rocshare_agent.discovery import discover
 from rocshare_agent.dra import dra_pb2 as pb
 from rocshare_agent.dra import dra_pb2_grpc as pb_grpc
 from rocshare_agent.dra import registration_pb2 as reg_pb
@@ -252,6 +257,19 @@ async def test_rdna_compute_is_rounded_up_to_whole_wgps_by_the_scheduler(cluster
         env = cdi_env(apu, uid)
         assert env["HSA_CU_MASK"] == "0:0-5" and env["HIP_DEVICE_MEMORY_LIMIT_0"] == "1024m"
         assert env["ROCR_VISIBLE_DEVICES"] == "0"  # an APU without unique_id: named by index
+
+        # HAMi-style percentages as a claim (rocshare.core.dra_claims): the API server compiles its CEL
+        # and kube-scheduler picks the subrequest of this GPU's shape. 25 % of 12 CUs is 3, a whole
+        # WGP more is 4; 50 % of the APU's 15679 MiB is 7839 MiB.
+        gpus = discover(sysfs_fixtures / "strixpoint-apu").gpus
+        shapes = NodeInventory.from_gpu_infos(apu.name, gpus, Sharing()).gpus
+        spec = claim_spec(ContainerRequest("main", False, 1, memory_pct=50, cores_pct=25), shapes)
+        await kube.create(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "apu-percent"},
+            "spec": spec})
+        await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod_body("pod-apu-percent", "apu-percent", apu))
+        [result] = (await allocated(kube, "apu-percent"))["devices"]["results"]
+        assert result["request"] == "gpu/shape0" and consumed(result) == (7839, 4, 1)
     finally:
         apu.stop()
         shutil.rmtree(apu.root.parent, ignore_errors=True)

@@ -14,7 +14,9 @@ Invariants:
   gap of that size, a device held whole, a device that is not on this node;
 * a claim that consumed the device's whole memory and every CU (no capacity asked, omittedCores
   Exclusive) gets the whole GPU: no mask, no limit, no hook, as a whole-GPU pod does;
-* a compute amount of 0 (omittedCores Shared) pins no CU and holds none;
+* a compute amount of 0 (omittedCores Shared) pins no CU and holds none; every CU with less than all
+  the memory (omittedCores Exclusive, compute not asked) pins no CU and holds them all, as the
+  device plugin does (so the container's environment is the same in both modes);
 * a device that is not shared (a partition, or no shareID) is held whole.
 """
 
@@ -72,7 +74,8 @@ class Holdings:
         for device in prepared:
             if device.whole:
                 whole.add(device.gpu_id)
-            mask = full_mask(cu_counts.get(device.gpu_id, 0)) if device.whole else mask_from_ranges(device.cu_ranges)
+            holds_all = device.whole or device.reserves_all_cores
+            mask = full_mask(cu_counts.get(device.gpu_id, 0)) if holds_all else mask_from_ranges(device.cu_ranges)
             masks[device.gpu_id] = masks.get(device.gpu_id, 0) | mask
         return cls(masks=masks, whole=frozenset(whole))
 
@@ -106,6 +109,13 @@ def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> Device
                                               f"has no memory limit to enforce; claim it whole")
     if compute_cus == 0:
         return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count)
+    if compute_cus >= spec.cu_usable:
+        # Every CU with a memory limit (compute not asked, omittedCores Exclusive): as the device plugin
+        # gives it, no mask and the whole compute range held.
+        if held_mask:
+            raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: every CU is wanted but other claims "
+                                                  f"hold {render_ranges(_ranges(held_mask))}")
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
     ranges = choose_cu_ranges(held_mask, spec.cu_count, compute_cus, spec.cu_align)
     if ranges is None:
         free = spec.cu_usable - bin(held_mask & full_mask(spec.cu_usable)).count("1")
@@ -148,7 +158,7 @@ def _consumed_mib(device: AllocatedDevice, spec: GpuSpec) -> int:
 
 
 def _mask_of(device: DeviceSlice, spec: GpuSpec) -> int:
-    return full_mask(spec.cu_count) if device.whole else mask_from_ranges(device.cu_ranges)
+    return full_mask(spec.cu_count) if device.whole or device.reserves_all_cores else mask_from_ranges(device.cu_ranges)
 
 
 def _ranges(mask: int) -> list[tuple[int, int]]:

@@ -94,3 +94,13 @@ def test_unknown_vram_cannot_be_shared():
     specs = {"gpu-a": GpuSpec(gpu_id=GpuId("GPU-a"), index=0, memory_mib=0, cu_count=104)}
     with pytest.raises(ShareError, match="VRAM size is unknown"):
         plan_claim([share("gpu-a", cus=10, mib=0)], specs, NOTHING)
+
+
+def test_memory_only_under_exclusive_holds_every_cu_without_a_mask_as_the_device_plugin_does():
+    [memory_only] = plan_claim([share("gpu-a", cus=104, mib=8192)], SPECS, NOTHING)
+    assert memory_only == DeviceSlice(gpu_id="GPU-a", memory_mib=8192, cu_count=104, reserves_all_cores=True)
+    with pytest.raises(ShareError, match="no 1 free CUs"):
+        plan_claim([share("gpu-a", cus=1, mib=1)], SPECS, holdings(memory_only))
+    small = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 0)], cu_count=1)
+    with pytest.raises(ShareError, match="every CU is wanted but other claims hold 0"):
+        plan_claim([share("gpu-a", cus=104, mib=8192)], SPECS, holdings(small))

@@ -7,7 +7,8 @@ the Node so that it goes with it. The body comes from the pure codec
 
 Invariants: the pool generation grows whenever the devices change (the API's rule: consumers
 take the highest generation); an unchanged inventory writes nothing (a digest of the devices is
-kept on the slice, so a restarted agent finds it too); without the Node's uid nothing is
+kept on the slice, so a restarted agent finds it too), and the stored slice is read back every
+`VERIFY_S`, so one deleted or edited by someone else is written again; without the Node's uid nothing is
 written (the slice must have its owner). A node that serves the device plugin instead deletes
 its slice (`withdraw`): never both on one node.
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from rocshare.api import dra
 from rocshare.api.models import GpuInfo, Sharing
@@ -27,6 +29,9 @@ from rocshare.kube.client import Kube, NotFound, object_path
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "rocshare-agent"
+VERIFY_S = 60.0
+"""How often the stored slice is read back even when nothing changed: a slice someone deleted or
+edited is written again within this time (one GET per node per minute, as the AmdGpuNode heartbeat)."""
 DIGEST_ANNOTATION = "rocshare.io/devices-digest"
 """sha256 of the devices and pool settings last written (kept on the slice, so restarts see it)."""
 
@@ -37,9 +42,12 @@ def devices_digest(spec: dict) -> str:
 
 
 class SlicePublisher:
-    def __init__(self, kube: Kube, node_name: str) -> None:
+    def __init__(self, kube: Kube, node_name: str, *, verify_s: float = VERIFY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.kube = kube
         self.node_name = node_name
+        self.verify_s, self.clock = verify_s, clock
+        self._read_at = 0.0
         self.path = object_path(dra.RESOURCE_API_VERSION, "resourceslices", dra.slice_name(node_name))
         self._written: tuple[str, int] | None = None
         """(digest, generation) of what the API server holds, once known."""
@@ -52,8 +60,9 @@ class SlicePublisher:
             return False
         body = resource_slice(node_name=self.node_name, node_uid=node_uid, gpus=gpus, sharing=sharing, generation=0)
         digest = devices_digest(body["spec"])
-        if self._written is None:
+        if self._written is None or self.clock() - self._read_at >= self.verify_s:
             self._written = await self._stored()
+            self._read_at = self.clock()
         if self._written is not None and self._written[0] == digest:
             self.offered = (list(gpus), sharing)
             return False

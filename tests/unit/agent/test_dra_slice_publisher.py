@@ -90,3 +90,21 @@ def test_nothing_without_the_nodes_uid_and_withdraw_deletes(sysfs):
         assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is True  # written again after a withdraw
 
     asyncio.run(scenario())
+
+
+def test_a_slice_deleted_by_someone_else_is_written_again_at_the_next_read_back(sysfs):
+    gpus = discover(sysfs / "vega10-1gpu").gpus
+    store = SliceStore()
+    now = [0.0]
+    publisher = SlicePublisher(store, "node-a", verify_s=60.0, clock=lambda: now[0])
+
+    async def scenario():
+        await publisher.publish(gpus, Sharing(), node_uid="uid-a")
+        del store.objects[PATH]  # kubectl delete resourceslice ...
+        now[0] = 59.0
+        assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is False  # not read back yet
+        now[0] = 61.0
+        assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is True
+
+    asyncio.run(scenario())
+    assert store.objects[PATH]["spec"]["pool"]["generation"] == 1  # a new pool: its generation starts again

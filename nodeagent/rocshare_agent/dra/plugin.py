@@ -71,7 +71,12 @@ class DraPluginService:
         response = pb.NodeUnprepareResourcesResponse()
         async with self._lock:
             for claim in request.claims:
-                removed = cdi.remove_spec(self.cdi_dir, claim.uid)
+                try:
+                    removed = cdi.remove_spec(self.cdi_dir, claim.uid)
+                except OSError as error:  # the kubelet calls again; the claim's CUs stay held meanwhile
+                    response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse(
+                        error=f"rocshare: cannot remove the claim's CDI spec: {error}"))
+                    continue
                 log.info("unprepared claim %s/%s (%s)%s", claim.namespace, claim.name, claim.uid,
                          "" if removed else ": nothing was prepared")
                 response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
@@ -85,6 +90,9 @@ class DraPluginService:
             return pb.NodePrepareResourceResponse(error=f"rocshare: {error}")
         except ApiError as error:
             return pb.NodePrepareResourceResponse(error=f"rocshare: API server: {error}")
+        except OSError as error:  # the CDI folder cannot be read or written: nothing was recorded
+            log.error("prepare of claim %s/%s: CDI folder %s: %s", claim.namespace, claim.name, self.cdi_dir, error)
+            return pb.NodePrepareResourceResponse(error=f"rocshare: CDI folder {self.cdi_dir}: {error}")
         return pb.NodePrepareResourceResponse(devices=_devices(prepared))
 
     async def _prepared_or_new(self, claim: pb.Claim) -> cdi.PreparedClaim:

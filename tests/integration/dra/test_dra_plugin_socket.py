@@ -187,3 +187,13 @@ async def test_a_socket_path_too_long_for_unix_addresses_is_refused_by_name(tmp_
     deep = tmp_path / ("d" * 120) / "dra.sock"  # a unix socket's path holds at most 107 bytes
     with pytest.raises(ValueError, match="longer than a unix socket address holds"):
         await start_owner_only(grpc.aio.server(), deep)
+
+
+async def test_a_cdi_folder_that_cannot_be_written_fails_the_prepare_with_why(plugin):
+    claims, dirs, _gpus = plugin
+    dirs["cdi"].parent.mkdir(parents=True, exist_ok=True)
+    dirs["cdi"].write_text("not a folder")  # the CDI folder path is taken by a file
+    claims.add("a", "uid-a", cus=8, mib=1024)
+    reply = await prepare(str(plugin_socket(dirs["plugins"])), ("a", "uid-a"))
+    assert reply.claims["uid-a"].error.startswith(f"rocshare: CDI folder {dirs['cdi']}: ")
+    assert list(reply.claims["uid-a"].devices) == []

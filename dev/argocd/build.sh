@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Build Argo CD's one binary from its Go module (github.com/argoproj/argo-cd/v3, pinned in
-# dev/argocd/go.mod) into ../../.cache/argocd/<version>/bin/argocd, with the names it dispatches
-# on (argv[0]) as links beside it: argocd-application-controller and argocd-repo-server, the two
-# parts the e2e test runs. Its CRDs are copied from the same module into .cache/argocd/<version>/crds.
+# Build Argo CD's application controller and repo server from its Go module
+# (github.com/argoproj/argo-cd/v3, pinned in dev/argocd/go.mod) as one binary (main.go) into
+# ../../.cache/argocd/<version>/bin/argocd, with the names it dispatches on (argv[0]) linked beside
+# it: argocd-application-controller and argocd-repo-server. Argo CD's CRDs are copied from the
+# same module into .cache/argocd/<version>/crds.
 #
 #   dev/argocd/build.sh      # prints the bin folder on its last line
 #
@@ -15,13 +16,14 @@
 # Argo CD 3.6 needs Go 1.27: GOTOOLCHAIN names it (fetched from the Go module proxy) when the
 # local Go is older.
 #
-# Cached: a stamp of build.sh, go.mod and go.sum; a second run with the same stamp does nothing.
+# Cached: a stamp of build.sh, main.go, go.mod and go.sum; a second run with the same stamp does
+# nothing.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$(cd ../.. && pwd)
 version=$(sed -n 's/^\tgithub.com\/argoproj\/argo-cd\/v3 \(v[0-9.]*\).*$/\1/p' go.mod)
 out="$root/.cache/argocd/$version"
-stamp=$(cat build.sh go.mod go.sum | sha256sum | cut -c1-16)
+stamp=$(cat build.sh main.go go.mod go.sum | sha256sum | cut -c1-16)
 if [ -x "$out/bin/argocd" ] && [ "$(cat "$out/.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "$out/bin"
   exit 0
@@ -37,7 +39,7 @@ start=$(date +%s)
 # The version as Argo CD's own Makefile sets it (it reports it in the Application's status).
 ldflags="-s -w -X github.com/argoproj/argo-cd/v3/common.version=${version#v}"
 ldflags="$ldflags -X github.com/argoproj/argo-cd/v3/common.gitTreeState=clean"
-CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/bin/argocd" github.com/argoproj/argo-cd/v3/cmd >&2
+CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out/bin/argocd" . >&2
 for name in argocd-application-controller argocd-repo-server; do ln -sfn argocd "$out/bin/$name"; done
 src=$(go list -m -f '{{.Dir}}' github.com/argoproj/argo-cd/v3)
 cp "$src"/manifests/crds/application-crd.yaml "$src"/manifests/crds/appproject-crd.yaml "$out/crds/"

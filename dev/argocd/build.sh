@@ -3,7 +3,7 @@
 # (github.com/argoproj/argo-cd/v3, pinned in dev/argocd/go.mod) as one binary (main.go) into
 # ../../.cache/argocd/<version>/bin/argocd, with the names it dispatches on (argv[0]) linked beside
 # it: argocd-application-controller and argocd-repo-server. Argo CD's CRDs are copied from the
-# same module into .cache/argocd/<version>/crds.
+# same module into .cache/argocd/<version>/crds, its git-verify-wrapper.sh into bin.
 #
 #   dev/argocd/build.sh      # prints the bin folder on its last line
 #
@@ -44,6 +44,9 @@ for name in argocd-application-controller argocd-repo-server; do ln -sfn argocd 
 src=$(go list -m -f '{{.Dir}}' github.com/argoproj/argo-cd/v3)
 cp "$src"/manifests/crds/application-crd.yaml "$src"/manifests/crds/appproject-crd.yaml "$out/crds/"
 chmod u+w "$out"/crds/*
+# The repo server runs git-verify-wrapper.sh from PATH on every manifest generation (3.6 keeps the
+# deprecated signature result for its API), as Argo CD's image installs it; from the same module.
+install -m 0755 "$src/hack/git-verify-wrapper.sh" "$out/bin/"
 echo "$stamp" > "$out/.stamp"
 echo "argocd: $version built in $(( $(date +%s) - start )) s" >&2
 echo "$out/bin"

@@ -44,11 +44,64 @@ def build_helm() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+def shipped_application(repo_url: str, *, name: str, source: dict[str, Any]) -> dict[str, Any]:
+    """manifests/argocd/application.yaml as a user adapts it: their Git server, their path."""
+    app = yaml.safe_load((PROJECT_ROOT / "manifests" / "argocd" / "application.yaml").read_text())
+    app["metadata"]["name"] = name
+    app["spec"]["source"] = {**source, "repoURL": repo_url, "targetRevision": "main"}
+    return app
+
+
 def git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_AUTHOR_NAME": "e2e", "GIT_AUTHOR_EMAIL": "e2e@localhost",
            "GIT_COMMITTER_NAME": "e2e", "GIT_COMMITTER_EMAIL": "e2e@localhost"}
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
                           env=env).stdout.strip()
+
+
+@dataclass
+class ApplicationRecord:
+    """Every version of one Application that the API server's watch delivers, in order, kept in a
+    file by `kubectl get --watch`. A watch sends each write, so an operation's intermediate states
+    (one per sync wave) and an operation that a later one replaced are all in here; `versions()`
+    fails when the watch ended early, since then a state may be missing."""
+
+    cluster: ControlPlane
+    name: str
+    path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        # A field selector, not a name: a named get fails while the Application does not exist yet.
+        command = [str(self.cluster.bin_dir / "kubectl"), f"--kubeconfig={self.cluster.kubeconfig}",
+                   "-n", NAMESPACE, "get", "applications",
+                   f"--field-selector=metadata.name={self.name}", "--watch", "--output-watch-events",
+                   "-o", "json"]
+        with open(self.path, "wb") as out, open(self.path.with_suffix(".err"), "wb") as err:
+            self.process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def versions(self) -> list[dict[str, Any]]:
+        assert self.process is not None, "record() starts the watch"
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the watch on {self.name} ended ({self.process.returncode}): "
+                               f"{self.path.with_suffix('.err').read_text()[-2000:]}")
+        text, decoder, found, at = self.path.read_text(), json.JSONDecoder(), [], 0
+        while (at := _skip_space(text, at)) < len(text):
+            event, at = decoder.raw_decode(text, at)
+            found.append(event["object"])
+        return found
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process.pid, f"watch {self.name}")
+            self.process = None
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
 
 
 @dataclass
@@ -61,6 +114,7 @@ class ArgoCd:
     redis_port: int = field(default_factory=free_port)
     repo_port: int = field(default_factory=free_port)
     pids: dict[str, int] = field(default_factory=dict)
+    recorders: list[ApplicationRecord] = field(default_factory=list)
 
     @property
     def repo(self) -> Path:
@@ -84,7 +138,8 @@ class ArgoCd:
         redis = f"127.0.0.1:{self.redis_port}"
         self._spawn("repo-server", [str(self.bin_dir / "argocd-repo-server"), "--address=127.0.0.1",
                                     f"--port={self.repo_port}", "--metrics-address=127.0.0.1",
-                                    f"--metrics-port={free_port()}", "--disable-tls", "--client-ca-path=", f"--redis={redis}",
+                                    f"--metrics-port={free_port()}", "--disable-tls", "--client-ca-path=",
+                                    f"--redis={redis}",
                                     "--logformat=text"])
         # --app-resync 10 with no jitter (60 s by default): the tests watch several resyncs while the
         # operator writes status.
@@ -97,6 +152,8 @@ class ArgoCd:
             "--status-processors=2", "--operation-processors=2", "--persist-resource-health", "--logformat=text"])
 
     def stop(self) -> None:
+        for recorder in self.recorders:
+            recorder.stop()
         for name, pid in reversed(list(self.pids.items())):
             stop_process(pid, name)
         self.pids.clear()
@@ -125,6 +182,13 @@ class ArgoCd:
         git(self.repo, "add", "-A")
         git(self.repo, "commit", "-q", "-m", message)
         return git(self.repo, "rev-parse", "HEAD")
+
+    def record(self, name: str) -> ApplicationRecord:
+        """Start recording every version of Application `name` the API server sends (a watch)."""
+        recorder = ApplicationRecord(self.cluster, name, self.root / "logs" / f"watch-{name}.json")
+        recorder.start()
+        self.recorders.append(recorder)
+        return recorder
 
     def log(self, name: str) -> str:
         path = self.root / "logs" / f"{name}.log"

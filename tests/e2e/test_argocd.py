@@ -28,7 +28,7 @@ from rocshare_dev.devcluster.captures import mi210_with_synthetic_vram
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
-from tests.e2e.argocd_world import NAMESPACE, ArgoCd, build_argocd, build_helm
+from tests.e2e.argocd_world import NAMESPACE, ArgoCd, build_argocd, build_helm, shipped_application
 from tests.e2e.fleet import record_of, runtime_of, wait_for, wait_running
 
 pytestmark = pytest.mark.e2e
@@ -42,16 +42,9 @@ RESYNC_S = 10
 """--app-resync in argocd_world: the controller compares Git with the cluster this often."""
 
 
-def shipped_application(repo_url: str, *, name: str, source: dict[str, Any]) -> dict[str, Any]:
-    """manifests/argocd/application.yaml as a user adapts it: their Git server, their path."""
-    app = yaml.safe_load((PROJECT_ROOT / "manifests" / "argocd" / "application.yaml").read_text())
-    app["metadata"]["name"] = name
-    app["spec"]["source"] = {**source, "repoURL": repo_url, "targetRevision": "main"}
-    return app
-
-
 @pytest.fixture(scope="module")
-def mi210_node(cluster: ControlPlane, sysfs_fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedNode]:
+def mi210_node(cluster: ControlPlane, sysfs_fixtures,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedNode]:
     """A simulated MI210 node matching the sample pool, not started: the test starts it when it wants
     the pool ready. Stopped after the Argo CD fixture has removed what it synced."""
     root = tmp_path_factory.mktemp("argocd-node")
@@ -91,6 +84,53 @@ def argocd(cluster: ControlPlane, mi210_node: SimulatedNode,
         operator.stop()
 
 
+def sample_waves() -> dict[tuple[str, str], int]:
+    """(kind, name) -> sync wave of each object in SAMPLE_FILES, read from the files."""
+    waves = {}
+    for name in SAMPLE_FILES:
+        for obj in yaml.safe_load_all((PROJECT_ROOT / "samples" / name).read_text()):
+            waves[(obj["kind"], obj["metadata"]["name"])] = int(
+                obj["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"])
+    return waves
+
+
+WAVES = sample_waves()
+
+
+def key(result: dict[str, Any]) -> tuple[str, str]:
+    return result["kind"], result["name"]
+
+
+def first_operation(versions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The versions of the Application that carry its first operation's state, up to the one where
+    it finished. Argo CD may start another operation right after (self-heal: its live cache has not
+    yet seen the object the last wave created, so that object looks missing and it applies it
+    again); that one replaces status.operationState but is not part of the first pass."""
+    states = [v for v in versions if v.get("status", {}).get("operationState")]
+    assert states, "no operation recorded"
+    started = states[0]["status"]["operationState"]["startedAt"]
+    first = [v for v in states if v["status"]["operationState"]["startedAt"] == started]
+    done = [i for i, v in enumerate(first) if v["status"]["operationState"]["phase"] != "Running"]
+    assert done, f"the first operation (started {started}) never finished"
+    return first[:done[0] + 1]
+
+
+def assert_waves_in_order(states: list[dict[str, Any]]) -> None:
+    """The applied set only grows from one recorded result to the next, and among the results is
+    each wave's prefix exactly (everything up to wave w, nothing after): wave w was written, and
+    stood, before any object of a later wave was applied."""
+    seen: list[frozenset[tuple[str, str]]] = []
+    for version in states:
+        applied = frozenset(key(r) for r in version["status"]["operationState"].get("syncResult", {})
+                            .get("resources", []))
+        if applied and (not seen or applied != seen[-1]):
+            seen.append(applied)
+    for before, after in zip(seen, seen[1:]):
+        assert before < after, f"the applied set shrank or changed: {sorted(before)} -> {sorted(after)}"
+    prefixes = [frozenset(k for k, wave in WAVES.items() if wave <= last) for last in sorted(set(WAVES.values()))]
+    assert [p for p in prefixes if p not in seen] == [], f"waves not applied one by one: {[sorted(a) for a in seen]}"
+
+
 def get(cluster: ControlPlane, *args: str) -> dict[str, Any] | None:
     result = cluster.kubectl("get", *args, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else None
@@ -110,6 +150,7 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 async def test_samples_sync_through_argocd(argocd: ArgoCd, mi210_node: SimulatedNode, cluster: ControlPlane,
                                           kube: Kube) -> None:
     include = "{" + ",".join(SAMPLE_FILES) + "}"
+    record = argocd.record(APP)
     argocd.apply(shipped_application(argocd.repo_url, name=APP,
                                      source={"path": "samples", "directory": {"include": include}}))
 
@@ -135,17 +176,26 @@ async def test_samples_sync_through_argocd(argocd: ArgoCd, mi210_node: Simulated
         state = app.get("status", {}).get("operationState", {})
         return app if state.get("phase") == "Succeeded" and app["status"]["sync"]["status"] == "Synced" else None
     app = await wait_for(synced, timeout_s=180, what=f"{APP} synced")
-    state = app["status"]["operationState"]
-    assert state.get("retryCount", 0) == 0, f"the sync needed retries: {state}"
-    assert {(r["kind"], r["name"]): r["status"] for r in state["syncResult"]["resources"]} == {
-        ("Namespace", SHARE_NS): "Synced", ("AmdGpuPool", POOL): "Synced", ("AmdGpuShare", SHARE): "Synced",
-        ("Pod", POD): "Synced"}
+    # One pass, in wave order, from every version of the Application the API server sent: Argo CD
+    # writes the operation's result after each wave. A later operation may replace it in
+    # status.operationState (see first_operation), so the test reads the first one from the watch.
+    first = first_operation(record.versions())
+    final = first[-1]["status"]["operationState"]
+    assert final["phase"] == "Succeeded" and final.get("retryCount", 0) == 0, f"not one pass: {final}"
+    assert final["operation"]["initiatedBy"].get("automated"), final["operation"]
+    assert {key(r): r["status"] for r in final["syncResult"]["resources"]} == dict.fromkeys(WAVES, "Synced")
+    assert_waves_in_order(first)
+    # The first entry of the history is this operation: no earlier one applied anything.
+    history = app["status"]["history"][0]
+    assert (history["deployStartedAt"], history["revision"]) == (final["startedAt"], final["syncResult"]["revision"])
     # Waves in order, from the API server's own timestamps: each wave's objects were created after the
     # previous wave's were healthy.
     pool = get(cluster, "amdgpupool", POOL)
     share = get(cluster, "amdgpushare", SHARE, "-n", SHARE_NS)
-    assert pool is not None and share is not None
+    pod = get(cluster, "pod", POD, "-n", SHARE_NS)
+    assert pool is not None and share is not None and pod is not None
     assert share["metadata"]["creationTimestamp"] >= condition(pool, "Ready")["lastTransitionTime"]
+    assert pod["metadata"]["creationTimestamp"] >= condition(share, "Ready")["lastTransitionTime"]
 
     # 3. The pod Argo CD synced runs with its slice: 4096 MiB and 25 % of the GPU's own CUs.
     pod = await wait_running(kube, POD, SHARE_NS, timeout_s=120)
@@ -156,14 +206,15 @@ async def test_samples_sync_through_argocd(argocd: ArgoCd, mi210_node: Simulated
     assert device.memory_mib == 4096 and device.cu_count == math.ceil(gpu["cuCount"] * 25 / 100)
     assert runtime_of(pod)["main"]["envs"]["HSA_CU_MASK"].count(":") == 1
 
-    # Argo CD counts a running pod with restartPolicy Never (the sample's) as Progressing, a job not
-    # yet done, so the Application's health is the pool's and share's here: Healthy, from the Lua.
+    # Everything Healthy, the running pod too: the samples' pods carry Argo CD's
+    # ignore-restart-policy annotation (a running restartPolicy Never pod is otherwise Progressing).
     async def healthy():
         app = argocd.application(APP)
         states = {kind: (resource(app, kind, name) or {}).get("health", {}).get("status")
                   for kind, name in (("AmdGpuPool", POOL), ("AmdGpuShare", SHARE), ("Pod", POD))}
-        return app if states == {"AmdGpuPool": "Healthy", "AmdGpuShare": "Healthy", "Pod": "Progressing"} else None
-    app = await wait_for(healthy, timeout_s=120, what="pool and share Healthy in Argo CD")
+        whole = app.get("status", {}).get("health", {}).get("status")
+        return app if set(states.values()) == {"Healthy"} and whole == "Healthy" else None
+    app = await wait_for(healthy, timeout_s=120, what="pool, share, pod and the Application Healthy in Argo CD")
 
     # 4. No perpetual diff: over three resyncs, while the operator and agent write status, Synced.
     first = app["status"]["reconciledAt"]

@@ -54,7 +54,8 @@ helm:
 
 # Argo CD's application controller and repo server (one binary), built from its Go module
 # (dev/argocd/go.mod pins github.com/argoproj/argo-cd/v3) into .cache/argocd/<version>/bin, cached
-# by a stamp; with Redis and git from Debian when missing (tests/e2e/test_argocd.py runs them).
+# by a stamp; with Redis and git from Debian when missing (tests/e2e/test_argocd.py and
+# tests/realnode/test_argocd.py run them).
 argocd:
 	@dev/argocd/install-deps.sh
 	@dev/argocd/build.sh >/dev/null

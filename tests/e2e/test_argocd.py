@@ -8,7 +8,11 @@ and ignoreDifferences), pointed at the local Git server and at a part of samples
 pool (wave 2), the gpu-demo namespace (2), the team-demo share (3) and the 4 GiB / 25 % pod (4).
 The shipped health checks (manifests/argocd/argocd-cm-health.yaml) are merged into argocd-cm as
 the README says. What is asserted comes from the API server (objects, their conditions, the
-pod's allocation and what the kubelet peer handed its container), not from Argo CD alone.
+pod's allocation and what the kubelet peer handed its container, every version of the
+Application a watch delivered), not from Argo CD's latest status alone.
+
+The operator itself, installed through Argo CD from the Helm chart, is proven where its
+containers can run: tests/realnode/test_argocd.py.
 """
 
 from __future__ import annotations

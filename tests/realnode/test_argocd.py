@@ -8,14 +8,15 @@ its slice. Both stay Synced over resyncs while the operator writes status and ca
 
 This module runs first in the session (alphabetical, before the kustomize install of
 `deployed`), so the cluster has nothing of rocshare when Argo CD starts; its teardown deletes
-both Applications (Argo CD removes what it synced) so later modules start from an empty cluster
-again.
+both Applications (Argo CD removes what it synced, but for the CRDs) and then the CRDs, so later
+modules start from an empty cluster again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from rocshare_dev.realnode.rig import RealNode
 from tests.e2e.argocd_world import NAMESPACE as ARGOCD_NAMESPACE
 from tests.e2e.argocd_world import ArgoCd, build_argocd, build_helm, shipped_application
 from tests.realnode.conftest import NAMESPACE, TIMINGS, describe, wait_for
-from tests.realnode.test_helm import remove_kustomize_install, values_for_this_node
+from tests.realnode.test_helm import CHART, remove_kustomize_install, values_for_this_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 INSTALL, WORKLOADS_APP = "rocshare", "rocshare-realnode-workloads"
@@ -50,6 +51,28 @@ def argocd(real_node: RealNode) -> Iterator[ArgoCd]:
             cluster.kubectl("-n", ARGOCD_NAMESPACE, "delete", "application", app, "--ignore-not-found",
                             "--timeout=300s", check=False, timeout_s=360)
         world.stop()
+        leave_no_install(cluster, real_node.root / "argocd" / "leftovers.txt")
+
+
+def leave_no_install(cluster, report: Path) -> None:
+    """Argo CD never deletes CRDs when an Application goes (as `helm uninstall` keeps a chart's
+    crds/), so the chart's CRDs stay, with the node's AmdGpuNode and the operator's peering object
+    in them. Later modules install rocshare again from an empty cluster: delete them as a user
+    would, and wait for the namespace too. Should a custom resource's finalizer hold a CRD (its
+    operator is gone), what was left is written to `report` and the finalizers are dropped."""
+    crds = [f"crd/{path.stem}" for path in sorted((CHART / "crds").glob("*.yaml"))]
+    cluster.kubectl("delete", *crds, "--ignore-not-found", "--wait=false", check=False)
+    waited = cluster.kubectl("wait", "--for=delete", *crds, f"namespace/{NAMESPACE}", "--timeout=120s",
+                             check=False, timeout_s=150)
+    if waited.returncode == 0:
+        return
+    kinds = [crd.removeprefix("crd/") for crd in crds]
+    report.write_text(waited.stderr + "\n" + cluster.kubectl("get", ",".join(kinds), "-A", "-o", "yaml",
+                                                              check=False).stdout)
+    for name in cluster.kubectl("get", ",".join(kinds), "-A", "-o", "name", check=False).stdout.split():
+        cluster.kubectl("patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False)
+    cluster.kubectl("wait", "--for=delete", *crds, f"namespace/{NAMESPACE}", "--timeout=120s", check=False,
+                    timeout_s=150)
 
 
 def application(world: ArgoCd, name: str) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ DRA_K8S_VERSION := 1.37.2
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
 .PHONY: help venv controlplane controlplane-dra crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps helm chart docs docs-reference hook
+	real-node-deps images real-node-up real-node-down observability-deps helm argocd chart docs docs-reference hook
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -59,6 +59,14 @@ controlplane-dra:
 helm:
 	@dev/helm/build.sh >/dev/null
 
+# Argo CD's application controller and repo server (one binary), built from its Go module
+# (dev/argocd/go.mod pins github.com/argoproj/argo-cd/v3) into .cache/argocd/<version>/bin, cached
+# by a stamp; with Redis and git from Debian when missing (tests/e2e/test_argocd.py and
+# tests/realnode/test_argocd.py run them).
+argocd:
+	@dev/argocd/install-deps.sh
+	@dev/argocd/build.sh >/dev/null
+
 # charts/rocshare, generated from manifests/ and samples/ (tests/unit/manifests/test_chart.py
 # fails when it is stale, and proves `helm template` equals `kubectl kustomize`).
 chart: $(STAMP) controlplane
@@ -83,10 +91,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
 
-e2e: $(STAMP) controlplane controlplane-dra observability-deps
+e2e: $(STAMP) controlplane controlplane-dra observability-deps helm argocd
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm hook
+test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm hook argocd
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
 
 # rocshare's in-container memory hook, its stub ROCm runtime and hook-probe (hook/Makefile; hook/deps.sh

@@ -120,3 +120,15 @@ def test_scripts_are_lua_5_1() -> None:
     assert lua51.LuaRuntime().execute("return _VERSION") == "Lua 5.1"
     for kind in ("AmdGpuPool", "AmdGpuShare", "AmdGpuNode"):
         lua51.LuaRuntime().compile(script(kind))  # a syntax error raises here, not in Argo CD
+
+
+def test_every_long_running_sample_pod_counts_as_healthy_in_argocd() -> None:
+    """Argo CD counts a running pod with restartPolicy Never or OnFailure as Progressing (a job not
+    finished) unless it carries ignore-restart-policy; the sample pods run until deleted, so without
+    it an Application syncing samples/ never turns Healthy (tests/e2e/test_argocd.py)."""
+    pods = [(path.name, obj) for path in sorted((ROOT / "samples").glob("*.yaml"))
+            for obj in yaml.safe_load_all(path.read_text()) if obj and obj.get("kind") == "Pod"]
+    assert len(pods) >= 10, [name for name, _ in pods]
+    missing = [name for name, pod in pods if pod["spec"].get("restartPolicy", "Always") != "Always"
+               and pod["metadata"].get("annotations", {}).get("argocd.argoproj.io/ignore-restart-policy") != "true"]
+    assert missing == []

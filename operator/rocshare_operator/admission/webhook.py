@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import kopf
 
-from rocshare.kube.client import Conflict, Kube
+from rocshare.kube.client import ApiError, Conflict, Kube
 from rocshare_operator.admission.dra_pods import DraPlan
 from rocshare_operator.admission.pods import (
     Refused,
@@ -77,7 +77,7 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
             dra = _refuse_unless(lambda: dra_plan_for(defaulted))
             if dra is not None:
                 _refuse_unless(lambda: validate_create({**pod, "spec": dra.spec}, trusted=trusted(userinfo)))
-                await _write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
+                await write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
                 _patch_dra(patch, pod, dra, plan.runtime_class_name)
                 return
         mutated = pod if plan.empty else apply_mutation(pod, plan)
@@ -95,7 +95,7 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
             _refuse_unless(lambda: validate_create(dict(body), trusted=trusted(userinfo)))
 
 
-async def _write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...], *, dryrun: bool) -> None:
+async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...], *, dryrun: bool) -> None:
     """Create each template unless it exists (named by its content: an existing one is the same)."""
     if dryrun:
         return
@@ -104,6 +104,9 @@ async def _write_templates(kube: Kube, namespace: str, templates: tuple[dict, ..
             await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", template)
         except Conflict:
             pass
+        except ApiError as error:  # the pod would name a template that is not there: refuse it, saying why
+            raise kopf.AdmissionError(f"cannot write ResourceClaimTemplate {namespace}/{template['metadata']['name']} "
+                                      f"for the pod's amd.com/* request (DRA pool): {error}", code=500) from None
 
 
 def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: str | None) -> None:

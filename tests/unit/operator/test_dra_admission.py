@@ -4,6 +4,7 @@ here from the request and the GPU (MI210: 104 CUs, 65536 MiB), not read back fro
 
 from __future__ import annotations
 
+import kopf
 import pytest
 
 from rocshare.api.models import AmdGpuPoolSpec, GpuInfo, Sharing
@@ -16,7 +17,9 @@ from rocshare_operator.admission.dra_pods import (
     pool_shapes,
     template_name,
 )
+from rocshare.kube.client import Conflict, Forbidden
 from rocshare_operator.admission.pods import Refused, amd_resources, containers_of
+from rocshare_operator.admission.webhook import write_templates
 
 MI210 = GpuInfo(id="GPU-1901ead3a2ecd4a6", index=0, render_minor=128, card=1, gfx_target_version=90010,
                 vram_mib=65536, cu_count=104, pci_bdf="0000:63:00.0", split_count=10, healthy=True)
@@ -127,3 +130,32 @@ def test_pool_shapes_read_only_the_nodes_of_the_pools():
     node_pools = {"n1": "dra", "n2": "plugin", "n3": "dra"}
     gpus = {"n1": SHAPES, "n2": SHAPES + SHAPES, "n3": ()}
     assert pool_shapes(("dra",), node_pools, lambda node: gpus[node]) == list(SHAPES)
+
+
+class TemplateStore:
+    """Stands in for the API server's create (a unit test of the webhook's write; the e2e uses the real one)."""
+
+    def __init__(self, refuse: Exception | None = None) -> None:
+        self.created: list[str] = []
+        self.refuse = refuse
+
+    async def create(self, path: str, body: dict) -> dict:
+        if self.refuse is not None:
+            raise self.refuse
+        name = body["metadata"]["name"]
+        if name in self.created:
+            raise Conflict(409, "AlreadyExists", name)
+        self.created.append(name)
+        return body
+
+
+async def test_templates_are_written_once_never_on_a_dry_run_and_a_failure_refuses_the_pod():
+    templates = plan_dra(pod({"amd.com/gpu": "1", "amd.com/gpumem": "1024"}), ("dra",), SHAPES).templates
+    store = TemplateStore()
+    await write_templates(store, "ns", templates, dryrun=True)
+    assert store.created == []
+    await write_templates(store, "ns", templates, dryrun=False)
+    await write_templates(store, "ns", templates, dryrun=False)  # exists: left as it is
+    assert store.created == [templates[0]["metadata"]["name"]]
+    with pytest.raises(kopf.AdmissionError, match="cannot write ResourceClaimTemplate ns/rocshare-gpu-"):
+        await write_templates(TemplateStore(Forbidden(403, "Forbidden", "no")), "ns", templates, dryrun=False)

@@ -18,7 +18,8 @@ from collections.abc import Awaitable
 
 import kopf
 
-from rocshare_operator.admission import policy_params, tls_secret, webhook
+from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare_operator.admission import dra_pods, policy_params, tls_secret, webhook
 from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
@@ -54,7 +55,25 @@ def leadership_task(args, gate: DecisionGate, kopf_settings: kopf.OperatorSettin
 
 
 def register_webhook(settings: webhook.WebhookSettings, state: SchedulerState) -> None:
-    webhook.register(kopf.get_default_registry(), settings, lambda pod: runtime_class_for(pod, state.pools))
+    webhook.register(kopf.get_default_registry(), settings, lambda pod: runtime_class_for(pod, state.pools),
+                     lambda pod: dra_plan(pod, state))
+
+
+def dra_plan(pod: dict, state: SchedulerState) -> dra_pods.DraPlan | None:
+    """The pod's claims when it goes to DRA pools (admission/dra_pods.py), the GPU shapes read from
+    the AmdGpuNodes of those pools' nodes; None when it goes to the device plugin path."""
+    pools = dra_pods.dra_pools_for(pod, state.pools)
+    if not pools:
+        return None
+    index = state.index
+
+    def gpus_of(node: str) -> tuple[GpuSpec, ...]:
+        status, pool = index.gpu_status.get(node), state.pools.get(index.node_pools.get(node, ""))
+        if status is None or status.gpus is None or pool is None:
+            return ()
+        return NodeInventory.from_gpu_infos(node, status.gpus, pool.sharing).gpus
+
+    return dra_pods.plan_dra(pod, pools, dra_pods.pool_shapes(pools, index.node_pools, gpus_of))
 
 
 def configure_admission(kopf_settings: kopf.OperatorSettings, settings: webhook.WebhookSettings) -> None:

@@ -44,30 +44,34 @@ class MutationPlan:
         return not (self.scheduler_name or self.runtime_class_name or self.add_gpu_to)
 
 
-def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
+def containers_of(pod: Mapping[str, Any]) -> Iterator[tuple[str, int, Mapping[str, Any]]]:
     spec = pod.get("spec") or {}
     for kind in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(kind) or []):
             yield kind, index, container
 
 
-def _amd_resources(container: Mapping[str, Any]) -> dict[str, Any]:
+def amd_resources(container: Mapping[str, Any]) -> dict[str, Any]:
     """The container's amd.com GPU resources: amd.com/gpu*, and partition kinds (mixed naming)."""
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    return {key: value for key, value in merged.items() if key.startswith(AMD_PREFIX) or is_partition_resource(key)}
+    return {key: value for key, value in merged.items() if is_amd_key(key)}
+
+
+def is_amd_key(key: str) -> bool:
+    return key.startswith(AMD_PREFIX) or is_partition_resource(key)
 
 
 def asks_for_gpus(pod: Mapping[str, Any]) -> bool:
-    return any(_amd_resources(container) for _, _, container in _containers(pod))
+    return any(amd_resources(container) for _, _, container in containers_of(pod))
 
 
 def plan_mutation(pod: Mapping[str, Any], *, scheduler_name: str, runtime_class_name: str | None) -> MutationPlan:
     if not asks_for_gpus(pod):
         return MutationPlan(None, None, ())
     spec = pod.get("spec") or {}
-    add = tuple((kind, index) for kind, index, container in _containers(pod)
-                if _only_percentage(_amd_resources(container)))
+    add = tuple((kind, index) for kind, index, container in containers_of(pod)
+                if _only_percentage(amd_resources(container)))
     return MutationPlan(
         scheduler_name=scheduler_name if spec.get("schedulerName") != scheduler_name else None,
         runtime_class_name=runtime_class_name if runtime_class_name and not spec.get("runtimeClassName") else None,
@@ -107,7 +111,7 @@ def validate_create(pod: Mapping[str, Any], *, trusted: bool) -> None:
     if spec.get("nodeName"):
         raise Refused(f"spec.nodeName ({spec['nodeName']}) would bypass the rocshare scheduler for a pod asking "
                       "for AMD GPUs; use a nodeSelector instead")
-    for kind, index, container in _containers(pod):
+    for kind, index, container in containers_of(pod):
         _check_container(kind, index, container)
     try:
         parse_pod(pod)
@@ -116,7 +120,7 @@ def validate_create(pod: Mapping[str, Any], *, trusted: bool) -> None:
 
 
 def _check_container(kind: str, index: int, container: Mapping[str, Any]) -> None:
-    resources = _amd_resources(container)
+    resources = amd_resources(container)
     if not resources:
         return
     if any(is_partition_resource(key) for key in resources):

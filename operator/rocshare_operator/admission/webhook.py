@@ -17,18 +17,26 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import kopf
 
+from rocshare.kube.client import ApiError, Conflict, Kube
+from rocshare_operator.admission.dra_pods import DraPlan
 from rocshare_operator.admission.pods import (
     Refused,
     apply_mutation,
+    asks_for_gpus,
     plan_mutation,
     validate_create,
     validate_update,
 )
 
+DraPlanner = Callable[[dict], "DraPlan | None"]
+"""The pod (defaulted) -> its claims when it goes to DRA pools, None when it does not; raises Refused."""
+
+T = TypeVar("T")
 MUTATE_ID = "pods.mutate.rocshare.io"
 VALIDATE_ID = "pods.validate.rocshare.io"
 
@@ -49,19 +57,29 @@ class WebhookSettings:
 
 
 def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
-             runtime_class_for: Callable[[dict], str | None]) -> None:
+             runtime_class_for: Callable[[dict], str | None], dra_plan_for: DraPlanner = lambda _pod: None) -> None:
     """Add the two pod handlers to `registry`."""
 
-    # Handlers are coroutines although they never wait: Kopf runs plain functions in a thread
-    # pool, and the hop costs more than the check.
+    # Handlers are coroutines (only a DRA pod's templates are awaited): Kopf runs plain functions
+    # in a thread pool, and the hop costs more than the check.
     def trusted(userinfo: dict) -> bool:
         return userinfo.get("username", "") in settings.trusted_users
 
-    @kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry)
-    async def mutate(body: kopf.Body, patch: kopf.Patch, userinfo: dict, **_: object) -> None:
-        """Default the GPU pod, then check it as it will be stored: one call per pod created."""
+    @kopf.on.mutate("v1", "pods", id=MUTATE_ID, operations=["CREATE"], registry=registry, side_effects=True)
+    async def mutate(body: kopf.Body, patch: kopf.Patch, userinfo: dict, dryrun: bool, memo: kopf.Memo,
+                     **_: object) -> None:
+        """Default the GPU pod, then check it as it will be stored: one call per pod created. A pod
+        going to DRA pools gets its claims instead (and keeps kube-scheduler: DRA places it)."""
         pod = dict(body)
         plan = plan_mutation(pod, scheduler_name=settings.scheduler_name, runtime_class_name=runtime_class_for(pod))
+        if asks_for_gpus(pod):
+            defaulted = apply_mutation(pod, replace(plan, scheduler_name=None, runtime_class_name=None))
+            dra = _refuse_unless(lambda: dra_plan_for(defaulted))
+            if dra is not None:
+                _refuse_unless(lambda: validate_create({**pod, "spec": dra.spec}, trusted=trusted(userinfo)))
+                await write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
+                _patch_dra(patch, pod, dra, plan.runtime_class_name)
+                return
         mutated = pod if plan.empty else apply_mutation(pod, plan)
         _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo)))
         for key in ("schedulerName", "runtimeClassName", "containers", "initContainers"):
@@ -77,9 +95,31 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
             _refuse_unless(lambda: validate_create(dict(body), trusted=trusted(userinfo)))
 
 
-def _refuse_unless(check: Callable[[], None]) -> None:
+async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...], *, dryrun: bool) -> None:
+    """Create each template unless it exists (named by its content: an existing one is the same)."""
+    if dryrun:
+        return
+    for template in templates:
+        try:
+            await kube.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", template)
+        except Conflict:
+            pass
+        except ApiError as error:  # the pod would name a template that is not there: refuse it, saying why
+            raise kopf.AdmissionError(f"cannot write ResourceClaimTemplate {namespace}/{template['metadata']['name']} "
+                                      f"for the pod's amd.com/* request (DRA pool): {error}", code=500) from None
+
+
+def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: str | None) -> None:
+    for key in ("containers", "initContainers", "resourceClaims"):
+        if key in dra.spec and dra.spec[key] != pod.get("spec", {}).get(key):
+            patch.spec[key] = dra.spec[key]
+    if runtime_class_name:
+        patch.spec["runtimeClassName"] = runtime_class_name
+
+
+def _refuse_unless(check: Callable[[], T]) -> T:
     try:
-        check()
+        return check()
     except Refused as refused:
         raise kopf.AdmissionError(str(refused), code=422) from None
 

@@ -27,6 +27,7 @@ class Where(StrEnum):
     POOL_CONDITION = "AmdGpuPool condition"
     SHARE_CONDITION = "AmdGpuShare condition"
     DRA_PREPARE = "DRA prepare error (the kubelet's FailedPrepareDynamicResources event on the pod)"
+    ADMISSION = "admission error (the pod's create is refused, e.g. by kubectl apply)"
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ PREPARE_REASONS = _reasons(
 """Why the node agent refused to prepare a DRA claim (pools with agent.interface DRA): the first
 word of the error the kubelet reports (rocshare.core.dra_shares, rocshare_agent.dra.plugin)."""
 
+ADMISSION_REASONS = _reasons(Where.ADMISSION, "MixedPoolInterfaces", "DraRequestUnsatisfiable")
+"""Why the webhook refused a pod with amd.com/* limits that would go to a DRA pool
+(rocshare_operator.admission.dra_pods): the first word of the refusal."""
+
 SHARED_REASONS = (
     # One word, several places: the same state reported by the agent and summed by the operator.
     EmittedReason("NoHealthyGpus", (Where.NODE_CONDITION, Where.POOL_CONDITION)),
@@ -98,7 +103,7 @@ def _merged(*groups: tuple[EmittedReason, ...]) -> dict[str, EmittedReason]:
 
 
 ALL: dict[str, EmittedReason] = _merged(
-    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, PREPARE_REASONS, SHARED_REASONS,
+    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, PREPARE_REASONS, ADMISSION_REASONS, SHARED_REASONS,
     _reasons(Where.POOL_CONDITION, "DrainRequired"),
 )
 """Every reason rocshare emits, by name."""

@@ -1,0 +1,198 @@
+"""Users keep their habits in a DRA pool, on Kubernetes 1.37.2: a pod written with HAMi-style
+amd.com/* limits passes the operator's real admission webhook (served by a real operator process,
+called by the real API server), which writes the equivalent ResourceClaimTemplate; the
+resourceclaim controller makes the claim, the real kube-scheduler allocates it from the node
+agent's ResourceSlice (agent in DRA mode on a simulated node, Vega10 capture: 64 CUs, 16368 MiB),
+and the agent's DRA plugin, called over its socket as the kubelet calls it, prepares it.
+
+The environment the container gets (the CDI spec the plugin wrote) must equal what the device
+plugin path gives the same pod on the same GPU (the extender's allocate and the agent's renderer,
+as the device plugin's Allocate answers), and the numbers are worked out here: 25 % of 64 CUs is
+16; 50 % of 16368 MiB is 8184 MiB. Refusals are read from kubectl's answer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rocshare.api.models import API_VERSION, GpuInfo, Sharing
+from rocshare.core.allocate import allocate
+from rocshare.core.fit import FitFailure
+from rocshare.core.inventory import NodeInventory
+from rocshare.core.ledger import Ledger
+from rocshare.core.policies import Policy
+from rocshare.core.quantity import memory_mib_quantity, whole_quantity
+from rocshare.core.request import parse_pod
+from rocshare.kube.client import Kube, NotFound, object_path
+from rocshare_agent.deviceplugin.container_spec import render_container
+from rocshare_agent.discovery import discover
+from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster.simnode import SimulatedNode
+from tests.e2e.dra.test_dra_allocation import RESOURCE, as_kubelet, cdi_env
+from tests.e2e.fleet import wait_for
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "default"
+POOL, PLUGIN_POOL = "dra-admission", "plugin-admission"
+SELECTOR = {"rocshare-e2e/admission": "dra"}
+VEGA_MIB, VEGA_CUS = 16368, 64
+
+
+@pytest.fixture(scope="module")
+def operator(cluster):
+    process = OperatorProcess(cluster)
+    process.start()
+    try:
+        process.install_webhooks()
+        yield process
+    finally:
+        # Pools first, while the operator runs to release its finalizer on them; then its webhooks.
+        cluster.kubectl("delete", "pods", "hami-dra", "hami-dra-again", "-n", NAMESPACE, "--ignore-not-found",
+                        "--grace-period=0", "--force", check=False)
+        cluster.kubectl("delete", "amdgpupools", POOL, PLUGIN_POOL, "--ignore-not-found", "--timeout=60s",
+                        check=False)
+        cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
+                        "--ignore-not-found", check=False)
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def node(cluster, sysfs_fixtures):
+    name = f"dra-adm-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # a unix socket's path holds 107 bytes
+    root = work / name
+    sim = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_fixtures / "vega10-1gpu",
+                        work_dir=work, bin_dir=cluster.bin_dir, health_interval_s=0.3, labels=SELECTOR,
+                        agent_args=("--interface=DRA", f"--dra-plugins-dir={root / 'plugins'}",
+                                    f"--dra-registry-dir={root / 'registry'}", f"--cdi-dir={root / 'cdi'}"))
+    sim.start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def hami_pod(name: str, node_selector: dict[str, str], **limits: str) -> dict:
+    amd = {f"amd.com/{key}": value for key, value in limits.items()}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"nodeSelector": node_selector, "containers": [{
+                "name": "main", "image": "rocm/pytorch", "resources": {"limits": {"cpu": "100m", **amd}}}]}}
+
+
+def dry_run(cluster, pod: dict):
+    return cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input_text=json.dumps(pod),
+                           check=False)
+
+
+def admitted_as_claim(cluster, pod: dict) -> dict | None:
+    """The pod as the webhook would store it, once it writes claims for it (the operator has seen
+    the pool, labelled the node and read the node's GPUs from its AmdGpuNode)."""
+    result = dry_run(cluster, pod)
+    if result.returncode != 0:
+        return None
+    stored = json.loads(result.stdout)
+    return stored if stored["spec"].get("resourceClaims") else None
+
+
+async def create_pool(kube: Kube, name: str, selector: dict[str, str], interface: str) -> None:
+    await kube.create(object_path(API_VERSION, "amdgpupools"), {
+        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": name},
+        "spec": {"nodeSelector": selector, "agent": {"interface": interface}}})
+
+
+async def claim_of(kube: Kube, pod: str) -> dict | None:
+    stored = await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+    statuses = (stored.get("status") or {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim = await kube.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims/{statuses[0]['resourceClaimName']}")
+    return claim if (claim.get("status") or {}).get("allocation") else None
+
+
+def device_plugin_env(pod: dict, gpu: GpuInfo, hook_dir: str) -> dict[str, str]:
+    """What a device-plugin pool gives `pod` as written, on an empty `gpu`: the extender's allocate,
+    then the agent's renderer (the envs of the device plugin's Allocate response)."""
+    inventory = NodeInventory.from_gpu_infos("n", [gpu], Sharing())
+    record = allocate(inventory, Ledger().usage(inventory), parse_pod(pod), Policy())
+    assert not isinstance(record, FitFailure), record
+    return render_container(record.containers[0], {gpu.id: gpu}, oversubscribed=False, hook_host_dir=hook_dir).envs
+
+
+async def test_hami_style_pod_in_a_dra_pool_gets_a_claim_and_the_device_plugin_environment(
+        cluster, kube, operator, node):
+    await create_pool(kube, POOL, SELECTOR, "DRA")
+    written = hami_pod("hami-dra", {"rocshare.io/pool": POOL}, gpu="1", **{"gpumem-percentage": "50"},
+                       gpucores="25")
+    stored = await wait_for(lambda: _async(admitted_as_claim(cluster, written)), timeout_s=60,
+                            what="the webhook writing claims for the pool's pods")
+    assert not any(key.startswith("amd.com/") for key in stored["spec"]["containers"][0]["resources"]["limits"])
+
+    created = await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", written)
+    spec = created["spec"]
+    assert spec["containers"][0]["resources"]["limits"] == {"cpu": "100m"}
+    [pod_claim] = spec["resourceClaims"]
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": pod_claim["name"]}]
+    assert spec.get("schedulerName") == "default-scheduler"  # DRA: kube-scheduler places it, no extender
+    template = await kube.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/"
+                              f"{pod_claim['resourceClaimTemplateName']}")
+    assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rocshare"
+
+    claim = await wait_for(lambda: claim_of(kube, "hami-dra"), timeout_s=60, what="the pod's claim allocated")
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert result["pool"] == node.name and result["driver"] == "gpu.rocshare.io"
+    capacity = result["consumedCapacity"]
+    assert memory_mib_quantity(capacity["memory"]) == VEGA_MIB * 50 // 100 == 8184
+    assert whole_quantity(capacity["compute"], name="compute", unit="CUs") == 16  # ceil(64 x 25 / 100)
+
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    assert (await as_kubelet(node, "prepare", (name, uid))).claims[uid].error == ""
+    env = cdi_env(node, uid)
+    assert env["HSA_CU_MASK"] == "0:0-15" and env["HIP_DEVICE_MEMORY_LIMIT_0"] == "8184m"
+    [gpu] = discover(node.sysfs_root).gpus
+    assert env == device_plugin_env(written, gpu, str(node.hook_dir))
+
+    # The same request again: the same template, no second one.
+    again = await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", {**written, "metadata": {
+        "name": "hami-dra-again", "namespace": NAMESPACE}})
+    assert again["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == pod_claim["resourceClaimTemplateName"]
+
+
+async def test_unsatisfiable_and_mixed_pool_pods_are_refused_with_the_reason(cluster, kube, operator, node):
+    await wait_for(lambda: _pool_known(kube), timeout_s=30, what="the DRA pool")
+    too_big = hami_pod("too-big", {"rocshare.io/pool": POOL}, gpu="1", gpumem=str(VEGA_MIB + 1))
+    result = await wait_for(lambda: _async(_refused(cluster, too_big)), timeout_s=60, what="too-big refused")
+    assert "DraRequestUnsatisfiable" in result and f"{VEGA_MIB} MiB" in result and "main" in result
+
+    await create_pool(kube, PLUGIN_POOL, {"rocshare-e2e/admission": "plugin"}, "DevicePlugin")
+    unselected = hami_pod("unselected", {}, gpu="1", gpumem="1024")
+    await wait_for(lambda: _async(_refused(cluster, unselected)), timeout_s=30, what="mixed refused")
+    result = cluster.kubectl("create", "-f", "-", input_text=json.dumps(unselected), check=False)
+    assert result.returncode != 0
+    assert "MixedPoolInterfaces" in result.stderr and f"({POOL})" in result.stderr
+    assert f"({PLUGIN_POOL})" in result.stderr
+    with pytest.raises(NotFound):
+        await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/unselected")
+
+
+async def _pool_known(kube: Kube) -> dict | None:
+    try:
+        return await kube.get(object_path(API_VERSION, "amdgpupools", POOL))
+    except NotFound:
+        return None
+
+
+def _refused(cluster, pod: dict) -> str | None:
+    result = dry_run(cluster, pod)
+    return result.stderr if result.returncode != 0 and "denied the request" in result.stderr else None
+
+
+async def _async(value):
+    return value

@@ -16,7 +16,7 @@ endif
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 
 .PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps helm chart docs docs-reference hook
+	real-node-deps images real-node-up real-node-down containerd observability-deps helm chart docs docs-reference hook
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -29,6 +29,7 @@ help:
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
 	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
 	@echo "make real-node-up a real kubelet + containerd node beside the control plane, in its own netns; real-node-down"
+	@echo "                  REAL_NODE_RUNTIME=containerd2 runs it on containerd 2.x built here (make containerd; CDI on)"
 	@echo "make chart        charts/rocshare from manifests/ (the chart is generated; make helm builds helm)"
 	@echo "make docs         the documentation site from docs/ into site/ (mkdocs, strict)"
 	@echo "make docs-reference  docs/reference/*.md from the CRDs, the metrics and the Helm values"
@@ -107,8 +108,18 @@ real-node-deps:
 images: real-node-deps controlplane
 	@dev/realnode/build-images.sh
 
+# REAL_NODE_RUNTIME=containerd2: the node runs containerd 2.x (make containerd; built on first
+# use otherwise), CDI on; tests/realnode read it as ROCSHARE_REALNODE_RUNTIME (`make test
+# REAL_NODE_RUNTIME=containerd2`). Default: Debian's containerd 1.6.
+REAL_NODE_RUNTIME ?= containerd
+export ROCSHARE_REALNODE_RUNTIME ?= $(REAL_NODE_RUNTIME)
 real-node-up: $(STAMP) images
-	$(BIN)/rocshare-dev real-node up
+	$(BIN)/rocshare-dev real-node up --runtime $(REAL_NODE_RUNTIME)
+
+# containerd 2.x and its runc shim (+ ctr) from their Go module (dev/containerd/go.mod) into
+# .cache/containerd/<version>/bin (cached by a stamp), for REAL_NODE_RUNTIME=containerd2.
+containerd:
+	@dev/containerd/build.sh >/dev/null
 
 real-node-down: $(STAMP)
 	$(BIN)/rocshare-dev real-node down

@@ -11,9 +11,9 @@ installs rocshare's memory hook from its image (what it left there is kept for t
 Everything is torn down at the end (processes, mounts, cgroups, iptables, netns, sysctls).
 Missing images or binaries fail the session: an e2e test that skips proves nothing.
 
-The container runtime is `ROCSHARE_REALNODE_RUNTIME` (`make ... REAL_NODE_RUNTIME=`): Debian's
-containerd 1.6 by default, `containerd2` for containerd 2.x built here with CDI on (test_cdi.py
-asserts what each delivers).
+The container runtime is `ROCSHARE_REALNODE_RUNTIME` (`make ... REAL_NODE_RUNTIME=`):
+`containerd2` by default (containerd 2.x built here, CDI on), `containerd` for Debian's 1.6
+(test_cdi.py asserts what each delivers).
 """
 
 from __future__ import annotations

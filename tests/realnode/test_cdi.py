@@ -8,9 +8,10 @@ env var, a device node and a bind mount, each carrying a token made up for this 
 /var/run/cdi, serves a minimal device plugin whose Allocate names that CDI device, and runs a pod
 that asks for it. The container reports what it really received.
 
-On `ROCSHARE_REALNODE_RUNTIME=containerd2` (containerd 2.x, CDI on) it must receive all three.
-On the default rig (Debian's containerd 1.6, which predates the CRI's CDIDevices) it must receive
-none of them: the kubelet asks, the runtime ignores it -- why DRA needs the containerd2 rig.
+On the default rig (containerd 2.x, CDI on; `ROCSHARE_REALNODE_RUNTIME=containerd2`) it must
+receive all three. On `ROCSHARE_REALNODE_RUNTIME=containerd` (Debian's containerd 1.6, which
+predates the CRI's CDIDevices) it must receive none of them: the kubelet asks, the runtime
+ignores it -- why DRA needs containerd 2.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`rocshare-dev real-node up|down [--root DIR] [--runtime containerd|containerd2]` (`make
-real-node-up [REAL_NODE_RUNTIME=containerd2]`, `make real-node-down`): the real node for people,
-in ./run/realnode. `up` prints how to reach it and how to deploy. `--runtime containerd2` runs it
-on containerd 2.x built from its Go module (CDI on, as DRA needs); `down` stops whichever runs."""
+real-node-up [REAL_NODE_RUNTIME=containerd]`, `make real-node-down`): the real node for people,
+in ./run/realnode. `up` prints how to reach it and how to deploy. It runs on containerd 2.x
+built from its Go module (CDI on, as DRA needs); `--runtime containerd` on Debian's 1.6; `down`
+stops whichever runs."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=f"run folder (default {DEFAULT_ROOT})")
     parser.add_argument("--runtime", choices=sorted(RUNTIMES), default=DEFAULT_RUNTIME,
-                        help="the container runtime (default %(default)s: Debian's 1.6; containerd2: 2.x built "
-                             "by dev/containerd/build.sh, CDI on)")
+                        help="the container runtime (default %(default)s: 2.x built by dev/containerd/build.sh, "
+                             "CDI on; containerd: Debian's 1.6)")
     args = parser.parse_args(argv)
     node = RealNode(args.root, runtime=args.runtime)
     try:

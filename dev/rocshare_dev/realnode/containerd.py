@@ -1,10 +1,11 @@
 """containerd for the real node, one of two runtimes (`RUNTIMES`):
 
-* ``containerd`` (the default): Debian's 1.6 (dev/realnode/install-deps.sh). It cannot hand a
-  container devices through CDI, which DRA needs.
-* ``containerd2``: containerd 2.x and its runc shim built from their Go module
+* ``containerd2`` (the default): containerd 2.x and its runc shim built from their Go module
   (dev/containerd/build.sh, cached in .cache/containerd/<version>/bin) with Debian's runc. CDI
-  is on in 2.x; the rig names its spec dirs, /etc/cdi and /var/run/cdi, explicitly.
+  is on in 2.x; the rig names its spec dirs, /etc/cdi and /var/run/cdi, explicitly. The whole
+  tests/realnode suite passed on it before it became the default.
+* ``containerd``: Debian's 1.6 (dev/realnode/install-deps.sh), the rig's runtime before. It
+  cannot hand a container devices through CDI, which DRA needs.
 
 Either starts from its own `containerd config default` with the same changes (real-node.md):
 `restrict_oom_score_adj` (root here lacks CAP_SYS_RESOURCE: without it every sandbox fails with
@@ -91,7 +92,7 @@ RUNTIMES = {
     "containerd2": Runtime("containerd2", _EDITS_2, PROJECT_ROOT / ".cache" / "realnode-containerd2",
                            build=CONTAINERD2_BUILD),
 }
-DEFAULT_RUNTIME = "containerd"
+DEFAULT_RUNTIME = "containerd2"  # CDI, for DRA
 
 
 class Containerd:

@@ -1,8 +1,8 @@
 """`RealNode`: the whole rig up and down, in order.
 
 up: network namespace -> API bridge -> control plane (with the flags pods on this node need)
--> a plain default kube-scheduler -> bridge, conflist, DNAT -> containerd (`runtime`: Debian's
-1.6 by default, or 2.x built here, containerd.py) (+ the local images) -> kubelet -> node Ready
+-> a plain default kube-scheduler -> bridge, conflist, DNAT -> containerd (`runtime`: 2.x built
+here by default, or Debian's 1.6; containerd.py) (+ the local images) -> kubelet -> node Ready
 -> the kubelet's sysctls restored.
 down: pods' containers killed -> kubelet, containerd, control plane, bridge stopped -> mounts
 under the run folder unmounted -> kubepods cgroups removed -> iptables chains and the

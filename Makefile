@@ -13,6 +13,9 @@ K8S_VERSION ?=
 ifneq ($(strip $(K8S_VERSION)),)
 export K8S_VERSION
 endif
+# The version tests/e2e/dra runs its own control plane on (rocshare_dev.devcluster.controlplane.DRA_K8S_VERSION):
+# DRA consumable capacity is on by default from 1.36. `make test` and `make e2e` build it too (cached).
+DRA_K8S_VERSION := 1.37.2
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
 # The real node's container runtime: containerd2 (default; containerd 2.x built by `make
 # containerd`, CDI on, as DRA needs) or containerd (Debian's 1.6, no CDI). tests/realnode read it
@@ -21,7 +24,7 @@ REAL_NODE_RUNTIME ?= containerd2
 export ROCSHARE_REALNODE_RUNTIME ?= $(REAL_NODE_RUNTIME)
 REAL_NODE_BUILDS := $(if $(filter containerd2,$(REAL_NODE_RUNTIME)),containerd)
 
-.PHONY: help venv controlplane crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
+.PHONY: help venv controlplane controlplane-dra crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
 	real-node-deps images real-node-up real-node-down containerd observability-deps helm chart docs docs-reference hook
 
 help:
@@ -54,6 +57,10 @@ venv: $(STAMP)
 controlplane:
 	@controlplane/build.sh
 
+# The DRA e2e's control plane, beside the default one (a no-op when K8S_VERSION is that version).
+controlplane-dra:
+	@K8S_VERSION=$(DRA_K8S_VERSION) controlplane/build.sh
+
 # helm, built from its Go module (dev/helm/go.mod pins helm.sh/helm/v3) into
 # .cache/helm/<version>/bin, apart from the control plane (cached by a stamp).
 helm:
@@ -83,10 +90,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
 
-e2e: $(STAMP) controlplane observability-deps
+e2e: $(STAMP) controlplane controlplane-dra observability-deps
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane lint images observability-deps helm hook $(REAL_NODE_BUILDS)
+test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm hook $(REAL_NODE_BUILDS)
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
 
 # rocshare's in-container memory hook, its stub ROCm runtime and hook-probe (hook/Makefile; hook/deps.sh

@@ -1,11 +1,13 @@
-"""The node agent process: inventory loop, pod cache, device plugin and monitor, wired.
+"""The node agent process: inventory loop, pod cache, device plugin (or DRA driver) and monitor, wired.
 
 Order: the inventory loop starts first and the device plugin serves only once the first
 inventory is known, so the kubelet never sees an empty list that is merely not read yet.
 Every part keeps its state in the API server or rebuilds it (pods by list+watch, GPUs by
 discovery); the process can be killed at any time. The device plugin unit re-registers by
 itself when the kubelet restarts; any other part that ends unexpectedly ends the process
-(the DaemonSet restarts it) rather than leaving a half-working agent.
+(the DaemonSet restarts it) rather than leaving a half-working agent. The pool's agent
+interface picks the kubelet side: the device plugin, or (DRA) the node's ResourceSlice and the DRA
+kubelet plugin; a node never serves both, so device-plugin mode deletes a slice left from DRA mode.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocshare.api.models import GpuInfo, HookLibrary, HookMissing
-from rocshare.kube.client import Kube
+from rocshare.api.models import AgentInterface, GpuInfo, HookLibrary, HookMissing
+from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.dra.cdi import DEFAULT_CDI_DIR
+from rocshare_agent.dra.plugin import DraPluginService
+from rocshare_agent.dra.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, serve_dra_plugin
+from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.hook_install import SHIPPED_HOOK, InstallError, install_hook
 from rocshare_agent.inventory_loop import run_inventory_loop
 
@@ -47,6 +53,10 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     monitor_port: int = 9394
     monitor_addr: str = "0.0.0.0"
+    interface: AgentInterface = AgentInterface.DEVICE_PLUGIN
+    dra_plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
+    dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
+    cdi_dir: Path = Path(DEFAULT_CDI_DIR)
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):
@@ -105,6 +115,11 @@ def _snapshot(pods: KubePods) -> list:
 
 
 async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
+    slices = SlicePublisher(kube, config.node_name)
+    if config.interface == AgentInterface.DRA:
+        await _run_dra_parts(kube, config, pods, slices)
+        return
+    await _withdraw_slice(slices)
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
                                   hook_missing=config.hook_missing,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
@@ -127,6 +142,31 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
         tasks.create_task(_sweep_pod_devices(service, pods))
         await first_inventory.wait()
         tasks.create_task(run_plugin_units(service, plugin_dir=config.device_plugin_dir))
+
+
+async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices: SlicePublisher) -> None:
+    """DRA mode: the inventory becomes the node's ResourceSlice, and the DRA kubelet plugin prepares
+    claims from what that slice offers; no device plugin registers."""
+    service = DraPluginService(kube=kube, node_name=config.node_name, inventory=lambda: slices.offered,
+                               cdi_dir=config.cdi_dir, hook_host_dir=config.hook_path,
+                               hook_missing=config.hook_missing, dev_root=str(config.dev_root))
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
+                                             dev_root=config.dev_root, exporter_url=config.exporter_url,
+                                             group_file=config.group_file, hook_dir=config.hook_path,
+                                             hook_missing=config.hook_missing,
+                                             interval_s=config.health_interval_s, slices=slices))
+        tasks.create_task(pods.run())
+        tasks.create_task(serve_dra_plugin(service, plugins_dir=config.dra_plugins_dir,
+                                           registry_dir=config.dra_registry_dir))
+
+
+async def _withdraw_slice(slices: SlicePublisher) -> None:
+    """Device plugin mode: a slice left from DRA mode goes first (never both on one node)."""
+    try:
+        await slices.withdraw()
+    except ApiError as error:
+        log.warning("cannot delete this node's ResourceSlice left from DRA mode: %s", error)
 
 
 async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, period_s: float = 30.0) -> None:

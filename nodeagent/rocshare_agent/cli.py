@@ -45,11 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proc-root", type=Path, default=Path("/proc"), help="host /proc, for the monitor")
     parser.add_argument("--monitor-port", type=int, default=9394, help="Prometheus port; 0 disables the monitor")
     parser.add_argument("--monitor-addr", default="0.0.0.0", help="address the monitor listens on")
+    parser.add_argument("--interface", default="DevicePlugin", choices=["DevicePlugin", "DRA"],
+                        help="how the node offers its GPUs: the kubelet device plugin (amd.com/gpu) or the DRA "
+                             "driver gpu.rocshare.io (a ResourceSlice, kube-scheduler allocates); never both")
+    parser.add_argument("--dra-plugins-dir", type=Path, default=Path("/var/lib/kubelet/plugins"),
+                        help="DRA mode: the kubelet's plugins folder; the driver serves <dir>/gpu.rocshare.io/dra.sock")
+    parser.add_argument("--dra-registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"),
+                        help="DRA mode: the kubelet's plugin registration folder")
+    parser.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"),
+                        help="DRA mode: where prepared claims' CDI specs are written (the runtime's CDI spec folder)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING ...")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rocshare.api.models import HookLibrary, HookMissing
+    from rocshare.api.models import AgentInterface, HookLibrary, HookMissing
     from rocshare_agent.app import AgentConfig, main
     from rocshare_agent.hook_install import SHIPPED_HOOK
 
@@ -66,5 +75,7 @@ def run(args: argparse.Namespace) -> int:
         health_interval_s=args.health_interval_s,
         cgroup_root=None if args.cgroup_root == "none" else Path(args.cgroup_root),
         proc_root=args.proc_root, monitor_port=args.monitor_port, monitor_addr=args.monitor_addr,
+        interface=AgentInterface(args.interface), dra_plugins_dir=args.dra_plugins_dir,
+        dra_registry_dir=args.dra_registry_dir, cdi_dir=args.cdi_dir,
     )
     return main(config)

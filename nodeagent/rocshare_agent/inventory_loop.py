@@ -41,6 +41,7 @@ from rocshare.api.hami import encode_node_register
 from rocshare.api.node_settings import POOL_SETTINGS_ANNOTATION, NodeSettings, SettingsError, decode_settings
 from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.discovery import DiscoveryResult, discover
+from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.health import ExporterHealth, apply_device_file_health, apply_exporter_health
 from rocshare_agent.hook import HookCheck, check_hook, hook_condition, hook_transition
 from rocshare_agent.host_groups import read_device_groups
@@ -101,8 +102,10 @@ class InventoryAgent:
                  heartbeat_s: float = DEFAULT_HEARTBEAT_S, settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
                  exporter_timeout_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
                  group_file: Path | None = None, hook_dir: str | None = None,
-                 hook_missing: HookMissing = HookMissing.REFUSE, plugin: PluginState | None = None) -> None:
+                 hook_missing: HookMissing = HookMissing.REFUSE, plugin: PluginState | None = None,
+                 slices: SlicePublisher | None = None) -> None:
         self.publisher = NodePublisher(kube, node_name)
+        self.slices = slices
         self.plugin = plugin
         self.stopping = False
         self.hook_dir, self.hook_missing = hook_dir, hook_missing
@@ -177,7 +180,9 @@ class InventoryAgent:
             self.gpus = gpus
             await self._emit(transitions)
         await self._check_hook()
-        await self._publish(told_health(gpus, self.gpus))
+        offered = told_health(gpus, self.gpus)
+        await self._publish(offered)
+        await self._publish_slice(offered)
 
     async def _check_hook(self) -> None:
         if self.hook_dir is None:
@@ -287,6 +292,16 @@ class InventoryAgent:
             return
         self._published = _Published(status=status, metadata=self._published.metadata, at=self.clock())
 
+    async def _publish_slice(self, gpus: list[GpuInfo]) -> None:
+        """DRA mode: the ResourceSlice follows the inventory (it writes only when its devices change)."""
+        if self.slices is None:
+            return
+        try:
+            await self.slices.publish(gpus, self.settings.sharing, node_uid=self.node_uid)
+        except ApiError as error:
+            log.warning("publishing the ResourceSlice of %s failed (retrying next check): %s",
+                        self.publisher.node_name, error)
+
     async def _publish_metadata(self, gpus: list[GpuInfo], *, force: bool) -> None:
         if self.node_uid is None:
             return
@@ -362,7 +377,7 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
                              settings_interval_s: float = DEFAULT_SETTINGS_INTERVAL_S,
                              on_inventory: InventoryCallback | None = None, group_file: Path | None = None,
                              hook_dir: str | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
-                             plugin: PluginState | None = None) -> None:
+                             plugin: PluginState | None = None, slices: SlicePublisher | None = None) -> None:
     """Discover, check health and publish for `node_name` until cancelled (then, with a `plugin`,
     publish DevicePlugin False, for at most STOPPING_PUBLISH_S).
 
@@ -374,7 +389,7 @@ async def run_inventory_loop(kube: Kube, *, node_name: str, sysfs_root: Path, de
     agent = InventoryAgent(kube, node_name=node_name, sysfs_root=sysfs_root, dev_root=dev_root,
                            exporter_url=exporter_url, on_inventory=on_inventory, heartbeat_s=heartbeat_s,
                            settings_interval_s=settings_interval_s, group_file=group_file, hook_dir=hook_dir,
-                           hook_missing=hook_missing, plugin=plugin)
+                           hook_missing=hook_missing, plugin=plugin, slices=slices)
     try:
         while True:
             started = time.monotonic()

@@ -1,11 +1,13 @@
 """The rocshare operator: one process, five rooms.
 
-* ``reconcilers/`` — Kopf: AmdGpuPool and AmdGpuShare handlers (node marks, the node-agent
-  DaemonSet, ResourceQuotas, status writes), the Kopf indexes and login, and the wake-ups that
-  tie events to reconcile loops. ``kopf_app`` is the process.
+* ``reconcilers/`` — the AmdGpuPool loops (node marks, the node-agent DaemonSet, status, the
+  finalizer; run from the feed's pool watch) and the AmdGpuShare loops (Kopf daemons:
+  ResourceQuotas, status), Kopf's login, and the wake-ups that tie events to reconcile loops.
+  ``kopf_app`` is the process.
 * ``status/`` — pure: what a pool's and a share's status say, which node a pool owns, what pods
   hold, and the conditions' transition rules. No I/O.
-* ``feed/`` — the one watch per kind (Nodes, Pods, AmdGpuNodes) for the whole process, and the
+* ``feed/`` — the one watch per kind (Nodes, Pods, AmdGpuNodes, ResourceQuotas, AmdGpuPools)
+  for the whole process, and the
   small frozen facts it decodes from each object for every reader.
 * ``extender/`` — the scheduler extender: filter, prioritize, bind (the one place a decision
   becomes real), its caches, quota check and metrics.

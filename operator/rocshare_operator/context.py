@@ -6,8 +6,8 @@ reconcile loops.
 Handlers find it as ``memo.rocshare`` (Kopf copies the operator's memo shallowly
 into each object's memo, so they all see this one object).
 
-Each pool and share has one reconcile loop (a Kopf daemon) that sleeps until it is
-woken or a resync interval passes. Events on other objects (nodes, AmdGpuNodes,
+Each pool and share has one reconcile loop (pool_loops.py; a Kopf daemon for shares) that
+sleeps until it is woken or a resync interval passes. Events on other objects (nodes, AmdGpuNodes,
 pods, DaemonSets, quotas, other pools) only wake the loops they concern, so a
 burst of events costs one reconcile per loop, and loops never spin.
 

@@ -97,6 +97,10 @@ class DecisionGate:
         if was and not leading:
             self.abandon("this replica's scheduler no longer leads")
 
+    async def wait_changed(self) -> None:
+        """Until `leading` next changes."""
+        await self._changed.wait()
+
     async def run(self, decide: Callable[[], Awaitable[T]]) -> T:
         """Run one extender verb, or raise NotDeciding (at once, or when it is abandoned)."""
         if not await self._admitted():

@@ -2,7 +2,8 @@
 caches) and the pod admission webhook, both reading one `SchedulerState`.
 
 `run_operator(..., extra_tasks=[extender_task(settings, state)])` runs the extender beside
-Kopf (and `admission_params_task` keeps the pod-defaults admission policy's parameters written); `register_webhook(settings, state)` adds the admission handlers to Kopf's registry
+Kopf (and `admission_params_task` keeps the pod-defaults admission policy's parameters written);
+`register_webhook(settings, state)` adds the admission handlers to Kopf's registry
 and `configure_admission(kopf_settings, webhook_settings)` points Kopf's webhook server
 at our TLS certificate. With `--webhook-tls-secret` the operator owns that certificate
 (admission/tls_secret.py): made or renewed before anything serves, kept fresh beside Kopf.

@@ -31,6 +31,10 @@ from rocshare_dev.devcluster import certs
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 VERSIONS_DIR = PROJECT_ROOT / "controlplane" / "k8s"
 DEFAULT_K8S_VERSION = (VERSIONS_DIR / "default-version").read_text().strip()
+DRA_K8S_VERSION = "1.37.2"
+"""The version the DRA e2e (tests/e2e/dra) runs on, whatever K8S_VERSION is: consumable capacity
+(DRAConsumableCapacity) is beta and on by default from 1.36. `make test` builds it beside the default
+(Makefile DRA_K8S_VERSION, the same value)."""
 
 
 def k8s_version() -> str:
@@ -119,6 +123,17 @@ class ControlPlane:
     # control plane lives in the rig's network namespace), and give the API server these flags too.
     command_prefix: tuple[str, ...] = ()
     extra_apiserver_args: tuple[str, ...] = ()
+    # The Kubernetes version of this control plane when it is not the session's (K8S_VERSION): the
+    # DRA e2e runs its own 1.37 control plane beside a 1.35 one. Picks that version's binaries and flags.
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.version and self.bin_dir == DEFAULT_BIN_DIR:
+            self.bin_dir = bin_dir(self.version)
+
+    @property
+    def k8s_version(self) -> str:
+        return self.version or k8s_version()
 
     @property
     def kubeconfig(self) -> Path:
@@ -256,7 +271,7 @@ class ControlPlane:
             # MutatingAdmissionPolicy (manifests/components/pod-defaults-policy*) is served, as beta
             # with its gate on up to 1.35, so the pod defaults can be set without a webhook call.
             # Nothing uses it unless that policy is installed.
-            *mutating_admission_policy_args(k8s_version()),
+            *mutating_admission_policy_args(self.k8s_version),
             *self.extra_apiserver_args,
         ]
 
@@ -267,7 +282,7 @@ class ControlPlane:
                 f"--secure-port={self.ports.controller_manager}", "--leader-elect=false",
                 f"--service-account-private-key-file={self.pki / 'service-account.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}", "--use-service-account-credentials=false",
-                f"--controllers={','.join(['*', *(f'-{name}' for name in controllers_off(k8s_version()))])}",
+                f"--controllers={','.join(['*', *(f'-{name}' for name in controllers_off(self.k8s_version))])}",
                 "--kube-api-qps=200", "--kube-api-burst=400", "-v=1"]
 
     def _write_scheduler_config(self) -> Path:

@@ -35,6 +35,8 @@ KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_SOCKET_NAME = "rocshare-amdgpu.sock"
 REGISTER_DELAYS_S = (0.2, 0.5, 1, 2, 5)
+SOCKET_PATH_MAX_BYTES = 107
+"""sockaddr_un.sun_path is 108 bytes on Linux, one of them the terminating NUL."""
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -65,6 +67,22 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     async def PreStartContainer(self, request, context):  # noqa: N802
         return await self._service.pre_start_container(request)
+
+
+async def start_owner_only(server: grpc.aio.Server, socket: Path) -> None:
+    """Serve on a fresh unix socket at `socket` that only its owner can open: bind() creates the
+    file, so the umask is narrowed around it (anyone able to write it could ask for devices)."""
+    if len(os.fsencode(socket)) > SOCKET_PATH_MAX_BYTES:
+        raise ValueError(f"socket path {socket} is longer than a unix socket address holds "
+                         f"({SOCKET_PATH_MAX_BYTES} bytes): choose a shorter folder")
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)
+    previous = os.umask(0o077)
+    try:
+        server.add_insecure_port(f"unix://{socket}")
+        await server.start()
+    finally:
+        os.umask(previous)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -122,16 +140,9 @@ class PluginUnit:
         return identity
 
     async def _serve(self) -> grpc.aio.Server:
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_path.unlink(missing_ok=True)
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(DevicePluginServicer(self.service, self.resource), server)
-        previous = os.umask(0o077)  # the socket file is created by bind(): owner-only from the start
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-            await server.start()
-        finally:
-            os.umask(previous)
+        await start_owner_only(server, self.socket_path)
         return server
 
     async def _register(self, kubelet: tuple[int, int, int]) -> bool:

@@ -134,8 +134,11 @@ def parse_node(raw: RawKfdNode) -> KfdGpu | KfdCpu | None:
         raise KfdParseError("properties file holds no `key value` lines")
     if props.get("simd_count", 0) > 0:
         return _parse_gpu(raw, props)
-    if "simd_count" not in props and any(line.split()[:1] == ["simd_count"] for line in raw.properties_text.splitlines()):
-        # A GPU whose CU figure is garbage must show up as a problem, not vanish as "not a GPU".
+    if not any(line.split()[:1] == ["simd_count"] for line in raw.properties_text.splitlines()):
+        # KFD writes simd_count on every node (0 on CPUs): a file without it is not KFD's, and a
+        # GPU whose file was garbled must show up as a problem, not vanish as "not a GPU".
+        raise KfdParseError("properties file has no simd_count line")
+    if "simd_count" not in props:
         raise KfdParseError("simd_count is not a number")
     if props.get("cpu_cores_count", 0) > 0:
         return KfdCpu(raw.node_id)

@@ -9,13 +9,10 @@ logged, never retried in a loop (the metric `rocshare_unaccountable_pods` stays 
 from __future__ import annotations
 
 import asyncio
-import logging
-from datetime import UTC, datetime
 
 from rocshare.core.ids import PodKey
-from rocshare.kube.client import ApiError, Kube, object_path
-
-log = logging.getLogger(__name__)
+from rocshare.kube.client import Kube
+from rocshare.kube.events import post_event
 
 COMPONENT = "rocshare-extender"
 POSTED_MAX = 10_000
@@ -43,15 +40,5 @@ class PodEvents:
 
     async def _post(self, key: PodKey, reason: str, message: str) -> None:
         namespace, _, name = key.partition("/")
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        try:
-            await self._kube.create(object_path("v1", "events", namespace=namespace), {
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{name}.", "namespace": namespace},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
-                "reason": reason, "message": message, "type": "Warning",
-                "source": {"component": COMPONENT}, "reportingComponent": COMPONENT, "reportingInstance": COMPONENT,
-                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            })
-        except ApiError as error:
-            log.warning("could not post the %s event on pod %s: %s", reason, key, error)
+        await post_event(self._kube, {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace},
+                         reason=reason, message=message, component=COMPONENT)

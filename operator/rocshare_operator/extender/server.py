@@ -4,7 +4,8 @@ listed once, so a freshly restarted operator never decides from a partial ledger
 
 Routes: POST /extender/filter, /extender/prioritize, /extender/bind (503 from a replica that
 does not decide: standby or stopping, leadership.py); GET /healthz, /readyz (synced and not
-stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are served on their own port by prometheus-client.
+stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are
+served on their own port by prometheus-client.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ import orjson
 from aiohttp import web
 from prometheus_client import start_http_server
 
-from rocshare.api.models import API_VERSION
 from rocshare.core.ids import pod_key
 from rocshare.core.holdings import placement_request
 from rocshare.core.request import RequestError
-from rocshare.kube.client import Kube, object_path
+from rocshare.kube.client import Kube
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
@@ -172,7 +172,8 @@ def make_app(service: ExtenderService) -> web.Application:
         problems = service.problems()
         if problems:
             listed = "\n".join(f"{what}: {why}" for what, why in sorted(problems.items())[:20])
-            return web.Response(status=503, text=f"{len(problems)} watch event(s) not handled yet (retrying):\n{listed}")
+            return web.Response(status=503,
+                                text=f"{len(problems)} watch event(s) not handled yet (retrying):\n{listed}")
         return web.Response(text=f"ok ({service.gate.role()})")
 
     async def leaderz(_: web.Request) -> web.Response:
@@ -196,16 +197,10 @@ class ExtenderSettings:
     bind_wait_s: float = 25.0
 
 
-def informers_for(kube: Kube, state: SchedulerState) -> list[Informer]:
-    """The extender's own watch, on AmdGpuPools; Nodes, Pods, AmdGpuNodes and ResourceQuotas come
-    from the process's cluster feed."""
-    return [Informer(kube, object_path(API_VERSION, "amdgpupools"), state.on_pool, name="amdgpupools")]
-
-
 def subscribe(feed: ClusterFeed, state: SchedulerState) -> None:
     """Feed the state from the process's one watch per kind (before the feed runs)."""
     feed.subscribe(on_node=state.on_node_facts, on_gpu_node=state.on_gpu_node_facts, on_pod=state.on_pod_facts,
-                   on_quota=state.on_quota_facts)
+                   on_quota=state.on_quota_facts, on_pool=lambda kind, body, _before: state.on_pool(kind, body))
 
 
 async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerState | None = None,
@@ -218,13 +213,12 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     if feed is None:
         feed = ClusterFeed(kube)
         subscribe(feed, state)
-    informers = informers_for(kube, state)
-    watches = [*feed.informers(), *informers]
+    watches = list(feed.informers())
     metrics = ExtenderMetrics(state)
     metrics.registry.register(FailureCollector(state.accounts, lambda: watches))
     state.accounts.on_unaccountable.append(PodEvents(kube).unaccountable)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
-                              ready=lambda: feed.synced and all(informer.synced.is_set() for informer in informers),
+                              ready=lambda: feed.synced,
                               problems=lambda: _failing(watches), gate=gate or DecisionGate())
     metrics.registry.register(service.gate)
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
@@ -233,12 +227,12 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=_tls(settings))
     await site.start()
     log.info("extender serving on %s:%d (metrics :%d)", settings.host, settings.port, settings.metrics_port)
-    tasks = [asyncio.create_task(informer.run(), name=f"informer-{informer.name}") for informer in informers]
+    tasks = []
     if own_feed:
         tasks.append(asyncio.create_task(feed.run(), name="cluster-feed"))
     tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
     tasks.append(asyncio.create_task(Refresher(state).run(), name="plan-refresher"))
-    tasks.append(asyncio.create_task(_freeze_when_synced(informers, feed), name="gc-freeze"))
+    tasks.append(asyncio.create_task(_freeze_when_synced(feed), name="gc-freeze"))
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -249,13 +243,14 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
 
 
 def _failing(watches: list[Informer]) -> dict[str, str]:
-    return {f"{informer.name} {key}": failure.error for informer in watches for key, failure in informer.failing.items()}
+    return {f"{informer.name} {key}": failure.error
+            for informer in watches for key, failure in informer.failing.items()}
 
 
-async def _freeze_when_synced(informers: list[Informer], feed: ClusterFeed) -> None:
+async def _freeze_when_synced(feed: ClusterFeed) -> None:
     """Move the first full caches out of the garbage collector's sight: they live as long as
     the process, and scanning them on every collection shows up as decision-latency spikes."""
-    await asyncio.gather(feed.wait_synced(), *(informer.synced.wait() for informer in informers))
+    await feed.wait_synced()
     settle_heap()  # the bench calls the same
 
 

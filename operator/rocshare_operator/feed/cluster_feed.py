@@ -1,5 +1,5 @@
-"""One watch per kind for the whole operator process: Nodes, Pods, AmdGpuNodes and
-ResourceQuotas reach it here, once.
+"""One watch per kind for the whole operator process: Nodes, Pods, AmdGpuNodes,
+ResourceQuotas and AmdGpuPools reach it here, once.
 
 The extender's `SchedulerState` and the pool and share reconcilers all read these kinds.
 Rather than each watching them (and decoding every event twice), the process runs one
@@ -8,10 +8,11 @@ subscribed. The informers keep `NodeFacts`, `PodFacts` and `GpuNodeFacts`
 (and `QuotaFacts`, cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
 heartbeats, status ticks nobody reads), so a subscriber only hears of a change it could
 notice. Every cache here is a `rocshare.kube.Informer`, the product's one list+watch (see its
-docstring for why it and not Kopf's watcher). Kopf still watches the kinds whose handlers it
-runs -- AmdGpuPools and AmdGpuShares (their reconcile loops, the pool's finalizer) and the
-agent DaemonSets -- and the extender's pool cache is an Informer of its own: AmdGpuPools are
-the one kind this process watches twice (docs/reliability.md, issue 34).
+docstring for why it and not Kopf's watcher). AmdGpuPools are kept as bodies (slimmed):
+the extender's pool index and the pool reconcile loops (reconcilers/pool_loops.py, which
+also run the pool's finalizer) read the same one watch. Kopf still watches the two kinds
+nothing else here reads -- AmdGpuShares (their reconcile loops) and the agent DaemonSets --
+so every kind is watched once per process (docs/reliability.md, "One watch per kind").
 
 Subscribers join before the feed runs (`subscribe` refuses afterwards: a late reader
 would miss the first list). Readers must not answer from the feed before `synced`: the
@@ -32,7 +33,7 @@ from typing import Any
 
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
-from rocshare.kube.informer import Informer
+from rocshare.kube.informer import Informer, object_key
 from rocshare_operator.feed.cluster_facts import (
     GpuNodeFacts,
     NodeFacts,
@@ -50,6 +51,7 @@ NodeHandler = Callable[[str, NodeFacts, NodeFacts | None], Awaitable[None] | Non
 PodHandler = Callable[[str, PodFacts, PodFacts | None], Awaitable[None] | None]
 GpuNodeHandler = Callable[[str, GpuNodeFacts, GpuNodeFacts | None], Awaitable[None] | None]
 QuotaHandler = Callable[[str, QuotaFacts, QuotaFacts | None], Awaitable[None] | None]
+PoolHandler = Callable[[str, dict[str, Any], dict[str, Any] | None], Awaitable[None] | None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", the facts now (last facts when deleted), the facts before)."""
 
 
@@ -59,6 +61,7 @@ class ClusterFeed:
         self._pod_handlers: list[PodHandler] = []
         self._gpu_node_handlers: list[GpuNodeHandler] = []
         self._quota_handlers: list[QuotaHandler] = []
+        self._pool_handlers: list[PoolHandler] = []
         self._failing_handlers: list[Callable[[], None]] = []
         self._started = False
         self.nodes: Informer[NodeFacts] = Informer(kube, "/api/v1/nodes", self._on_node, name="nodes",
@@ -73,22 +76,25 @@ class ClusterFeed:
         self.quotas: Informer[QuotaFacts] = Informer(kube, "/api/v1/resourcequotas", self._on_quota,
                                                      name="resourcequotas", decode=quota_facts, changed_only=True,
                                                      on_failing=self._failing_changed)
+        self.pools: Informer[dict[str, Any]] = Informer(kube, object_path(API_VERSION, "amdgpupools"), self._on_pool,
+                                                        name="amdgpupools", on_failing=self._failing_changed)
 
     def subscribe(self, *, on_node: NodeHandler | None = None, on_pod: PodHandler | None = None,
                   on_gpu_node: GpuNodeHandler | None = None, on_quota: QuotaHandler | None = None,
-                  on_failing: Callable[[], None] | None = None) -> None:
+                  on_pool: PoolHandler | None = None, on_failing: Callable[[], None] | None = None) -> None:
         """`on_failing`: told when an object starts or stops failing (see `failing`)."""
         if self._started:
             raise RuntimeError("subscribe to the cluster feed before it runs: a late reader misses the first list")
         if on_failing is not None:
             self._failing_handlers.append(on_failing)
         for handlers, handler in ((self._node_handlers, on_node), (self._pod_handlers, on_pod),
-                                  (self._gpu_node_handlers, on_gpu_node), (self._quota_handlers, on_quota)):
+                                  (self._gpu_node_handlers, on_gpu_node), (self._quota_handlers, on_quota),
+                                  (self._pool_handlers, on_pool)):
             if handler is not None:
                 handlers.append(handler)
 
     def informers(self) -> tuple[Informer, ...]:
-        return (self.nodes, self.gpu_nodes, self.quotas, self.pods)
+        return (self.nodes, self.gpu_nodes, self.quotas, self.pools, self.pods)
 
     def _failing_changed(self) -> None:
         for handler in self._failing_handlers:
@@ -124,7 +130,8 @@ class ClusterFeed:
         """Run until cancelled. Nodes and AmdGpuNodes are listed before pods, so that readers
         know every node's GPUs when the pods' records arrive."""
         self._started = True
-        await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self.quotas.run(), self._pods_after_nodes())
+        await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self.quotas.run(), self.pools.run(),
+                             self._pods_after_nodes())
 
     async def _pods_after_nodes(self) -> None:
         await self.nodes.synced.wait()
@@ -141,6 +148,9 @@ class ClusterFeed:
 
     async def _on_quota(self, kind: str, facts: QuotaFacts) -> None:
         await _fan_out(self._quota_handlers, kind, facts, self.quotas.store.get(facts.key))
+
+    async def _on_pool(self, kind: str, body: dict[str, Any]) -> None:
+        await _fan_out(self._pool_handlers, kind, body, self.pools.store.get(object_key(body)))
 
     async def _on_pod(self, kind: str, facts: PodFacts) -> None:
         await _fan_out(self._pod_handlers, kind, facts, self.pods.store.get(facts.key))

@@ -9,7 +9,9 @@ or from Python::
 
 `run_operator` connects one `Kube`, builds the `OperatorContext` (handlers see it as
 ``memo.rocshare``), and runs Kopf cluster-wide next to the cluster feed (the one watch
-on Nodes and Pods, cluster_feed.py) and each extra task. An extra task is a callable
+of Nodes, Pods, AmdGpuNodes, ResourceQuotas and AmdGpuPools, cluster_feed.py), the pool
+loops that hang off its pool watch (pool_loops.py) and each extra task. Kopf watches only
+AmdGpuShares and the agent DaemonSets (and its own ClusterKopfPeering and CRDs). An extra task is a callable
 taking the context and returning an awaitable that runs until cancelled (the scheduler
 extender and the admission webhook join this way, sharing the connection and the feed;
 the callable itself runs before the feed starts, so it may subscribe). When any of them
@@ -17,8 +19,9 @@ ends, the rest are stopped; an error is raised.
 
 Kopf runs standalone in tests (``--standalone``); in a cluster it peers through the
 ``ClusterKopfPeering`` named ``rocshare`` (created at start when missing, peering.py), so
-that only one replica handles events at a time, under an identity of our own (peering.py). Kopf's own bookkeeping goes into
-``rocshare.io/*`` annotations and the finalizer ``rocshare.io/operator``; status
+that only one replica handles events at a time, under an identity of our own
+(peering.py). Kopf's own bookkeeping goes into ``rocshare.io/*`` annotations and the
+finalizer ``rocshare.io/operator`` (the pool loops put the same one on pools); status
 belongs to rocshare alone.
 """
 
@@ -32,15 +35,15 @@ from typing import Any
 import kopf
 
 from rocshare.kube.client import Kube
-from rocshare_operator.reconcilers import indexes, login, nodes_status, pools, shares  # noqa: F401  (registers handlers)
+from rocshare_operator.reconcilers import login, nodes_status, shares  # noqa: F401  (registers handlers)
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
+from rocshare_operator.reconcilers.pool_loops import FINALIZER, PoolLoops
 from rocshare_operator.reconcilers.peering import PEERING_NAME, ensure_peering_object, this_process_identity
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.leadership import stop_on_sigterm
 
 ExtraTask = Callable[[OperatorContext], Awaitable[Any]]
-FINALIZER = "rocshare.io/operator"
 ANNOTATIONS_PREFIX = "rocshare.io"
 
 
@@ -72,12 +75,15 @@ async def run_operator(*, kubeconfig: str | None, namespace: str, standalone: bo
     context = OperatorContext(kube=kube, agent=AgentDeployment(namespace=namespace), feed=ClusterFeed(kube),
                               kubeconfig=kubeconfig)
     nodes_status.subscribe(context)
+    pool_loops = PoolLoops(context)
+    context.feed.subscribe(on_pool=pool_loops.on_pool)
     stop_flag = asyncio.Event()
     try:
         # Extra tasks first: kopf.operator() treats tasks that exist when it starts as not its own.
         extras = [asyncio.create_task(factory(context), name=f"extra-{index}")
                   for index, factory in enumerate(extra_tasks)]
         extras.append(asyncio.create_task(context.feed.run(), name="cluster-feed"))
+        extras.append(asyncio.create_task(pool_loops.run(), name="pool-loops"))
         ready_flag = asyncio.Event()
         operator = asyncio.create_task(kopf.operator(
             settings=settings or operator_settings(standalone=standalone), standalone=standalone,

@@ -1,11 +1,14 @@
-"""AmdGpuPool handlers: mark the pool's nodes, run its node agent, report its status.
+"""What one pass of an AmdGpuPool's reconcile loop does: mark the pool's nodes, run its
+node agent, report its status -- and, when the pool goes, release its nodes.
 
-One reconcile loop (a Kopf daemon) per pool does all the writing; events elsewhere
-only wake it (see context.py). A pass is idempotent: it computes the desired node
-marks, DaemonSet and status from Kopf's pool index and the cluster feed (nodes,
-AmdGpuNodes, pods' slices), and writes only what differs. Loops start reconciling once
-the feed has listed every object, as Kopf holds handlers until its indexes are filled. The finalizer's handler releases the pool's nodes before the pool goes; the
-DaemonSet goes with the pool through its owner reference.
+The loops themselves (one per pool, and the pool's finalizer) are run by pool_loops.py from
+the process's one AmdGpuPool watch; events elsewhere only wake them (see context.py). A pass
+is idempotent: it computes the desired node marks, DaemonSet and status from every pool's
+view and the cluster feed (nodes, AmdGpuNodes, pods' slices), and writes only what differs.
+The DaemonSet goes with the pool through its owner reference.
+
+`wait_for_feed` and `sleep_until_woken` are shared with the share loops (Kopf daemons): they
+take anything that is false until the loop must stop and can be waited on.
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ import asyncio
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-import kopf
-
-from rocshare.api.models import API_VERSION, GROUP, VERSION
-from rocshare.kube.client import ApiError, NotFound, object_path
+from rocshare.api.models import API_VERSION
+from rocshare.kube.client import NotFound, object_path
+from rocshare.kube.events import involved_object, post_event
 from rocshare_operator.reconcilers.agent_daemonset import daemonset_name, render_daemonset
-from rocshare_operator.context import LoopState, OperatorContext, pool_key, share_key
-from rocshare_operator.reconcilers.indexes import all_values
+from rocshare_operator.context import LoopState, OperatorContext
 from rocshare_operator.status.pool_logic import (
     PoolView,
     conflict_message,
@@ -41,41 +42,22 @@ FIELD_MANAGER = "rocshare-operator"
 RESYNC_S = 60.0  # a pass even when nothing woke the loop: repairs drift nobody told us about
 ERROR_PAUSE_S = 5.0  # after a pass failed for good; the next pass retries
 DEBOUNCE_S = 0.2  # let a burst of events land before reconciling once
+COMPONENT = "rocshare-operator"
+
+
+class Stopped(Protocol):
+    """False until the loop must stop (kopf.DaemonStopped, pool_loops.StopFlag)."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self) -> Any: ...
 
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@kopf.on.event(GROUP, VERSION, "amdgpupools")
-def pool_event(name: str, spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> None:
-    """Any pool change may move nodes between pools."""
-    ctx: OperatorContext = memo.rocshare
-    ctx.wakeups.wake_kind("pool")
-
-
-@kopf.daemon(GROUP, VERSION, "amdgpupools", cancellation_backoff=2.0, cancellation_timeout=5.0,
-             backoff=ERROR_PAUSE_S)
-async def pool_loop(name: str, body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                    logger: logging.Logger, **indexes: Any) -> None:
-    ctx: OperatorContext = memo.rocshare
-    state = ctx.wakeups.register(pool_key(name))
-    try:
-        await wait_for_feed(ctx, stopped)
-        while not stopped:
-            reasons = state.take_reasons()
-            try:
-                await reconcile_pool(ctx, state, body, reasons, logger=logger, **indexes)
-                pause_s = RESYNC_S
-            except ApiError as error:
-                logger.error(f"reconciling pool {name} failed: {error}; next pass in {ERROR_PAUSE_S}s")
-                pause_s = ERROR_PAUSE_S
-            await sleep_until_woken(state, stopped, pause_s)
-    finally:
-        ctx.wakeups.unregister(pool_key(name), state)
-
-
-async def wait_for_feed(ctx: OperatorContext, stopped: kopf.DaemonStopped) -> None:
+async def wait_for_feed(ctx: OperatorContext, stopped: Stopped) -> None:
     """Until the cluster feed has listed every node and pod (or the loop is stopped)."""
     synced = asyncio.ensure_future(ctx.feed.wait_synced())
     stopping = asyncio.ensure_future(stopped.wait())
@@ -84,7 +66,7 @@ async def wait_for_feed(ctx: OperatorContext, stopped: kopf.DaemonStopped) -> No
         task.cancel()
 
 
-async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeout_s: float) -> None:
+async def sleep_until_woken(state: LoopState, stopped: Stopped, timeout_s: float) -> None:
     """Sleep until woken, stopped (so Kopf never has to cancel the loop) or `timeout_s` passes. A wake
     for usage alone waits out the usage pace (context.USAGE_PASS_S) unless another wake comes first."""
     if not await _first(state.event, stopped, timeout_s):
@@ -95,7 +77,7 @@ async def sleep_until_woken(state: LoopState, stopped: kopf.DaemonStopped, timeo
         await _first(state.urgent, stopped, pace_s)
 
 
-async def _first(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: float) -> bool:
+async def _first(event: asyncio.Event, stopped: Stopped, timeout_s: float) -> bool:
     """Wait for `event`, the loop's stop or `timeout_s`; True when `event` came first."""
     woken = asyncio.ensure_future(event.wait())
     stopping = asyncio.ensure_future(stopped.wait())
@@ -105,12 +87,13 @@ async def _first(event: asyncio.Event, stopped: kopf.DaemonStopped, timeout_s: f
     return woken in done and not stopped
 
 
-async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body, reasons: set[str], *,
-                         logger: logging.Logger, pool_views: kopf.Index, **_: Any) -> None:
+async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: dict[str, Any], reasons: set[str], *,
+                         others: list[PoolView], logger: logging.Logger) -> None:
+    """One pass; `others`: every other pool's view."""
     view = state.view = pool_view(body)
     if view.deleting:
-        return  # the finalizer's handler releases the nodes
-    pools = [pool for pool in all_values(pool_views) if pool.name != view.name] + [view]
+        return  # the finalizer releases the nodes (release_nodes)
+    pools = [*others, view]
     nodes = ctx.node_views()
     draining = await mark_nodes(ctx, view, pools, nodes, logger=logger)
     if view.eligible:
@@ -125,7 +108,7 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: kopf.Body
         events_failing=tuple(f"{what}: {why}" for what, why in sorted(ctx.feed.failing().items())),
     )
     previous = dict(body.get("status") or {})
-    announce_conflicts(body, view, member_of.conflicts, previous.get("conflictingNodes") or [])
+    await announce_conflicts(ctx, body, view, member_of.conflicts, previous.get("conflictingNodes") or [])
     status = pool_status(facts, previous_conditions=previous.get("conditions"), now=now_rfc3339())
     if status != previous:
         path = object_path(API_VERSION, "amdgpupools", view.name, subresource="status")
@@ -145,19 +128,19 @@ async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView]
         if desired.pending_mode is not None:
             draining.append(node.name)
             if desired.pending_mode != node.marks.pending_mode:
-                announce_drain(node.name, desired, logger=logger)
+                await announce_drain(ctx, node.name, desired, logger=logger)
         patch = node_patch(node.marks, desired)
         if patch is not None:
             await patch_node(ctx, node.name, patch, logger=logger)
     return draining
 
 
-def announce_drain(node: str, marks, *, logger: logging.Logger) -> None:
+async def announce_drain(ctx: OperatorContext, node: str, marks, *, logger: logging.Logger) -> None:
     """A Warning event on the Node, once per pending switch."""
     message = drain_message(node, marks)
     logger.warning(message)
-    kopf.warn({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}, reason="DrainRequired",
-              message=message)
+    await post_event(ctx.kube, {"apiVersion": "v1", "kind": "Node", "name": node}, reason="DrainRequired",
+                     message=message, component=COMPONENT)
 
 
 async def patch_node(ctx: OperatorContext, node: str, patch: dict, *, logger: logging.Logger) -> None:
@@ -169,7 +152,7 @@ async def patch_node(ctx: OperatorContext, node: str, patch: dict, *, logger: lo
         pass  # the node is gone; nothing to mark
 
 
-async def apply_daemonset(ctx: OperatorContext, state: LoopState, body: kopf.Body, *, force: bool,
+async def apply_daemonset(ctx: OperatorContext, state: LoopState, body: dict[str, Any], *, force: bool,
                           logger: logging.Logger) -> None:
     """Server-side apply the agent DaemonSet when its rendering changed (or someone changed it)."""
     daemonset = render_daemonset(body, ctx.agent)
@@ -184,25 +167,17 @@ async def apply_daemonset(ctx: OperatorContext, state: LoopState, body: kopf.Bod
     state.applied["daemonset_generation"] = applied.get("metadata", {}).get("generation")
 
 
-def announce_conflicts(body: kopf.Body, view: PoolView, conflicts: tuple[tuple[str, str], ...],
-                       already_reported: list[str]) -> None:
+async def announce_conflicts(ctx: OperatorContext, body: dict[str, Any], view: PoolView,
+                             conflicts: tuple[tuple[str, str], ...], already_reported: list[str]) -> None:
     """A Warning event on this pool for each node newly held by an older pool, naming both pools."""
     for node, holder in conflicts:
         if node not in already_reported:
-            kopf.warn(body, reason="NodeConflict", message=conflict_message(node, holder=holder, loser=view.name))
+            await post_event(ctx.kube, involved_object(body), reason="NodeConflict",
+                             message=conflict_message(node, holder=holder, loser=view.name), component=COMPONENT)
 
 
-@kopf.on.delete(GROUP, VERSION, "amdgpupools")
-async def release_pool(name: str, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger,
-                       pool_views: kopf.Index, **_: Any) -> None:
-    """Finalizer: unmark the pool's nodes (or hand them to the next pool that selects them)."""
-    ctx: OperatorContext = memo.rocshare
-    if not ctx.feed.synced:
-        raise kopf.TemporaryError(f"releasing the nodes of pool {name}: nodes not listed yet", delay=1.0)
+async def release_nodes(ctx: OperatorContext, body: dict[str, Any], *, others: list[PoolView],
+                        logger: logging.Logger) -> None:
+    """The pool is going: unmark its nodes (or hand them to the next pool that selects them)."""
     view = pool_view(body)  # deleting: it owns nothing any more
-    pools = [pool for pool in all_values(pool_views) if pool.name != name] + [view]
-    try:
-        await mark_nodes(ctx, view, pools, ctx.node_views(), logger=logger)
-    except ApiError as error:
-        raise kopf.TemporaryError(f"releasing the nodes of pool {name}: {error}", delay=2.0) from error
-    ctx.wakeups.wake_kind("pool")
+    await mark_nodes(ctx, view, [*others, view], ctx.node_views(), logger=logger)

@@ -43,7 +43,7 @@ LABEL_VALUE_MAX_CHARS = 63
 
 @dataclass(frozen=True)
 class PoolView:
-    """What membership decisions need of an AmdGpuPool (hashable, for Kopf's index)."""
+    """What membership decisions need of an AmdGpuPool (hashable and frozen: every pool loop compares them)."""
 
     name: str
     uid: str
@@ -126,7 +126,8 @@ def node_patch(current: NodeMarks, desired: NodeMarks) -> dict | None:
     if current == desired or (desired == NodeMarks() and not current.any):
         return None
     # In a merge patch a null deletes the key, so one shape both marks and unmarks.
-    annotations = {POOL_SETTINGS_ANNOTATION: desired.settings_json, HAMI_OPERATING_MODE_ANNOTATION: desired.operating_mode}
+    annotations = {POOL_SETTINGS_ANNOTATION: desired.settings_json,
+                   HAMI_OPERATING_MODE_ANNOTATION: desired.operating_mode}
     if current.pending_mode is not None or desired.pending_mode is not None:
         annotations[PENDING_MODE_ANNOTATION] = desired.pending_mode
     return {"metadata": {"labels": {POOL_LABEL: desired.pool}, "annotations": annotations}}

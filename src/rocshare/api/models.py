@@ -73,6 +73,13 @@ class HookLibrary(StrEnum):
     EXTERNAL = "External"
 
 
+class AgentInterface(StrEnum):
+    """How a pool's nodes offer their GPUs to the kubelet: never both on one node."""
+
+    DEVICE_PLUGIN = "DevicePlugin"
+    DRA = "DRA"
+
+
 class HealthSourceKind(StrEnum):
     DEVICE_FILES = "deviceFiles"
     METRICS_EXPORTER = "metricsExporter"
@@ -146,6 +153,14 @@ class HealthSource(_Model):
 
 
 class AgentSettings(_Model):
+    interface: AgentInterface = Field(
+        default=AgentInterface.DEVICE_PLUGIN,
+        description="How the nodes offer their GPUs. DevicePlugin: amd.com/gpu through the kubelet's device plugin API, "
+                    "placed by rocshare's scheduler extender. DRA: a ResourceSlice per node for the DRA driver "
+                    "gpu.rocshare.io (DeviceClass gpu.rocshare.io), placed by kube-scheduler itself; needs "
+                    "Kubernetes 1.36+ (DRAConsumableCapacity) and a container runtime with CDI. A node serves one or "
+                    "the other, never both.",
+    )
     image: str = Field(default="rocshare/node-agent:0.1.0", min_length=1, description="Node agent container image.")
     sysfs_root: str = Field(default="/sys", alias="sysfsRoot", description="Host path of sysfs.")
     dev_root: str = Field(default="/dev", alias="devRoot", description="Host path of /dev.")

@@ -26,6 +26,7 @@ class Where(StrEnum):
     NODE_CONDITION = "AmdGpuNode condition"
     POOL_CONDITION = "AmdGpuPool condition"
     SHARE_CONDITION = "AmdGpuShare condition"
+    DRA_PREPARE = "DRA prepare error (the kubelet's FailedPrepareDynamicResources event on the pod)"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,13 @@ CONDITION_REASONS = (
     *_reasons(Where.SHARE_CONDITION, "QuotaApplied", healthy=True),
 )
 
+PREPARE_REASONS = _reasons(
+    Where.DRA_PREPARE,
+    "ShareNotHonoured", "DeviceNotOnNode", "AllocationUnreadable", "ClaimNotAllocated", "PreparedRecordUnreadable",
+)
+"""Why the node agent refused to prepare a DRA claim (pools with agent.interface DRA): the first
+word of the error the kubelet reports (rocshare.core.dra_shares, rocshare_agent.dra.plugin)."""
+
 SHARED_REASONS = (
     # One word, several places: the same state reported by the agent and summed by the operator.
     EmittedReason("NoHealthyGpus", (Where.NODE_CONDITION, Where.POOL_CONDITION)),
@@ -90,7 +98,7 @@ def _merged(*groups: tuple[EmittedReason, ...]) -> dict[str, EmittedReason]:
 
 
 ALL: dict[str, EmittedReason] = _merged(
-    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, SHARED_REASONS,
+    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, PREPARE_REASONS, SHARED_REASONS,
     _reasons(Where.POOL_CONDITION, "DrainRequired"),
 )
 """Every reason rocshare emits, by name."""

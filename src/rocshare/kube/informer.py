@@ -1,8 +1,9 @@
 """List+watch caches: the only way rocshare's processes learn cluster state.
 
 The product's one list+watch (STYLE.md 14): every cache in the operator (the cluster feed's
-Nodes, Pods, AmdGpuNodes and ResourceQuotas; the extender's AmdGpuPools) and in the node agent
-(its node's pods) is an `Informer`. Why this and not Kopf's watcher, in DESIGN's terms:
+Nodes, Pods, AmdGpuNodes, ResourceQuotas and AmdGpuPools; the scheduler Lease) and in the node
+agent (its node's pods) is an `Informer`, and each kind is watched once per process. Why this
+and not Kopf's watcher, in DESIGN's terms:
 * continuity: `synced` is set after the first full list, so the extender and webhook answer only
   from whole caches; Kopf offers no "listed everything" signal to a cache outside its handlers;
 * paging: lists come in pages of PAGE_SIZE (one unpaged list of 20,000 pods is ~60 MB), and a
@@ -11,9 +12,12 @@ Nodes, Pods, AmdGpuNodes and ResourceQuotas; the extender's AmdGpuPools) and in 
   `failing` when that fails -- visible to readiness and metrics, never silently dropped; a
   handler that raises gets the event again with a backoff, never loses it;
 * backoff: every retry waits by a backoff list and is logged with its attempt number.
-The agent has no Kopf at all, so only this one can serve both processes. Kopf still watches the
-kinds whose handlers it runs in the operator (AmdGpuPools and AmdGpuShares for their reconcile
-loops and the pool's finalizer, the agent DaemonSets): handler machinery, not caches.
+The agent has no Kopf at all, so only this one can serve both processes; and a standby operator
+replica's Kopf is paused by peering, which closes its watches, while the standby's extender must
+stay current. Kopf still watches the kinds nothing else reads, whose handlers it runs
+(AmdGpuShares' reconcile loops, the agent DaemonSets): handler machinery, not caches. The pool
+loops and the pool's finalizer run from the feed's pool Informer (rocshare_operator's
+reconcilers/pool_loops.py).
 
 An `Informer` lists a collection, hands every object to its handler, then watches
 from the list's resourceVersion; when the watch ends it resumes, and when the server

@@ -18,7 +18,7 @@ from tests.unit.manifests.rendering import KUBECTL, ROOT, find, render
 OVERLAYS = ("manifests/overlays/dev", "manifests/overlays/cert-manager")
 CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering",
                   "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                  "ValidatingAdmissionPolicyBinding", "AmdGpuPool", "AmdGpuNode", "RuntimeClass"}
+                  "ValidatingAdmissionPolicyBinding", "AmdGpuPool", "AmdGpuNode", "RuntimeClass", "DeviceClass"}
 
 
 def containers(objects: list[dict]) -> dict[str, dict]:

@@ -42,3 +42,16 @@ def test_long_pool_names_give_short_unique_daemonset_names() -> None:
     one, two = daemonset_name("p" * 60), daemonset_name("p" * 59 + "q")
     assert len(one) <= 63 and len(two) <= 63 and one != two
     assert daemonset_name("mi300") == "rocshare-node-agent-mi300"
+
+
+def test_the_pools_interface_picks_the_agents_kubelet_side() -> None:
+    plugin = render()["spec"]["template"]["spec"]
+    assert "--interface=DevicePlugin" in plugin["containers"][0]["args"]
+    assert {"dra-plugins", "dra-registry", "cdi"}.isdisjoint(v["name"] for v in plugin["volumes"])
+    dra = render(interface="DRA")["spec"]["template"]["spec"]
+    assert "--interface=DRA" in dra["containers"][0]["args"]
+    mounts = {m["name"]: m["mountPath"] for m in dra["containers"][0]["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in dra["volumes"]}
+    for name, path in {"dra-plugins": "/var/lib/kubelet/plugins", "dra-registry": "/var/lib/kubelet/plugins_registry",
+                       "cdi": "/var/run/cdi"}.items():
+        assert mounts[name] == host[name] == path  # the agent's default flags name these very paths

@@ -28,19 +28,23 @@ from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext, pool_key, share_key
 from rocshare_operator.extender.server import subscribe as extender_subscribe
 from rocshare_operator.extender.state import SchedulerState
+from rocshare_operator.reconcilers.pool_loops import PoolLoops
 from rocshare_operator.status.pool_logic import pool_view
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex, slices_of
 
 NODES, PODS, GPU_NODES = "/api/v1/nodes", "/api/v1/pods", object_path(API_VERSION, "amdgpunodes")
 QUOTAS = "/api/v1/resourcequotas"
+POOLS = object_path(API_VERSION, "amdgpupools")
+POOL = {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": "p", "creationTimestamp": "t0"},
+        "spec": {"nodeSelector": {"gpu": "amd"}}}
 
 
 class ScriptedKube:
     """Lists from `objects` in pages; watches stream what tests `push`, until cancelled."""
 
     def __init__(self, objects: dict[str, list[dict]], page: int = 2) -> None:
-        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], **objects}
+        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], POOLS: [], **objects}
         self.page = page
         self.calls: Counter[tuple[str, str]] = Counter()
         self.events: dict[str, asyncio.Queue] = {path: asyncio.Queue() for path in self.objects}
@@ -194,17 +198,22 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     kube = ScriptedKube({NODES: [node("n1"), node("n2")], GPU_NODES: [gpu_node("n1"), gpu_node("n2")],
                          PODS: [pod("a", allocation=record("n1", gpu="GPU-n1")),
                                 pod("b", node_name="n2", allocation=record("n2", gpu="GPU-n2")), pod("plain")],
-                         QUOTAS: [share_quota]})
+                         QUOTAS: [share_quota], POOLS: [POOL]})
     ctx = operator_context(kube)
+    ctx.gate.leading = False  # a standby replica: caches fed, no pool loop writing
     nodes_status.subscribe(ctx)
+    loops = PoolLoops(ctx)
+    ctx.feed.subscribe(on_pool=loops.on_pool)  # as run_operator wires the pool loops
     state = SchedulerState()
     extender_subscribe(ctx.feed, state)  # as the operator process wires the extender
     task = asyncio.create_task(ctx.feed.run())
     await ctx.feed.wait_synced()
     await settle()
-    kinds = (NODES, GPU_NODES, PODS, QUOTAS)
+    kinds = (NODES, GPU_NODES, PODS, QUOTAS, POOLS)
     assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in kinds}
-    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1]
+    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1, 1]
+    # One pool watch, two readers: the extender's index and the pool loops.
+    assert set(state.pools) == {"p"} and [view.name for view in loops.others("")] == ["p"]
     assert state.quota_limits("ns").memory_mib == 40000  # the extender's quota, from the one quota watch ...
     share = ctx.wakeups.register(share_key("ns", "team"))
     share.applied["quota_hard"] = {"limits.amd.com/gpumem": "40k"}
@@ -235,7 +244,8 @@ async def test_status_and_the_extender_read_one_hold_index(extender: bool) -> No
     accounted for -- is the one answer, because status derives its slices from the extender's accounts."""
     stray = {"metadata": {"name": "h", "namespace": "ns", "annotations": {
                  "hami.io/amd-devices-allocated": "GPU-elsewhere,MI210,8000,26:;", "hami.io/vgpu-node": "n1"}},
-             "spec": {"nodeName": "n1", "containers": [{"name": "c0"}]}, "status": {"phase": "Running", "startTime": "t"}}
+             "spec": {"nodeName": "n1", "containers": [{"name": "c0"}]},
+             "status": {"phase": "Running", "startTime": "t"}}
     kube = ScriptedKube({NODES: [node("n1")], GPU_NODES: [gpu_node("n1")], PODS: [stray]})
     ctx = operator_context(kube)
     nodes_status.subscribe(ctx)

@@ -1,0 +1,176 @@
+"""The DRA kubelet plugin's handlers: NodePrepareResources and NodeUnprepareResources.
+
+Plain async methods (STYLE.md 6), bound to gRPC in dra/server.py. Prepare reads each claim's
+allocation from the API server (the kubelet sends only namespace, name and uid), keeps the
+results of this driver in this node's pool, plans the CU ranges with the core rule
+(rocshare.core.dra_shares) beside what the node's prepared claims hold, renders what the
+container receives with the device plugin's own renderer (deviceplugin/container_spec.py) and
+writes it as a CDI spec (dra/cdi.py), whose ID it returns.
+
+Invariants: prepares and unprepares run one at a time (the holdings they read are the ones they
+change); a claim already prepared answers from its record, unchanged (the kubelet retries, and
+an agent restarted mid-prepare finds its file); nothing is recorded for a claim that fails, and
+its error names the reason word; an unreadable record in the CDI folder stops every prepare
+(its CUs are unknown, so none can be proven free) until it is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from rocshare.api import dra
+from rocshare.api.allocation import ContainerAllocation
+from rocshare.api.gfx import effective_memory_scaling
+from rocshare.api.models import GpuInfo, HookMissing, Sharing
+from rocshare.core.dra_shares import AllocatedDevice, Holdings, ShareError, plan_claim
+from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.resource_slices import device_name
+from rocshare.kube.client import ApiError, Kube, NotFound, object_path
+from rocshare_agent.deviceplugin.container_spec import SpecError, render_container
+from rocshare_agent.dra import cdi
+from rocshare_agent.dra import dra_pb2 as pb
+from rocshare_agent.hook import HookCheck, check_hook, missing_message
+
+log = logging.getLogger(__name__)
+
+NOT_ALLOCATED_REASON = "ClaimNotAllocated"
+LEDGER_REASON = "PreparedRecordUnreadable"
+HOOK_REASON = "MemoryHookMissing"
+
+Inventory = Callable[[], tuple[Sequence[GpuInfo], Sharing] | None]
+"""What the node's ResourceSlice offers now (SlicePublisher.offered): GPUs and pool settings."""
+
+
+class PrepareError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+
+
+class DraPluginService:
+    def __init__(self, *, kube: Kube, node_name: str, inventory: Inventory, cdi_dir: Path, hook_host_dir: str,
+                 hook_missing: HookMissing = HookMissing.REFUSE, dev_root: str = "/dev",
+                 hook_check: Callable[[str], HookCheck] = check_hook) -> None:
+        self.kube, self.node_name, self.inventory = kube, node_name, inventory
+        self.cdi_dir = Path(cdi_dir)
+        self.hook_host_dir, self.hook_missing, self.dev_root = hook_host_dir, hook_missing, dev_root
+        self.hook_check = hook_check
+        self._lock = asyncio.Lock()
+
+    async def node_prepare_resources(self, request: pb.NodePrepareResourcesRequest) -> pb.NodePrepareResourcesResponse:
+        response = pb.NodePrepareResourcesResponse()
+        async with self._lock:
+            for claim in request.claims:
+                response.claims[claim.uid].CopyFrom(await self._prepare_one(claim))
+        return response
+
+    async def node_unprepare_resources(self, request: pb.NodeUnprepareResourcesRequest
+                                       ) -> pb.NodeUnprepareResourcesResponse:
+        response = pb.NodeUnprepareResourcesResponse()
+        async with self._lock:
+            for claim in request.claims:
+                try:
+                    removed = cdi.remove_spec(self.cdi_dir, claim.uid)
+                except OSError as error:  # the kubelet calls again; the claim's CUs stay held meanwhile
+                    response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse(
+                        error=f"rocshare: cannot remove the claim's CDI spec: {error}"))
+                    continue
+                log.info("unprepared claim %s/%s (%s)%s", claim.namespace, claim.name, claim.uid,
+                         "" if removed else ": nothing was prepared")
+                response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse())
+        return response
+
+    async def _prepare_one(self, claim: pb.Claim) -> pb.NodePrepareResourceResponse:
+        try:
+            prepared = await self._prepared_or_new(claim)
+        except (PrepareError, ShareError, SpecError) as error:
+            log.warning("prepare of claim %s/%s refused: %s", claim.namespace, claim.name, error)
+            return pb.NodePrepareResourceResponse(error=f"rocshare: {error}")
+        except ApiError as error:
+            return pb.NodePrepareResourceResponse(error=f"rocshare: API server: {error}")
+        except OSError as error:  # the CDI folder cannot be read or written: nothing was recorded
+            log.error("prepare of claim %s/%s: CDI folder %s: %s", claim.namespace, claim.name, self.cdi_dir, error)
+            return pb.NodePrepareResourceResponse(error=f"rocshare: CDI folder {self.cdi_dir}: {error}")
+        return pb.NodePrepareResourceResponse(devices=_devices(prepared))
+
+    async def _prepared_or_new(self, claim: pb.Claim) -> cdi.PreparedClaim:
+        records = list(cdi.read_prepared(self.cdi_dir))
+        unreadable = [record for record in records if isinstance(record, str)]
+        if unreadable:
+            raise PrepareError(LEDGER_REASON, f"{unreadable[0]}; the CUs it holds are unknown, so no share can be "
+                                              f"proven free until it is removed")
+        existing = next((record for record in records if record.uid == claim.uid), None)
+        if existing is not None:
+            return existing
+        allocated = await self._allocated(claim)
+        gpus, sharing = self._offered()
+        specs = _specs_by_device(gpus, sharing, self.node_name)
+        cu_counts = {spec.gpu_id: spec.cu_count for spec in specs.values()}
+        holdings = Holdings.of((d.slice for record in records for d in record.devices), cu_counts)
+        slices = plan_claim(allocated, specs, holdings)
+        prepared = cdi.PreparedClaim(uid=claim.uid, namespace=claim.namespace, name=claim.name, devices=tuple(
+            cdi.PreparedDevice(request=a.request, pool=self.node_name, device=a.device, share_id=a.share_id, slice=s)
+            for a, s in zip(allocated, slices)))
+        container = ContainerAllocation(name=claim.name, devices=slices)
+        spec = render_container(container, {gpu.id: gpu for gpu in gpus}, oversubscribed=_oversubscribed(gpus, sharing),
+                                hook_host_dir=self.hook_host_dir, memory_hook=self._memory_hook(container),
+                                dev_root=self.dev_root)
+        cdi.write_spec(self.cdi_dir, prepared, spec)
+        log.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
+                 "; ".join(f"{d.device} {d.slice.memory_mib} MiB CUs {d.slice.cu_ranges or 'all'}"
+                           for d in prepared.devices))
+        return prepared
+
+    async def _allocated(self, claim: pb.Claim) -> list[AllocatedDevice]:
+        path = object_path(dra.RESOURCE_API_VERSION, "resourceclaims", claim.name, namespace=claim.namespace)
+        try:
+            stored = await self.kube.get(path)
+        except NotFound:
+            raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} does not exist") from None
+        if stored["metadata"].get("uid") != claim.uid:
+            raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} is not uid {claim.uid}")
+        results = ((stored.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        ours = [AllocatedDevice.from_result(r) for r in results
+                if r.get("driver") == dra.DRIVER_NAME and r.get("pool") == self.node_name]
+        if not ours:
+            raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} has no device of "
+                                                     f"{dra.DRIVER_NAME} allocated on node {self.node_name}")
+        return ours
+
+    def _offered(self) -> tuple[Sequence[GpuInfo], Sharing]:
+        offered = self.inventory()
+        if offered is None:
+            raise PrepareError(NOT_ALLOCATED_REASON, "the node has not published its devices yet")
+        return offered
+
+    def _memory_hook(self, container: ContainerAllocation) -> bool:
+        if all(device.whole for device in container.devices):
+            return True
+        check = self.hook_check(self.hook_host_dir)
+        if check.present:
+            return True
+        if self.hook_missing == HookMissing.REFUSE:
+            raise PrepareError(HOOK_REASON, missing_message(check, node=self.node_name))
+        log.warning("claim %s: the memory hook is missing; the share runs without a memory limit", container.name)
+        return False
+
+
+def _specs_by_device(gpus: Sequence[GpuInfo], sharing: Sharing, node_name: str) -> Mapping[str, GpuSpec]:
+    node = NodeInventory.from_gpu_infos(node_name, gpus, sharing)
+    return {device_name(spec.gpu_id): spec for spec in node.gpus if spec.healthy}
+
+
+def _oversubscribed(gpus: Sequence[GpuInfo], sharing: Sharing) -> bool:
+    return any(effective_memory_scaling(gpu.gfx_target_version, sharing.device_memory_scaling) > 1.0 for gpu in gpus)
+
+
+def _devices(prepared: cdi.PreparedClaim) -> list[pb.Device]:
+    # One CDI device carries the whole claim's edits (HSA_CU_MASK and the memory limits are per
+    # container, indexed by GPU position): it rides on the claim's first device only, so a
+    # runtime never injects it twice.
+    return [pb.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
+                      cdi_device_ids=[prepared.cdi_device_id] if position == 0 else [],
+                      **({"share_id": d.share_id} if d.share_id else {}))
+            for position, d in enumerate(prepared.devices)]

@@ -1,0 +1,121 @@
+"""A container's amd.com/* request written as a DRA claim, for pools in DRA mode. Pure.
+
+Users keep their habits: ``amd.com/gpu``, ``amd.com/gpumem``, ``amd.com/gpumem-percentage`` and
+``amd.com/gpucores`` mean in a DRA pool what they mean under the device plugin. Memory in MiB is
+a capacity request as it stands, but percentages depend on the GPU: 25 % of the cores is 26 CUs of
+an MI210 (104) and 16 of a Vega10 (64), rounded up to whole WGPs on RDNA. So a request with a
+percentage becomes a ``firstAvailable`` list with one subrequest per GPU shape of the pool (CU
+count, WGP size, registered memory), each selecting devices of that shape by CEL and asking the
+capacities worked out for it with the device plugin's own rules (rocshare.core.fit.need_for via
+cumask.cu_count_for, the same memory rounding); kube-scheduler takes the first that fits.
+
+Invariants: a request that asks neither memory nor cores asks no capacity (every default: the
+whole GPU); omitted cores ask no compute (the pool's omittedCores default decides, as it does for
+pods); ``amd.com/gpu: N`` > 1 is N devices with a ``distinctAttribute`` on the uuid (never two
+shares of one GPU); numa-bind and link-bind become ``matchAttribute`` constraints on the NUMA node
+and the XGMI hive; product filters become CEL selectors. More shapes than the API allows
+subrequests (8) is an error that names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rocshare.api import dra
+from rocshare.core.cumask import cu_count_for
+from rocshare.core.inventory import GpuSpec
+from rocshare.core.request import ContainerRequest, RequestError, Selection
+
+REQUEST_NAME = "gpu"
+SUBREQUESTS_MAX = 8
+_CAPACITY = f"device.capacity['{dra.DRIVER_NAME}']"
+_ATTRIBUTES = f"device.attributes['{dra.DRIVER_NAME}']"
+
+
+def claim_spec(container: ContainerRequest, shapes: Sequence[GpuSpec], *, selection: Selection = Selection()) -> dict:
+    """The ResourceClaim spec equivalent to `container`'s request in a pool whose GPUs have `shapes`."""
+    if container.resource != "amd.com/gpu":
+        raise RequestError(f"container {container.name!r}: {container.resource} is a partition kind; "
+                           f"DRA pools offer partitions as whole devices of class {dra.DEVICE_CLASS_NAME}")
+    per_shape = container.memory_pct is not None or container.cores_pct is not None
+    if per_shape:
+        request = {"name": REQUEST_NAME, "firstAvailable": _subrequests(container, shapes, selection)}
+    else:
+        request = {"name": REQUEST_NAME, "exactly": _exactly(container, selection)}
+    spec: dict = {"devices": {"requests": [request]}}
+    constraints = _constraints(container, selection)
+    if constraints:
+        spec["devices"]["constraints"] = constraints
+    return spec
+
+
+def _exactly(container: ContainerRequest, selection: Selection) -> dict:
+    exactly: dict = {"deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount",
+                     "count": container.gpus}
+    if container.memory_mib is not None:
+        exactly["capacity"] = {"requests": {dra.CAPACITY_MEMORY: f"{container.memory_mib}Mi"}}
+    selectors = _selection_selectors(selection)
+    if selectors:
+        exactly["selectors"] = selectors
+    return exactly
+
+
+def _subrequests(container: ContainerRequest, shapes: Sequence[GpuSpec], selection: Selection) -> list[dict]:
+    distinct = sorted({_shape_key(spec): spec for spec in shapes if not spec.partition}.items())
+    if not distinct:
+        raise RequestError(f"container {container.name!r}: the pool has no shared GPU to take a percentage of")
+    if len(distinct) > SUBREQUESTS_MAX:
+        raise RequestError(f"container {container.name!r}: the pool has {len(distinct)} GPU shapes; a claim can "
+                           f"list {SUBREQUESTS_MAX}; ask amd.com/gpumem in MiB and no percentages, or write the claim")
+    return [_subrequest(index, container, spec, selection) for index, (_key, spec) in enumerate(distinct)]
+
+
+def _shape_key(spec: GpuSpec) -> tuple[int, int, int]:
+    return (spec.cu_count, spec.cu_align, spec.memory_mib)
+
+
+def _subrequest(index: int, container: ContainerRequest, spec: GpuSpec, selection: Selection) -> dict:
+    requests: dict[str, str] = {}
+    if container.memory_mib is not None:
+        requests[dra.CAPACITY_MEMORY] = f"{container.memory_mib}Mi"
+    elif container.memory_pct is not None:
+        requests[dra.CAPACITY_MEMORY] = f"{spec.memory_mib * container.memory_pct // 100}Mi"
+    if container.cores_pct is not None:
+        requests[dra.CAPACITY_COMPUTE] = str(min(cu_count_for(container.cores_pct, spec.cu_count, spec.cu_align),
+                                                 spec.cu_usable))
+    shape = (f"{_CAPACITY}.{dra.CAPACITY_COMPUTE}.compareTo(quantity('{spec.cu_count}')) == 0 && "
+             f"{_CAPACITY}.{dra.CAPACITY_MEMORY}.compareTo(quantity('{spec.memory_mib}Mi')) == 0")
+    return {"name": f"shape{index}", "deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount",
+            "count": container.gpus, "selectors": [{"cel": {"expression": shape}}, *_selection_selectors(selection)],
+            "capacity": {"requests": requests}}
+
+
+def _selection_selectors(selection: Selection) -> list[dict]:
+    product = f"{_ATTRIBUTES}.{dra.ATTRIBUTE_PRODUCT}"
+    terms = []
+    if selection.use_types:
+        terms.append(" || ".join(f"{product}.lowerAscii().contains({_cel_string(t)})" for t in selection.use_types))
+    terms += [f"!{product}.lowerAscii().contains({_cel_string(t)})" for t in selection.nouse_types]
+    if selection.use_uuids:
+        terms.append(" || ".join(f"{_ATTRIBUTES}.{dra.ATTRIBUTE_UUID}.lowerAscii() == {_cel_string(u)}"
+                                 for u in sorted(selection.use_uuids)))
+    terms += [f"{_ATTRIBUTES}.{dra.ATTRIBUTE_UUID}.lowerAscii() != {_cel_string(u)}"
+              for u in sorted(selection.nouse_uuids)]
+    return [{"cel": {"expression": term}} for term in terms]
+
+
+def _constraints(container: ContainerRequest, selection: Selection) -> list[dict]:
+    constraints = []
+    if container.gpus > 1:
+        constraints.append({"requests": [REQUEST_NAME], "distinctAttribute": f"{dra.DRIVER_NAME}/{dra.ATTRIBUTE_UUID}"})
+        if selection.numa_bind:
+            constraints.append({"requests": [REQUEST_NAME], "matchAttribute": dra.ATTRIBUTE_NUMA_NODE})
+        if selection.link_bind:
+            constraints.append({"requests": [REQUEST_NAME],
+                                "matchAttribute": f"{dra.DRIVER_NAME}/{dra.ATTRIBUTE_XGMI_HIVE}"})
+    return constraints
+
+
+def _cel_string(text: str) -> str:
+    """A CEL string literal: the value is a lower-case name from an annotation, quoted safely."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

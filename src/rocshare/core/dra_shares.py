@@ -1,0 +1,165 @@
+"""What a DRA claim's allocation becomes on the node: CU ranges, memory limit, whole or slice. Pure.
+
+kube-scheduler's DRA allocator checks sums only (consumed memory, compute and shares against each
+device's capacity). Which CUs a share gets is decided here, at prepare time, with the rule the
+device-plugin path uses (rocshare.core.cumask.choose_cu_ranges: best-fit gaps, whole WGPs on
+RDNA), against the CUs the node's prepared claims already hold.
+
+Invariants:
+
+* CU ranges handed out are disjoint from every prepared claim's (``Holdings``), inside the
+  GPU's CUs that whole WGPs cover, and of exactly the consumed count;
+* a share that cannot be honoured exactly fails with a typed reason and holds nothing: a compute
+  amount that is not whole WGPs (rounding up would take CUs the allocator did not count), no free
+  gap of that size, a device held whole, a device that is not on this node;
+* a claim that consumed the device's whole memory and every CU (no capacity asked, omittedCores
+  Exclusive) gets the whole GPU: no mask, no limit, no hook, as a whole-GPU pod does;
+* a compute amount of 0 (omittedCores Shared) pins no CU and holds none; every CU with less than all
+  the memory (omittedCores Exclusive, compute not asked) pins no CU and holds them all, as the
+  device plugin does (so the container's environment is the same in both modes);
+* a device that is not shared (a partition, or no shareID) is held whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from rocshare.api import dra
+from rocshare.api.allocation import DeviceSlice
+from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges, ranges_from_mask, render_ranges
+from rocshare.core.inventory import GpuSpec
+from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
+
+NOT_ON_NODE_REASON = "DeviceNotOnNode"
+NOT_HONOURED_REASON = "ShareNotHonoured"
+UNREADABLE_REASON = "AllocationUnreadable"
+
+
+class ShareError(ValueError):
+    """The claim cannot be prepared exactly; `reason` is one CamelCase word, the message says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One entry of a claim's status.allocation.devices.results for this driver and node."""
+
+    request: str
+    device: str
+    share_id: str | None = None
+    consumed: Mapping[str, str] | None = None
+    """consumedCapacity as the API server stores it (quantity strings)."""
+
+    @classmethod
+    def from_result(cls, result: Mapping) -> AllocatedDevice:
+        return cls(request=str(result.get("request", "")), device=str(result.get("device", "")),
+                   share_id=result.get("shareID"), consumed=dict(result.get("consumedCapacity") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """What the node's prepared claims hold: CUs per gpu id, and the gpu ids held whole."""
+
+    masks: Mapping[str, int]
+    whole: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, prepared: Iterable[DeviceSlice], cu_counts: Mapping[str, int]) -> Holdings:
+        masks: dict[str, int] = {}
+        whole: set[str] = set()
+        for device in prepared:
+            if device.whole:
+                whole.add(device.gpu_id)
+            holds_all = device.whole or device.reserves_all_cores
+            mask = full_mask(cu_counts.get(device.gpu_id, 0)) if holds_all else mask_from_ranges(device.cu_ranges)
+            masks[device.gpu_id] = masks.get(device.gpu_id, 0) | mask
+        return cls(masks=masks, whole=frozenset(whole))
+
+
+def plan_claim(allocated: Iterable[AllocatedDevice], specs_by_device: Mapping[str, GpuSpec],
+               holdings: Holdings) -> list[DeviceSlice]:
+    """The slices for one claim, in allocation-result order, beside `holdings`. Raises ShareError."""
+    taken = dict(holdings.masks)
+    slices: list[DeviceSlice] = []
+    for device in allocated:
+        spec = specs_by_device.get(device.device)
+        if spec is None:
+            raise ShareError(NOT_ON_NODE_REASON, f"device {device.device} is not a healthy device of this node")
+        if spec.gpu_id in holdings.whole:
+            raise ShareError(NOT_HONOURED_REASON, f"device {device.device} is held whole by another claim")
+        chosen = _slice_for(device, spec, taken.get(spec.gpu_id, 0))
+        taken[spec.gpu_id] = taken.get(spec.gpu_id, 0) | _mask_of(chosen, spec)
+        slices.append(chosen)
+    return slices
+
+
+def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
+    if spec.partition or device.share_id is None:
+        return _whole(device, spec, held_mask)
+    compute_cus = _consumed_cus(device, spec)
+    memory_mib = _consumed_mib(device, spec)
+    if compute_cus >= spec.cu_usable and memory_mib >= spec.memory_mib:
+        return _whole(device, spec, held_mask)
+    if spec.memory_mib == 0:
+        raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: its VRAM size is unknown, so a share of it "
+                                              f"has no memory limit to enforce; claim it whole")
+    if compute_cus == 0:
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count)
+    if compute_cus >= spec.cu_usable:
+        # Every CU with a memory limit (compute not asked, omittedCores Exclusive): as the device plugin
+        # gives it, no mask and the whole compute range held.
+        if held_mask:
+            raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: every CU is wanted but other claims "
+                                                  f"hold {render_ranges(_ranges(held_mask))}")
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
+    ranges = choose_cu_ranges(held_mask, spec.cu_count, compute_cus, spec.cu_align)
+    if ranges is None:
+        free = spec.cu_usable - bin(held_mask & full_mask(spec.cu_usable)).count("1")
+        raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: no {compute_cus} free CUs in whole units of "
+                                              f"{spec.cu_align} ({free} free; held "
+                                              f"{render_ranges(_ranges(held_mask)) or 'none'})")
+    return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_ranges=ranges, cu_count=compute_cus)
+
+
+def _whole(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
+    if held_mask:
+        raise ShareError(NOT_HONOURED_REASON, f"device {device.device} is wanted whole but other claims hold CUs "
+                                              f"{render_ranges(_ranges(held_mask))} of it")
+    return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=spec.memory_mib, cu_count=spec.cu_count, whole=True)
+
+
+def _consumed_cus(device: AllocatedDevice, spec: GpuSpec) -> int:
+    raw = (device.consumed or {}).get(dra.CAPACITY_COMPUTE)
+    if raw is None:
+        return spec.cu_usable  # no policy was applied (a claim from a cluster without consumable capacity)
+    try:
+        cus = whole_quantity(raw, name=f"consumedCapacity.{dra.CAPACITY_COMPUTE}", unit="CUs")
+    except QuantityError as error:
+        raise ShareError(UNREADABLE_REASON, f"device {device.device}: {error}") from None
+    if cus % spec.cu_align or cus > spec.cu_usable:
+        raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: {cus} CUs is not whole WGPs of "
+                                              f"{spec.cu_align} within the {spec.cu_usable} CUs they cover; rounding "
+                                              f"up would take CUs the scheduler did not count")
+    return cus
+
+
+def _consumed_mib(device: AllocatedDevice, spec: GpuSpec) -> int:
+    raw = (device.consumed or {}).get(dra.CAPACITY_MEMORY)
+    if raw is None:
+        return spec.memory_mib
+    try:
+        return memory_mib_quantity(raw, name=f"consumedCapacity.{dra.CAPACITY_MEMORY}")
+    except QuantityError as error:
+        raise ShareError(UNREADABLE_REASON, f"device {device.device}: {error}") from None
+
+
+def _mask_of(device: DeviceSlice, spec: GpuSpec) -> int:
+    return full_mask(spec.cu_count) if device.whole or device.reserves_all_cores else mask_from_ranges(device.cu_ranges)
+
+
+def _ranges(mask: int) -> list[tuple[int, int]]:
+    return ranges_from_mask(mask)

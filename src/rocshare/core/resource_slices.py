@@ -1,0 +1,127 @@
+"""The node's GPUs as a resource.k8s.io/v1 ResourceSlice: the DRA driver's inventory. Pure.
+
+One device per healthy GPU or partition, named from its stable id (a DNS label). The numbers
+come from the same node model the extender works on (rocshare.core.inventory), so DRA and the
+device plugin offer the same memory and compute:
+
+* memory: the registered MiB (deviceMemoryScaling applied where the GPU can oversubscribe),
+  published in bytes, consumed in whole MiB; a claim that does not ask takes all of it (an
+  omitted amd.com/gpumem means 100 %, as under HAMi);
+* compute: the CU count; requests round up to whole WGPs on RDNA (``GpuSpec.cu_align``) and
+  never above the CUs whole WGPs cover (``cu_usable``); a claim that does not ask takes every
+  CU when the pool's omittedCores is Exclusive and none when it is Shared;
+* shares: splitCount, one per claim.
+
+A shared device allows multiple allocations and gives every capacity a request policy. A
+partition (partition mode, or a partition discovered in cu mode) is one whole, unshared
+device: no multiple allocations, so no policies (the API allows them only on shared devices).
+Unhealthy devices are left out: the scheduler must not place new claims on them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from rocshare.api import dra
+from rocshare.api.models import GpuInfo, OmittedCores, Sharing
+from rocshare.core.inventory import GpuSpec, NodeInventory
+
+_NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def device_name(gpu_id: str) -> str:
+    """A DNS label from a GPU id: ``GPU-e3aa140f9a5f9e31-p0`` -> ``gpu-e3aa140f9a5f9e31-p0``."""
+    return _NOT_IN_LABEL.sub("-", gpu_id.lower()).strip("-")[:63].rstrip("-")
+
+
+def resource_slice(*, node_name: str, node_uid: str | None, gpus: Iterable[GpuInfo], sharing: Sharing,
+                   generation: int) -> dict:
+    """The node's ResourceSlice, owned by its Node (so it goes with it) when the uid is known."""
+    metadata: dict = {"name": dra.slice_name(node_name)}
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
+                                        "controller": True}]
+    return {
+        "apiVersion": dra.RESOURCE_API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": dra.DRIVER_NAME,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+            "devices": slice_devices(node_name, gpus, sharing),
+        },
+    }
+
+
+def slice_devices(node_name: str, gpus: Iterable[GpuInfo], sharing: Sharing) -> list[dict]:
+    infos = sorted(gpus, key=lambda info: info.index)
+    node = NodeInventory.from_gpu_infos(node_name, infos, sharing)
+    devices = [_device(info, spec, sharing) for info, spec in zip(infos, node.gpus) if spec.healthy]
+    return devices[:dra.SLICE_DEVICES_MAX]
+
+
+def _device(info: GpuInfo, spec: GpuSpec, sharing: Sharing) -> dict:
+    device: dict = {"name": device_name(info.id), "attributes": _attributes(info)}
+    if spec.partition:
+        device["capacity"] = {dra.CAPACITY_MEMORY: {"value": _bytes(spec.memory_mib)},
+                              dra.CAPACITY_COMPUTE: {"value": str(spec.cu_count)}}
+        return device
+    device["allowMultipleAllocations"] = True
+    device["capacity"] = {
+        dra.CAPACITY_MEMORY: {"value": _bytes(spec.memory_mib), "requestPolicy": _memory_policy(spec)},
+        dra.CAPACITY_COMPUTE: {"value": str(spec.cu_count), "requestPolicy": _compute_policy(spec, sharing)},
+        dra.CAPACITY_SHARES: {"value": str(spec.max_slices),
+                              "requestPolicy": {"default": "1", "validValues": ["1"]}},
+    }
+    return device
+
+
+def _memory_policy(spec: GpuSpec) -> dict:
+    if spec.memory_mib == 0:
+        # Unknown VRAM registers nothing (as under the device plugin): only a claim asking no memory fits.
+        return {"default": "0", "validRange": {"min": "0", "max": "0"}}
+    step = str(dra.MEMORY_STEP_BYTES)
+    whole = _bytes(spec.memory_mib)
+    return {"default": whole, "validRange": {"min": step, "max": whole, "step": step}}
+
+
+def _compute_policy(spec: GpuSpec, sharing: Sharing) -> dict:
+    align = spec.cu_align
+    exclusive = sharing.omitted_cores == OmittedCores.EXCLUSIVE
+    # Shared: an omitted request reserves no CU, so 0 must be a valid amount; then the range starts
+    # at 0 and every step (whole WGPs) above it is valid too.
+    low = align if exclusive else 0
+    default = spec.cu_usable if exclusive else 0
+    return {"default": str(default),
+            "validRange": {"min": str(low), "max": str(spec.cu_usable), "step": str(align)}}
+
+
+def _attributes(info: GpuInfo) -> dict[str, dict]:
+    attributes: dict[str, dict] = {
+        dra.ATTRIBUTE_UUID: {"string": info.id[:dra.ATTRIBUTE_STRING_MAX_CHARS]},
+        dra.ATTRIBUTE_GFX_TARGET: {"string": dra.gfx_target(info.gfx_target_version)},
+        dra.ATTRIBUTE_GFX_TARGET_VERSION: {"int": info.gfx_target_version},
+        dra.ATTRIBUTE_CU_PER_WGP: {"int": info.cu_per_wgp},
+        dra.ATTRIBUTE_XGMI_PEERS: {"int": len(info.xgmi_peers)},
+        dra.ATTRIBUTE_PCI_BUS_ID: {"string": info.pci_bdf},
+    }
+    if info.product:
+        attributes[dra.ATTRIBUTE_PRODUCT] = {"string": info.product[:dra.ATTRIBUTE_STRING_MAX_CHARS]}
+    if info.numa is not None and info.numa >= 0:
+        attributes[dra.ATTRIBUTE_NUMA_NODE] = {"int": info.numa}
+    if info.hive_id:
+        attributes[dra.ATTRIBUTE_XGMI_HIVE] = {"string": info.hive_id}
+    if info.partition is not None:
+        attributes[dra.ATTRIBUTE_PARTITION] = {"string": info.partition.compute_mode}
+    return attributes
+
+
+def _bytes(mib: int) -> str:
+    return str(mib * dra.MEMORY_STEP_BYTES)
+
+
+def gpus_by_device(gpus: Iterable[GpuInfo]) -> dict[str, GpuInfo]:
+    """Which GPU each device name stands for (the prepare path maps an allocation back by it)."""
+    return {device_name(gpu.id): gpu for gpu in gpus}

@@ -1,0 +1,106 @@
+"""Prepare-time planning of DRA shares (rocshare.core.dra_shares): disjoint CU ranges by the
+device plugin's own rule, whole WGPs on RDNA, whole GPUs, and the refusals with their reasons.
+Expected ranges are worked out here from the gap rule (best fit, low end first)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rocshare.api.allocation import DeviceSlice
+from rocshare.core.dra_shares import (NOT_HONOURED_REASON, NOT_ON_NODE_REASON, AllocatedDevice, Holdings,
+                                      ShareError, plan_claim)
+from rocshare.core.ids import GpuId
+from rocshare.core.inventory import GpuSpec
+
+MIB = 2**20
+MI210 = GpuSpec(gpu_id=GpuId("GPU-a"), index=0, memory_mib=65536, cu_count=104, gfx_target_version=90010)
+RX7900 = GpuSpec(gpu_id=GpuId("GPU-b"), index=1, memory_mib=24560, cu_count=96, gfx_target_version=110000,
+                 cu_per_wgp=2)
+PARTITION = GpuSpec(gpu_id=GpuId("GPU-c-p0"), index=2, memory_mib=24576, cu_count=38, partition=True)
+SPECS = {"gpu-a": MI210, "gpu-b": RX7900, "gpu-c-p0": PARTITION}
+NOTHING = Holdings(masks={})
+
+
+def share(device: str, *, cus: int, mib: int, share_id: str = "s1") -> AllocatedDevice:
+    return AllocatedDevice(request="gpu", device=device, share_id=share_id,
+                           consumed={"memory": str(mib * MIB), "compute": str(cus), "shares": "1"})
+
+
+def holdings(*prepared: DeviceSlice) -> Holdings:
+    return Holdings.of(prepared, {spec.gpu_id: spec.cu_count for spec in SPECS.values()})
+
+
+def test_two_shares_get_disjoint_ranges_of_exactly_their_count():
+    [first] = plan_claim([share("gpu-a", cus=26, mib=16384)], SPECS, NOTHING)
+    assert first == DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26)
+    [second] = plan_claim([share("gpu-a", cus=52, mib=8192)], SPECS, holdings(first))
+    assert second.cu_ranges == [(26, 77)] and second.memory_mib == 8192
+    [third] = plan_claim([share("gpu-a", cus=26, mib=1)], SPECS, holdings(first, second))
+    assert third.cu_ranges == [(78, 103)]
+    with pytest.raises(ShareError) as refused:
+        plan_claim([share("gpu-a", cus=1, mib=1)], SPECS, holdings(first, second, third))
+    assert refused.value.reason == NOT_HONOURED_REASON
+    assert "no 1 free CUs" in str(refused.value) and "held 0-103" in str(refused.value)
+
+
+def test_a_freed_gap_is_reused_best_fit():
+    a = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 9)], cu_count=10)
+    c = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(30, 103)], cu_count=74)
+    # Gaps: 10-29 (20 CUs). A 20-CU share fits it exactly.
+    [chosen] = plan_claim([share("gpu-a", cus=20, mib=1)], SPECS, holdings(a, c))
+    assert chosen.cu_ranges == [(10, 29)]
+
+
+def test_rdna_shares_are_whole_wgps_and_an_odd_amount_is_refused():
+    [first] = plan_claim([share("gpu-b", cus=10, mib=4096)], SPECS, NOTHING)
+    assert first.cu_ranges == [(0, 9)]
+    with pytest.raises(ShareError) as refused:
+        plan_claim([share("gpu-b", cus=11, mib=4096)], SPECS, holdings(first))
+    assert refused.value.reason == NOT_HONOURED_REASON and "whole WGPs of 2" in str(refused.value)
+
+
+def test_no_capacity_asked_is_the_whole_gpu_and_refused_beside_a_share():
+    whole_ask = share("gpu-a", cus=104, mib=65536)
+    [whole] = plan_claim([whole_ask], SPECS, NOTHING)
+    assert whole == DeviceSlice(gpu_id="GPU-a", memory_mib=65536, cu_count=104, whole=True)
+    with pytest.raises(ShareError) as refused:
+        plan_claim([share("gpu-a", cus=0, mib=1)], SPECS, holdings(whole))
+    assert refused.value.reason == NOT_HONOURED_REASON and "held whole" in str(refused.value)
+    small = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 0)], cu_count=1)
+    with pytest.raises(ShareError, match="wanted whole but other claims hold CUs 0 of it"):
+        plan_claim([whole_ask], SPECS, holdings(small))
+
+
+def test_shared_omitted_cores_pin_nothing_and_partitions_are_whole():
+    [free_cus] = plan_claim([share("gpu-a", cus=0, mib=1024)], SPECS, NOTHING)
+    assert free_cus == DeviceSlice(gpu_id="GPU-a", memory_mib=1024, cu_count=104)
+    [partition] = plan_claim([AllocatedDevice(request="gpu", device="gpu-c-p0")], SPECS, NOTHING)
+    assert partition.whole and partition.cu_count == 38
+
+
+def test_two_shares_of_one_gpu_in_one_claim_do_not_overlap():
+    planned = plan_claim([share("gpu-a", cus=10, mib=1, share_id="x"), share("gpu-a", cus=10, mib=1, share_id="y")],
+                         SPECS, NOTHING)
+    assert [d.cu_ranges for d in planned] == [[(0, 9)], [(10, 19)]]
+
+
+def test_a_device_that_is_not_here_is_refused():
+    with pytest.raises(ShareError) as refused:
+        plan_claim([share("gpu-zz", cus=1, mib=1)], SPECS, NOTHING)
+    assert refused.value.reason == NOT_ON_NODE_REASON
+
+
+def test_unknown_vram_cannot_be_shared():
+    specs = {"gpu-a": GpuSpec(gpu_id=GpuId("GPU-a"), index=0, memory_mib=0, cu_count=104)}
+    with pytest.raises(ShareError, match="VRAM size is unknown"):
+        plan_claim([share("gpu-a", cus=10, mib=0)], specs, NOTHING)
+
+
+def test_memory_only_under_exclusive_holds_every_cu_without_a_mask_as_the_device_plugin_does():
+    [memory_only] = plan_claim([share("gpu-a", cus=104, mib=8192)], SPECS, NOTHING)
+    assert memory_only == DeviceSlice(gpu_id="GPU-a", memory_mib=8192, cu_count=104, reserves_all_cores=True)
+    with pytest.raises(ShareError, match="no 1 free CUs"):
+        plan_claim([share("gpu-a", cus=1, mib=1)], SPECS, holdings(memory_only))
+    small = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 0)], cu_count=1)
+    with pytest.raises(ShareError, match="every CU is wanted but other claims hold 0"):
+        plan_claim([share("gpu-a", cus=104, mib=8192)], SPECS, holdings(small))

@@ -17,9 +17,15 @@ endif
 # DRA consumable capacity is on by default from 1.36. `make test` and `make e2e` build it too (cached).
 DRA_K8S_VERSION := 1.37.2
 K8S_VERSIONS := $(shell ls controlplane/k8s/*/go.mod 2>/dev/null | cut -d/ -f3 | sort -V)
+# The real node's container runtime: containerd2 (default; containerd 2.x built by `make
+# containerd`, CDI on, as DRA needs) or containerd (Debian's 1.6, no CDI). tests/realnode read it
+# as ROCSHARE_REALNODE_RUNTIME (`make test REAL_NODE_RUNTIME=containerd`).
+REAL_NODE_RUNTIME ?= containerd2
+export ROCSHARE_REALNODE_RUNTIME ?= $(REAL_NODE_RUNTIME)
+REAL_NODE_BUILDS := $(if $(filter containerd2,$(REAL_NODE_RUNTIME)),containerd)
 
 .PHONY: help venv controlplane controlplane-dra crds lint unit e2e test test-matrix chaos bench cluster-up cluster-down demo demo-down clean \
-	real-node-deps images real-node-up real-node-down observability-deps helm argocd chart docs docs-reference hook
+	real-node-deps images real-node-up real-node-down containerd observability-deps helm argocd chart docs docs-reference hook
 
 help:
 	@echo "make demo         local control plane + simulated AMD GPU fleet + samples, then show the slices"
@@ -32,6 +38,7 @@ help:
 	@echo "make cluster-up   only the control plane (kubeconfig in run/cluster/kubeconfig); cluster-down stops it"
 	@echo "make images       operator, agent, kube-scheduler, pause and base images, built here (buildah, cached)"
 	@echo "make real-node-up a real kubelet + containerd node beside the control plane, in its own netns; real-node-down"
+	@echo "                  on containerd 2.x built here (make containerd; CDI on); REAL_NODE_RUNTIME=containerd: Debian's 1.6"
 	@echo "make chart        charts/rocshare from manifests/ (the chart is generated; make helm builds helm)"
 	@echo "make docs         the documentation site from docs/ into site/ (mkdocs, strict)"
 	@echo "make docs-reference  docs/reference/*.md from the CRDs, the metrics and the Helm values"
@@ -94,7 +101,7 @@ unit: $(STAMP)
 e2e: $(STAMP) controlplane controlplane-dra observability-deps helm argocd
 	$(BIN)/pytest tests/e2e -q $(PYTEST_ARGS)
 
-test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm hook argocd
+test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm hook argocd $(REAL_NODE_BUILDS)
 	$(BIN)/pytest tests -q $(PYTEST_ARGS)
 
 # rocshare's in-container memory hook, its stub ROCm runtime and hook-probe (hook/Makefile; hook/deps.sh
@@ -122,8 +129,13 @@ real-node-deps:
 images: real-node-deps controlplane
 	@dev/realnode/build-images.sh
 
-real-node-up: $(STAMP) images
-	$(BIN)/rocshare-dev real-node up
+real-node-up: $(STAMP) images $(REAL_NODE_BUILDS)
+	$(BIN)/rocshare-dev real-node up --runtime $(REAL_NODE_RUNTIME)
+
+# containerd 2.x and its runc shim (+ ctr) from their Go module (dev/containerd/go.mod) into
+# .cache/containerd/<version>/bin (cached by a stamp; 157 s with empty Go caches), for the real node.
+containerd:
+	@dev/containerd/build.sh >/dev/null
 
 real-node-down: $(STAMP)
 	$(BIN)/rocshare-dev real-node down

@@ -10,6 +10,10 @@ Running. The pool's hookPath starts EMPTY and nothing is placed there by hand: t
 installs rocshare's memory hook from its image (what it left there is kept for the tests).
 Everything is torn down at the end (processes, mounts, cgroups, iptables, netns, sysctls).
 Missing images or binaries fail the session: an e2e test that skips proves nothing.
+
+The container runtime is `ROCSHARE_REALNODE_RUNTIME` (`make ... REAL_NODE_RUNTIME=`):
+`containerd2` by default (containerd 2.x built here, CDI on), `containerd` for Debian's 1.6
+(test_cdi.py asserts what each delivers).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import yaml
 
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SERVICE_CIDR, ControlPlane
 from rocshare_dev.realnode import deploy
+from rocshare_dev.realnode.containerd import DEFAULT_RUNTIME
 from rocshare_dev.realnode.deploy import HostPaths
 from rocshare_dev.realnode.rig import RealNode
 
 RUN_ROOT = PROJECT_ROOT / "run" / "realnode-test"
+RUNTIME = os.environ.get("ROCSHARE_REALNODE_RUNTIME") or DEFAULT_RUNTIME
 NAMESPACE = "rocshare-system"
 WORKLOADS = "realnode-e2e"
 AGENT_LABEL = "app.kubernetes.io/name=rocshare-node-agent"
@@ -82,7 +88,7 @@ def describe(cluster: ControlPlane, *targets: str) -> str:
 
 @pytest.fixture(scope="session")
 def real_node() -> Iterator[RealNode]:
-    node = RealNode(RUN_ROOT, netns="rocshare-rn-test", node_name="realnode")
+    node = RealNode(RUN_ROOT, netns="rocshare-rn-test", node_name="realnode", runtime=RUNTIME)
     node.down()  # a previous session killed mid-way
     started = time.monotonic()
     node.up()

@@ -7,14 +7,16 @@ when it first shows it Running. Throughput is pods over the time from the first 
 last Running (`pods_per_s`), or to the last bound (`bound_per_s`, the measure every scheduler
 shares, also one whose pods cannot run here: `until="bound"` ends the burst there). A pod the kubelet rejects (phase
 Failed) counts as done but not Running, with its message kept, so a broken run ends early and
-says why instead of waiting for its deadline. `delete_all` empties a namespace between bursts.
+says why instead of waiting for its deadline. `on_pod`, when given, is called with every pod
+state the watch delivers (the same watch: bench/hami.py's stand-in for HAMi's node side acts on
+it). `delete_all` empties a namespace between bursts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +56,11 @@ class BurstResult:
 
 
 class _Tracker:
-    def __init__(self, names: set[str], until: str = "running") -> None:
+    def __init__(self, names: set[str], until: str = "running",
+                 on_pod: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.names = names
         self.until = until
+        self.on_pod = on_pod
         self.created_at: dict[str, float] = {}
         self.bound_at: dict[str, float] = {}
         self.running_at: dict[str, float] = {}
@@ -64,6 +68,8 @@ class _Tracker:
         self.done = asyncio.Event()
 
     def see(self, pod: dict[str, Any], now: float) -> None:
+        if self.on_pod is not None:
+            self.on_pod(pod)
         name = pod["metadata"]["name"]
         if name not in self.names:
             return
@@ -119,8 +125,9 @@ async def _catch_up(kube: Kube, path: str, tracker: _Tracker) -> str:
 
 
 async def run_burst(kube: Kube, pods: Sequence[dict[str, Any]], *, namespace: str, timeout_s: float,
-                    concurrency: int = 64, until: str = "running") -> BurstResult:
-    tracker = _Tracker({pod["metadata"]["name"] for pod in pods}, until)
+                    concurrency: int = 64, until: str = "running",
+                    on_pod: Callable[[dict[str, Any]], None] | None = None) -> BurstResult:
+    tracker = _Tracker({pod["metadata"]["name"] for pod in pods}, until, on_pod)
     listed = await kube.list(object_path("v1", "pods", namespace=namespace))
     watcher = asyncio.create_task(_watch(kube, namespace, listed["metadata"]["resourceVersion"], tracker))
     gate = asyncio.Semaphore(concurrency)

@@ -9,31 +9,52 @@ nothing of HAMi is copied into this project. Without a checkout the figures say 
 kube-scheduler profile named `hami-scheduler`, the AMD device type on (amd.com/gpu, gpumem,
 gpucores), reading the nodes' `hami.io/node-amd-register` annotation (the rocshare agents write
 it in HAMi's own format) and HAMi's defaults otherwise (node lock timeout 5 min, policies
-binpack/spread). HAMi's bind takes a per-node lock (a node annotation) that HAMi's own device
-plugin releases after Allocate; on AMD nothing of HAMi's runs on the node, so a lock is released
-only when it expires or its pod is gone -- which is HAMi's real behaviour there, and what this
-measures (`--hami-node-lock-timeout` changes it, and the figures say which was used). HAMi's pods
-cannot run on rocshare's agents (they carry no rocshare record; the agent refuses them), so the
-common measure is create -> bound.
+binpack/spread).
+
+HAMi's bind takes a per-node lock (node annotation `hami.io/mutex.lock`, value
+`<RFC3339 time>,<namespace>,<pod>`) before it binds, and HAMi's node side releases it: its
+device plugin, in Allocate, erases the pod's `hami.io/<vendor>-devices-to-allocate` entries,
+sets the pod's `hami.io/bind-phase` to `success` (`failed` when Allocate fails) and deletes
+the lock annotation if this pod holds it (pkg/device-plugin/.../plugin/util.go and
+pkg/util/nodelock at HAMi 4707fb0; HAMi's AMD design, docs/develop/amd-vgpu.md, gives its AMD
+plugin the same protocol). Until then the node takes no other HAMi pod; a lock nobody releases
+lasts `--node-lock-timeout` (5 min). Nothing of HAMi's runs on the bench's simulated nodes, so
+`NodeSide` -- the BENCH HARNESS standing in for HAMi's device plugin -- does those three writes
+for each pod as soon as the watch shows it bound: HAMi at its best (a real node adds the
+kubelet's admission and Allocate before the release). Its decisions are pure functions
+(`erased_devices_patch`, `success_patch`, `lock_release_patch`) unit-tested against HAMi's
+rules. HAMi's pods cannot run on rocshare's agents (they carry no rocshare record; the agent
+refuses them), so the common measure is create -> bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SCHEDULER_CONFIG, ControlPlane, free_port, stop_process
+from rocshare.kube.client import ApiError, Conflict, Kube, object_path
 
 CACHE = PROJECT_ROOT / ".cache" / "hami"
 SCHEDULER_NAME = "hami-scheduler"
 DEVICE_CONFIG = {"amd": {"resourceCountName": "amd.com/gpu", "resourceMemoryName": "amd.com/gpumem",
                          "resourceCoreName": "amd.com/gpucores"}}
 MANAGED_RESOURCES = ("amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores")
+# HAMi's names (pkg/util/types.go, pkg/util/nodelock, pkg/device/amd at 4707fb0)
+NODE_LOCK = "hami.io/mutex.lock"
+LOCK_SEPARATOR = ","
+BIND_PHASE = "hami.io/bind-phase"
+ASSIGNED_NODE = "hami.io/vgpu-node"
+DEVICES_TO_ALLOCATE = "hami.io/amd-devices-to-allocate"
+CONTAINER_SEPARATOR = ";"
+RELEASE_ATTEMPTS = 5  # HAMi's retry.OnError backoff has 5 steps
 
 
 class HamiNotBuilt(RuntimeError):
@@ -152,3 +173,96 @@ class HamiScheduler:
             stop_process(process.pid, name)
             process.wait(timeout=5)
         self.processes.clear()
+
+
+# ---- HAMi's node side, played by the harness ---------------------------------------------------
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def awaits_allocate(pod: dict[str, Any]) -> bool:
+    """HAMi bound the pod and its node side has not finished it: bound (spec.nodeName) and
+    bind-phase `allocating` (what HAMi's Bind writes before it binds)."""
+    return bool((pod.get("spec") or {}).get("nodeName")) and _annotations(pod).get(BIND_PHASE) == "allocating"
+
+
+def erased_devices_patch(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod patch of HAMi's plugin after it handed every container its devices: each
+    container's entry of the to-allocate annotation emptied (one separator per container left)."""
+    entries = _annotations(pod).get(DEVICES_TO_ALLOCATE, "").count(CONTAINER_SEPARATOR)
+    return {"metadata": {"annotations": {DEVICES_TO_ALLOCATE: CONTAINER_SEPARATOR * entries}}}
+
+
+def success_patch() -> dict[str, Any]:
+    return {"metadata": {"annotations": {BIND_PHASE: "success"}}}
+
+
+def lock_held_by(lock: str, namespace: str, name: str) -> bool:
+    """HAMi's owner check: a lock `<time>,<namespace>,<pod>` is this pod's; a legacy lock (a bare
+    time, no owner) is anyone's."""
+    return LOCK_SEPARATOR not in lock or lock.endswith(f"{LOCK_SEPARATOR}{namespace}{LOCK_SEPARATOR}{name}")
+
+
+def lock_release_patch(node: dict[str, Any], namespace: str, name: str) -> dict[str, Any] | None:
+    """The node patch that deletes the pod's lock, conditional on the node's resourceVersion as
+    HAMi's is; None when the node has no lock or another pod holds it."""
+    lock = _annotations(node).get(NODE_LOCK)
+    if lock is None or not lock_held_by(lock, namespace, name):
+        return None
+    return {"metadata": {"annotations": {NODE_LOCK: None}, "resourceVersion": node["metadata"]["resourceVersion"]}}
+
+
+class NodeSide:
+    """The bench harness standing in for HAMi's device plugin on the simulated nodes: `see` (fed
+    by the burst's pod watch) starts, once per pod, the writes HAMi's plugin makes after a
+    successful Allocate; `close` waits for those in flight. A write that fails is counted in
+    `errors` (the figures say how many), never dropped silently."""
+
+    def __init__(self, kube: Kube, *, concurrency: int = 32) -> None:
+        self.kube = kube
+        self.gate = asyncio.Semaphore(concurrency)
+        self.started: set[tuple[str, str]] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.released = 0
+        self.errors: list[str] = []
+
+    def see(self, pod: dict[str, Any]) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if key in self.started or not awaits_allocate(pod):
+            return
+        self.started.add(key)
+        task = asyncio.get_running_loop().create_task(self._finish(pod))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _finish(self, pod: dict[str, Any]) -> None:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        path = object_path("v1", "pods", name, namespace=namespace)
+        async with self.gate:
+            try:  # HAMi's order: erase the devices, read the pod back, phase success, release the lock
+                await self.kube.merge_patch(path, erased_devices_patch(pod))
+                await self.kube.get(path)
+                await self.kube.merge_patch(path, success_patch())
+                await self._release(pod["spec"]["nodeName"], namespace, name)
+            except ApiError as error:
+                self.errors.append(f"{namespace}/{name}: {error}")
+
+    async def _release(self, node_name: str, namespace: str, name: str) -> None:
+        path = object_path("v1", "nodes", node_name)
+        for _ in range(RELEASE_ATTEMPTS):
+            patch = lock_release_patch(await self.kube.get(path), namespace, name)
+            if patch is None:
+                return
+            try:
+                await self.kube.merge_patch(path, patch)
+            except Conflict:
+                continue  # the node changed under us (an agent's status): read it again
+            self.released += 1
+            return
+        self.errors.append(f"{namespace}/{name}: node {node_name}'s lock still conflicting after "
+                           f"{RELEASE_ATTEMPTS} attempts")
+
+    async def close(self) -> None:
+        await asyncio.gather(*list(self.tasks))

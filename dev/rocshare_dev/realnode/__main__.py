@@ -1,5 +1,8 @@
-"""`rocshare-dev real-node up|down [--root DIR]` (`make real-node-up`, `make real-node-down`):
-the real node for people, in ./run/realnode. `up` prints how to reach it and how to deploy."""
+"""`rocshare-dev real-node up|down [--root DIR] [--runtime containerd|containerd2]` (`make
+real-node-up [REAL_NODE_RUNTIME=containerd]`, `make real-node-down`): the real node for people,
+in ./run/realnode. `up` prints how to reach it and how to deploy. It runs on containerd 2.x
+built from its Go module (CDI on, as DRA needs); `--runtime containerd` on Debian's 1.6; `down`
+stops whichever runs."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import yaml
 
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, SERVICE_CIDR
 from rocshare_dev.realnode import deploy
+from rocshare_dev.realnode.containerd import DEFAULT_RUNTIME, RUNTIMES
 from rocshare_dev.realnode.netns import RigError
 from rocshare_dev.realnode.rig import RealNode
 
@@ -36,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rocshare-dev real-node", description=__doc__)
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=f"run folder (default {DEFAULT_ROOT})")
+    parser.add_argument("--runtime", choices=sorted(RUNTIMES), default=DEFAULT_RUNTIME,
+                        help="the container runtime (default %(default)s: 2.x built by dev/containerd/build.sh, "
+                             "CDI on; containerd: Debian's 1.6)")
     args = parser.parse_args(argv)
-    node = RealNode(args.root)
+    node = RealNode(args.root, runtime=args.runtime)
     try:
         if args.action == "up":
             return _up(node)

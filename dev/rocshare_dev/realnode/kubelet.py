@@ -13,7 +13,11 @@ real-node.md found to work on this machine:
   ClusterRole bound to the group (the dev API server authorizes with RBAC only).
 
 Its root dir is under the run folder. The device-plugin socket is not: the kubelet's device
-manager always serves `/var/lib/kubelet/device-plugins/kubelet.sock`.
+manager always serves `/var/lib/kubelet/device-plugins/kubelet.sock`. The kubelet's plugin
+watcher (DRA drivers and CSI register there) reads `<root dir>/plugins_registry`, and drivers
+put their registration socket in the standard `/var/lib/kubelet/plugins_registry`: the rig
+bind-mounts that folder onto the kubelet's (`bind_plugins_registry`; `down` unmounts everything
+under the run folder).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from rocshare_dev.realnode.netns import NetNamespace, run
 from rocshare_dev.realnode.network import BRIDGE_ADDRESS
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -84,6 +89,18 @@ class Kubelet:
         conf = config(folder=self.folder, containerd_socket=containerd_socket)
         (self.folder / "config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
 
+    def bind_plugins_registry(self) -> None:
+        """The standard registration folder seen as the kubelet's own (see the module docstring).
+        The root dir is first made a shared bind mount of itself: the kubelet binds it onto itself
+        (non-recursively) unless it already is one with shared propagation, and that bind would
+        hide the registry mount below it (seen here: the kubelet then watched an empty folder)."""
+        PLUGINS_REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+        target = self.root_dir / "plugins_registry"
+        target.mkdir(parents=True, exist_ok=True)
+        run("mount", "--bind", str(self.root_dir), str(self.root_dir))
+        run("mount", "--make-rshared", str(self.root_dir))
+        run("mount", "--bind", str(PLUGINS_REGISTRY_DIR), str(target))
+
     def start(self, ns: NetNamespace, *, bin_dir: Path, log: Path) -> int:
         command = [*ns.prefix, str(bin_dir / "kubelet"), f"--config={self.folder / 'config.yaml'}",
                    f"--kubeconfig={self.folder / 'kubeconfig'}", f"--root-dir={self.root_dir}",
@@ -94,16 +111,27 @@ class Kubelet:
                                     start_new_session=True).pid
 
 
-def unmount_under(folder: Path) -> list[str]:
+def unmount_under(folder: Path, *, passes: int = 5) -> list[str]:
     """Unmount everything mounted at or below `folder`, deepest first (the kubelet bind-mounts
-    its root dir onto itself; volumes, sandboxes' shm and rootfs mounts sit below)."""
+    its root dir onto itself; volumes, sandboxes' shm and rootfs mounts sit below). Mounts can
+    be stacked on one point (the rig's and a kubelet's bind of the root dir): repeated until
+    none is left, at most `passes` times."""
+    unmounted: list[str] = []
+    for _ in range(passes):
+        ours = _mount_points_under(folder)
+        if not ours:
+            break
+        for point in ours:
+            run("umount", "--lazy", point, check=False)
+        unmounted += ours
+    return unmounted
+
+
+def _mount_points_under(folder: Path) -> list[str]:
     prefix = str(folder.resolve())
     with open("/proc/self/mounts") as mounts:
         points = [line.split()[1].replace("\\040", " ") for line in mounts]
-    ours = sorted({p for p in points if p == prefix or p.startswith(prefix + "/")}, key=len, reverse=True)
-    for point in ours:
-        run("umount", "--lazy", point, check=False)
-    return ours
+    return sorted({p for p in points if p == prefix or p.startswith(prefix + "/")}, key=len, reverse=True)
 
 
 def remove_kubepods_cgroups() -> list[Path]:

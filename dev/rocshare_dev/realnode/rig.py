@@ -1,8 +1,9 @@
 """`RealNode`: the whole rig up and down, in order.
 
 up: network namespace -> API bridge -> control plane (with the flags pods on this node need)
--> a plain default kube-scheduler -> bridge, conflist, DNAT -> containerd (+ the local images)
--> kubelet -> node Ready -> the kubelet's sysctls restored.
+-> a plain default kube-scheduler -> bridge, conflist, DNAT -> containerd (`runtime`: 2.x built
+here by default, or Debian's 1.6; containerd.py) (+ the local images) -> kubelet -> node Ready
+-> the kubelet's sysctls restored.
 down: pods' containers killed -> kubelet, containerd, control plane, bridge stopped -> mounts
 under the run folder unmounted -> kubepods cgroups removed -> iptables chains and the
 namespace deleted -> sysctls restored. `down` works from another process too: everything it
@@ -24,13 +25,13 @@ import yaml
 from rocshare_dev.devcluster.controlplane import (DEFAULT_BIN_DIR, PROJECT_ROOT, SERVICE_CIDR, ControlPlane, Ports,
                                                   _alive, stop_process)
 from rocshare_dev.realnode import apibridge, network, sysctls
-from rocshare_dev.realnode.containerd import Containerd
-from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR, Kubelet, remove_kubepods_cgroups, unmount_under
+from rocshare_dev.realnode.containerd import DEFAULT_RUNTIME, RUNTIMES, Containerd
+from rocshare_dev.realnode.kubelet import (DEVICE_PLUGIN_DIR, PLUGINS_REGISTRY_DIR, Kubelet, remove_kubepods_cgroups,
+                                           unmount_under)
 from rocshare_dev.realnode.netns import NetNamespace, RigError
 
 IMAGES_DIR = PROJECT_ROOT / ".cache" / "images"
 IMAGE_ARCHIVES = ("pause", "operator", "node-agent", "kube-scheduler", "workload")
-CONTAINERD_ROOT = PROJECT_ROOT / ".cache" / "realnode-containerd"  # kept between runs: see containerd.py
 # Pods here reach the API server through the DNAT (no kube-proxy); webhooks are called on their
 # endpoints, and the API server reaches the kubelet (logs, exec) on the node's InternalIP.
 APISERVER_FLAGS = ("--enable-aggregator-routing=true", "--kubelet-preferred-address-types=InternalIP")
@@ -45,13 +46,19 @@ class State:
     sysctls: dict[str, str] = field(default_factory=dict)
     # /var/lib/kubelet or its device-plugins folder, if the kubelet made it: removed on down.
     created_dir: str | None = None
+    # /var/lib/kubelet/plugins_registry, if the rig made it (and not /var/lib/kubelet): removed on down.
+    created_registry_dir: str | None = None
+    runtime: str = DEFAULT_RUNTIME
 
 
 class RealNode:
     def __init__(self, root: Path, *, netns: str = "rocshare-realnode", node_name: str = "realnode",
-                 bin_dir: Path = DEFAULT_BIN_DIR) -> None:
+                 bin_dir: Path = DEFAULT_BIN_DIR, runtime: str = DEFAULT_RUNTIME) -> None:
+        if runtime not in RUNTIMES:
+            raise RigError(f"unknown container runtime {runtime!r}: one of {', '.join(RUNTIMES)}")
         self.root = root
         self.bin_dir = bin_dir
+        self.runtime = runtime
         self.ns = NetNamespace(netns)
         self.node_name = node_name
         self.state: State | None = None
@@ -72,7 +79,9 @@ class RealNode:
 
     @property
     def containerd(self) -> Containerd:
-        return Containerd(self.root / "containerd", root=CONTAINERD_ROOT)
+        """The runtime `up` was asked for, or the one a recorded rig runs (for `down`)."""
+        runtime = self.state.runtime if self.state else self.runtime
+        return Containerd(self.root / "containerd", runtime=RUNTIMES[runtime])
 
     @property
     def kubelet(self) -> Kubelet:
@@ -97,8 +106,10 @@ class RealNode:
             shutil.rmtree(self.root)
         self.logs.mkdir(parents=True, exist_ok=True)
         ports = Ports.free()
+        created_dir = _first_missing(DEVICE_PLUGIN_DIR)
         self.state = State(netns=self.ns.name, node_name=self.node_name, ports=asdict(ports),
-                           sysctls=sysctls.record(), created_dir=_first_missing(DEVICE_PLUGIN_DIR))
+                           sysctls=sysctls.record(), created_dir=created_dir, runtime=self.runtime,
+                           created_registry_dir=None if created_dir else _first_missing(PLUGINS_REGISTRY_DIR))
         self.ns.create()
         self._save()
         try:
@@ -122,11 +133,14 @@ class RealNode:
             self.state.pids.update({f"cp-{name}": pid for name, pid in control_plane.pids.items()})
             self._save()
         self.step_seconds["control plane"] = time.monotonic() - started
+        step = time.monotonic()
+        containerd = self.containerd
+        if containerd.bin_dir:  # built here (cached: a stamp check) before the namespace needs it
+            self.step_seconds["containerd build"] = time.monotonic() - step
         control_plane.start_scheduler(config_path=self._write_default_scheduler_config(control_plane))
         self.state.pids["cp-kube-scheduler"] = control_plane.pids["kube-scheduler"]
         cni_conf_dir = self.root / "cni"
         network.set_up(self.ns, cni_conf_dir=cni_conf_dir, service_cidr=SERVICE_CIDR, apiserver_port=ports.apiserver)
-        containerd = self.containerd
         containerd.write_config(cni_conf_dir=cni_conf_dir)
         self.state.pids["containerd"] = containerd.start(self.ns, self.logs / "containerd.log")
         self._save()
@@ -135,6 +149,7 @@ class RealNode:
         self.step_seconds["image import"] = time.monotonic() - step
         kubelet = self.kubelet
         kubelet.write_files(control_plane, containerd_socket=containerd.socket)
+        kubelet.bind_plugins_registry()
         self.state.pids["kubelet"] = kubelet.start(self.ns, bin_dir=self.bin_dir, log=self.logs / "kubelet.log")
         self._save()
         step = time.monotonic()
@@ -142,7 +157,7 @@ class RealNode:
         self.step_seconds["kubelet to node Ready"] = time.monotonic() - step
         changed = sysctls.restore(self.state.sysctls)
         parts = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.step_seconds.items())
-        print(f"real node {self.node_name} Ready in {time.monotonic() - started:.0f} s ({parts})"
+        print(f"real node {self.node_name} ({self.state.runtime}) Ready in {time.monotonic() - started:.0f} s ({parts})"
               f" (restored sysctls the kubelet changed: {', '.join(changed) or 'none'})")
 
     def _write_default_scheduler_config(self, control_plane: ControlPlane) -> Path:
@@ -175,6 +190,7 @@ class RealNode:
         state = self.state or self._load()
         if state is None:
             return
+        self.state = state  # `containerd` is the recorded rig's runtime
         pids = dict(state.pids)
         if "kubelet" in pids:
             stop_process(pids.pop("kubelet"), "kubelet")
@@ -191,6 +207,8 @@ class RealNode:
         network.tear_down(self.ns, service_cidr=SERVICE_CIDR, apiserver_port=state.ports["apiserver"])
         network.remove_cni_cache()
         self.ns.delete()
+        if state.created_registry_dir:
+            shutil.rmtree(state.created_registry_dir, ignore_errors=True)
         if state.created_dir:
             shutil.rmtree(state.created_dir, ignore_errors=True)
         else:  # the folder was there before: take out only what our kubelet and agent left in it

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from rocshare_dev.devcluster.controlplane import (DEFAULT_BIN_DIR, PROJECT_ROOT, SERVICE_CIDR, ControlPlane, Ports,
-                                                  _alive, stop_process)
+                                                  _alive, dra_feature_gates, k8s_version, stop_process)
 from rocshare_dev.realnode import apibridge, network, sysctls
 from rocshare_dev.realnode.containerd import DEFAULT_RUNTIME, RUNTIMES, Containerd
 from rocshare_dev.realnode.kubelet import (DEVICE_PLUGIN_DIR, PLUGINS_REGISTRY_DIR, Kubelet, remove_kubepods_cgroups,
@@ -125,7 +125,9 @@ class RealNode:
         self._save()
         control_plane = ControlPlane(root=self.root / "cluster", ports=ports, bin_dir=self.bin_dir,
                                      with_scheduler=False, command_prefix=self.ns.prefix,
-                                     extra_apiserver_args=APISERVER_FLAGS)
+                                     extra_apiserver_args=APISERVER_FLAGS,
+                                     # DRA shares on this node (tests/realnode/test_dra_shared_claim.py)
+                                     feature_gates=dra_feature_gates(k8s_version()))
         self.control_plane = control_plane
         try:
             control_plane.start()

@@ -35,6 +35,8 @@ from rocshare_dev.realnode.network import BRIDGE_ADDRESS
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+# Where DRA drivers' DaemonSets keep their plugin sockets (the agent in DRA mode: gpu.rocshare.io/).
+DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 

@@ -83,6 +83,13 @@ def controllers_off(version: str) -> list[str]:
             *(["service-lb-controller", "node-route-controller"] if minor < 37 else [])]
 
 
+def dra_feature_gates(version: str) -> tuple[str, ...]:
+    """The gates a node serving DRA shares needs on every component (API server, controller-manager,
+    scheduler, kubelet): consumable capacity is alpha and off up to 1.35, beta and on from 1.36.
+    Without it the API server drops `allowMultipleAllocations` and every claim takes a whole GPU."""
+    return ("DRAConsumableCapacity=true",) if int(version.split(".")[1]) < 36 else ()
+
+
 def mutating_admission_policy_args(version: str) -> tuple[str, ...]:
     """What kube-apiserver needs to serve MutatingAdmissionPolicy: on 1.34-1.35 the beta gate and
     API (admissionregistration.k8s.io/v1beta1); nothing from 1.36, where it is GA and served as
@@ -123,6 +130,9 @@ class ControlPlane:
     # control plane lives in the rig's network namespace), and give the API server these flags too.
     command_prefix: tuple[str, ...] = ()
     extra_apiserver_args: tuple[str, ...] = ()
+    # `Name=true` feature gates for the API server, controller-manager and scheduler (each flag
+    # a separate `--feature-gates`: the components merge repeated ones).
+    feature_gates: tuple[str, ...] = ()
     # The Kubernetes version of this control plane when it is not the session's (K8S_VERSION): the
     # DRA e2e runs its own 1.37 control plane beside a 1.35 one. Picks that version's binaries and flags.
     version: str | None = None
@@ -166,7 +176,8 @@ class ControlPlane:
     def start_scheduler(self, *, config_path: Path | None = None) -> None:
         path = config_path or self._write_scheduler_config()
         self._spawn("kube-scheduler", [f"--config={path}", "--bind-address=127.0.0.1",
-                                       f"--secure-port={self.ports.scheduler}", "-v=1"])
+                                       f"--secure-port={self.ports.scheduler}", "-v=1",
+                                       *self._feature_gate_args()])
         self._save_state()
 
     def stop(self) -> None:
@@ -273,7 +284,11 @@ class ControlPlane:
             # Nothing uses it unless that policy is installed.
             *mutating_admission_policy_args(self.k8s_version),
             *self.extra_apiserver_args,
+            *self._feature_gate_args(),
         ]
+
+    def _feature_gate_args(self) -> list[str]:
+        return [f"--feature-gates={','.join(self.feature_gates)}"] if self.feature_gates else []
 
     def _controller_manager_args(self) -> list[str]:
         kubeconfig = str(self.kubeconfig)
@@ -283,7 +298,7 @@ class ControlPlane:
                 f"--service-account-private-key-file={self.pki / 'service-account.key'}",
                 f"--root-ca-file={self.pki / 'ca.crt'}", "--use-service-account-credentials=false",
                 f"--controllers={','.join(['*', *(f'-{name}' for name in controllers_off(self.k8s_version))])}",
-                "--kube-api-qps=200", "--kube-api-burst=400", "-v=1"]
+                "--kube-api-qps=200", "--kube-api-burst=400", "-v=1", *self._feature_gate_args()]
 
     def _write_scheduler_config(self) -> Path:
         config = yaml.safe_load(SCHEDULER_CONFIG.read_text())

@@ -35,10 +35,14 @@ from rocshare_dev.realnode.network import BRIDGE_ADDRESS
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 PLUGINS_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+# Where DRA drivers' DaemonSets keep their plugin sockets (the agent in DRA mode: gpu.rocshare.io/).
+DRA_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def config(*, folder: Path, containerd_socket: Path) -> dict:
+def config(*, folder: Path, containerd_socket: Path, feature_gates: tuple[str, ...] = ()) -> dict:
+    """The kubelet's configuration file; `feature_gates` as `Name=true` (the control plane's)."""
+    gates = {name: value == "true" for name, _, value in (gate.partition("=") for gate in feature_gates)}
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -63,6 +67,7 @@ def config(*, folder: Path, containerd_socket: Path) -> dict:
         "maxPods": 30,
         "serializeImagePulls": False,
         "resolvConf": "",
+        **({"featureGates": gates} if gates else {}),
     }
 
 
@@ -86,7 +91,8 @@ class Kubelet:
         (self.folder / "kubeconfig").write_bytes(kubeconfig.read_bytes())
         control_plane.kubectl("create", "clusterrolebinding", "rocshare-realnode-system-nodes",
                               "--clusterrole=system:node", "--group=system:nodes", check=False)
-        conf = config(folder=self.folder, containerd_socket=containerd_socket)
+        conf = config(folder=self.folder, containerd_socket=containerd_socket,
+                      feature_gates=control_plane.feature_gates)
         (self.folder / "config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
 
     def bind_plugins_registry(self) -> None:

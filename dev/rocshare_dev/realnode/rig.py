@@ -23,11 +23,11 @@ from pathlib import Path
 import yaml
 
 from rocshare_dev.devcluster.controlplane import (DEFAULT_BIN_DIR, PROJECT_ROOT, SERVICE_CIDR, ControlPlane, Ports,
-                                                  _alive, stop_process)
+                                                  _alive, dra_feature_gates, k8s_version, stop_process)
 from rocshare_dev.realnode import apibridge, network, sysctls
 from rocshare_dev.realnode.containerd import DEFAULT_RUNTIME, RUNTIMES, Containerd
-from rocshare_dev.realnode.kubelet import (DEVICE_PLUGIN_DIR, PLUGINS_REGISTRY_DIR, Kubelet, remove_kubepods_cgroups,
-                                           unmount_under)
+from rocshare_dev.realnode.kubelet import (DEVICE_PLUGIN_DIR, DRA_PLUGINS_DIR, PLUGINS_REGISTRY_DIR, Kubelet,
+                                           remove_kubepods_cgroups, unmount_under)
 from rocshare_dev.realnode.netns import NetNamespace, RigError
 
 IMAGES_DIR = PROJECT_ROOT / ".cache" / "images"
@@ -48,6 +48,8 @@ class State:
     created_dir: str | None = None
     # /var/lib/kubelet/plugins_registry, if the rig made it (and not /var/lib/kubelet): removed on down.
     created_registry_dir: str | None = None
+    # /var/lib/kubelet/plugins, if a DRA agent made it (absent when the rig starts): removed on down.
+    created_dra_plugins_dir: str | None = None
     runtime: str = DEFAULT_RUNTIME
 
 
@@ -109,7 +111,8 @@ class RealNode:
         created_dir = _first_missing(DEVICE_PLUGIN_DIR)
         self.state = State(netns=self.ns.name, node_name=self.node_name, ports=asdict(ports),
                            sysctls=sysctls.record(), created_dir=created_dir, runtime=self.runtime,
-                           created_registry_dir=None if created_dir else _first_missing(PLUGINS_REGISTRY_DIR))
+                           created_registry_dir=None if created_dir else _first_missing(PLUGINS_REGISTRY_DIR),
+                           created_dra_plugins_dir=None if created_dir else _first_missing(DRA_PLUGINS_DIR))
         self.ns.create()
         self._save()
         try:
@@ -125,7 +128,9 @@ class RealNode:
         self._save()
         control_plane = ControlPlane(root=self.root / "cluster", ports=ports, bin_dir=self.bin_dir,
                                      with_scheduler=False, command_prefix=self.ns.prefix,
-                                     extra_apiserver_args=APISERVER_FLAGS)
+                                     extra_apiserver_args=APISERVER_FLAGS,
+                                     # DRA shares on this node (tests/realnode/test_dra_shared_claim.py)
+                                     feature_gates=dra_feature_gates(k8s_version()))
         self.control_plane = control_plane
         try:
             control_plane.start()
@@ -207,8 +212,9 @@ class RealNode:
         network.tear_down(self.ns, service_cidr=SERVICE_CIDR, apiserver_port=state.ports["apiserver"])
         network.remove_cni_cache()
         self.ns.delete()
-        if state.created_registry_dir:
-            shutil.rmtree(state.created_registry_dir, ignore_errors=True)
+        for made in (state.created_registry_dir, state.created_dra_plugins_dir):
+            if made:
+                shutil.rmtree(made, ignore_errors=True)
         if state.created_dir:
             shutil.rmtree(state.created_dir, ignore_errors=True)
         else:  # the folder was there before: take out only what our kubelet and agent left in it

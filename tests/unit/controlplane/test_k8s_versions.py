@@ -126,3 +126,19 @@ def test_minor_differences_in_the_controller_managers_controllers() -> None:
     assert controlplane.controllers_off("1.35.4") == ["node-lifecycle-controller", "node-ipam-controller",
                                                       "service-lb-controller", "node-route-controller"]
     assert controlplane.controllers_off("1.37.2") == ["node-lifecycle-controller", "node-ipam-controller"]
+
+
+def test_consumable_capacity_is_turned_on_where_it_is_off_by_default(tmp_path: Path) -> None:
+    # DRAConsumableCapacity: alpha (off) in 1.35, beta (on) from 1.36. Every component gets the gate;
+    # the real node's kubelet takes it from its configuration file.
+    from rocshare_dev.realnode.kubelet import config
+
+    assert controlplane.dra_feature_gates("1.35.4") == ("DRAConsumableCapacity=true",)
+    assert controlplane.dra_feature_gates("1.36.0") == controlplane.dra_feature_gates("1.37.2") == ()
+    cluster = controlplane.ControlPlane(root=tmp_path, ports=controlplane.Ports.fixed(), version="1.35.4",
+                                        feature_gates=controlplane.dra_feature_gates("1.35.4"))
+    wanted = "--feature-gates=DRAConsumableCapacity=true"
+    assert wanted in cluster._apiserver_args() and wanted in cluster._controller_manager_args()
+    assert config(folder=tmp_path, containerd_socket=tmp_path / "sock",
+                  feature_gates=cluster.feature_gates)["featureGates"] == {"DRAConsumableCapacity": True}
+    assert "featureGates" not in config(folder=tmp_path, containerd_socket=tmp_path / "sock")

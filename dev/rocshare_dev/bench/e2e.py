@@ -306,10 +306,13 @@ async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pod
 
 async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],
                          spec: dict[str, Any], timeout_s: float, until: str = "running",
-                         on_pod: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                         on_pod: Callable[[dict[str, Any]], None] | None = None,
+                         pod_of: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
     """One warm-up pod (every cache filled, every path taken once), then the burst; `on_pod` sees
-    every pod state of both (run_burst)."""
-    warm = await run_burst(kube, [bench_pod("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
+    every pod state of both (run_burst). `pod_of(name, namespace, limits, spec)` makes each pod
+    (bench_pod by default; bench dra's pods take a DRA claim instead)."""
+    pod_of = pod_of or bench_pod
+    warm = await run_burst(kube, [pod_of("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
                            until=until, on_pod=on_pod)
     if (warm.running if until == "running" else warm.bound) != 1:
         raise RuntimeError(f"{namespace}: the warm-up pod did not get {until}: {warm.failed or 'timed out'}")
@@ -318,7 +321,7 @@ async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, l
     requests_before = _api_requests(stack.cluster)
     cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
     machine_before, load_before = _machine_cpu_s(), os.getloadavg()[0]
-    burst = await run_burst(kube, [bench_pod(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
+    burst = await run_burst(kube, [pod_of(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
                             namespace=namespace, timeout_s=timeout_s, until=until, on_pod=on_pod)
     cpu = {name: round(_cpu_s(pid) - cpu_before[name], 1) for name, pid in pids.items()}
     requests = _api_requests(stack.cluster) - requests_before

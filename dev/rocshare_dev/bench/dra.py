@@ -32,11 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import signal
-import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +60,8 @@ MEASURE = "create -> bound (spec.nodeName set); no kubelet runs DRA pods here, s
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=500, help="simulated nodes per phase (default: %(default)s)")
     parser.add_argument("--pods", type=int, default=2000, help="pods per burst (default: %(default)s)")
-    parser.add_argument("--burst-timeout-s", type=float, default=180.0, help="deadline per burst (default: %(default)s)")
+    parser.add_argument("--burst-timeout-s", type=float, default=180.0,
+                        help="deadline per burst (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT, help="where to write the figures")
@@ -81,24 +77,8 @@ def run(args: argparse.Namespace) -> int:
 def run_dra(*, nodes: int = 500, pods: int = 2000, burst_timeout_s: float = 180.0, work_dir: Path | None = None,
             keep: bool = False, json_out: Path | None = DEFAULT_JSON_OUT) -> dict[str, Any]:
     """The three bursts on one control plane; see the module docstring."""
-    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-bench-dra-"))
-    root.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, e2e._interrupt)  # SIGTERM too runs the clean-up
-    try:
-        figures = asyncio.run(_run(root, nodes=nodes, pods=pods, burst_timeout_s=burst_timeout_s))
-    except BaseException:
-        print(f"rocshare-dev bench dra: failed; logs kept in {root}", file=sys.stderr)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if not keep:
-        shutil.rmtree(root, ignore_errors=True)
-    figures["dra_run_wall_s"] = round(time.monotonic() - started, 1)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(figures, indent=2) + "\n")
-    return figures
+    return e2e.run_in_work_dir("dra", work_dir, keep, json_out, lambda root: _run(
+        root, nodes=nodes, pods=pods, burst_timeout_s=burst_timeout_s))
 
 
 async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float) -> dict[str, Any]:
@@ -142,8 +122,8 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     stack.stop_baseline_scheduler()
     selector = ",".join(f"{key}={value}" for key, value in DRA_LABEL.items())
     await kube.request("DELETE", object_path("v1", "nodes"), query={"labelSelector": selector}, timeout_s=120)
-    await kube.request("DELETE", f"{RESOURCE}/resourceslices", query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"},
-                       timeout_s=120)
+    await kube.request("DELETE", f"{RESOURCE}/resourceslices",
+                       query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
     return result
 
 

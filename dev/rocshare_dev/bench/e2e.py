@@ -121,22 +121,30 @@ def run_e2e(*, nodes: int = 500, pods: int = 2000, gpus_per_node: int = 8, burst
             json_out: Path | None = DEFAULT_JSON_OUT, admission: str = "policies", hami_src: Path | None = None,
             hami_node_lock_timeout: str = "5m") -> dict[str, Any]:
     """Every burst in one run; see the module docstring."""
-    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-bench-e2e-"))
+    return run_in_work_dir("e2e", work_dir, keep, json_out, lambda root: _run(
+        root, nodes=nodes, pods=pods, gpus_per_node=gpus_per_node, burst_timeout_s=burst_timeout_s,
+        admission=admission, hami_src=hami_src, hami_node_lock_timeout=hami_node_lock_timeout))
+
+
+def run_in_work_dir(bench: str, work_dir: Path | None, keep: bool, json_out: Path | None,
+                    measure: Callable[[Path], Any]) -> dict[str, Any]:
+    """`measure(root)`'s figures (a coroutine's), with `{bench}_run_wall_s` added and written to
+    `json_out`; the work folder (a temp one by default) is kept on failure or with `keep`, and
+    SIGTERM too runs the coroutine's clean-up."""
+    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix=f"rocshare-bench-{bench}-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too runs the clean-up below
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        figures = asyncio.run(_run(root, nodes=nodes, pods=pods, gpus_per_node=gpus_per_node,
-                                   burst_timeout_s=burst_timeout_s, admission=admission, hami_src=hami_src,
-                                   hami_node_lock_timeout=hami_node_lock_timeout))
+        figures = asyncio.run(measure(root))
     except BaseException:
-        print(f"rocshare-dev bench e2e: failed; logs kept in {root}", file=sys.stderr)
+        print(f"rocshare-dev bench {bench}: failed; logs kept in {root}", file=sys.stderr)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
-    figures["e2e_run_wall_s"] = round(time.monotonic() - started, 1)
+    figures[f"{bench}_run_wall_s"] = round(time.monotonic() - started, 1)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -6,7 +6,8 @@ docs/benchmarks-scaling.png (extender latency and operator memory at 100, 1,000,
 Sections: placement (bestfit and our best policy on the default openb trace, 3 seeds instead of
 the paper's 10 to save time), extender, cost (operator and agent), hook (the memory hook's added
 time per hipMalloc+hipFree pair, against the stub ROCm runtime), e2e (when the module
-rocshare_dev.bench.e2e exists), failover (issue 30: the leading operator replica stopped under a
+rocshare_dev.bench.e2e exists), dra (issue 31: create -> bound pods/s of DRA mode beside extender
+mode and plain kube-scheduler on Kubernetes 1.37), failover (issue 30: the leading operator replica stopped under a
 stream of pods). Sections run one at a time: the machine is small. `--skip` leaves
 sections out; their figures are kept from the previous report in --out if there is one (for e2e:
 collected from the file `rocshare-dev bench e2e` writes), and the report marks them as carried over.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-SECTIONS = ("placement", "extender", "cost", "hook", "e2e", "failover")
+SECTIONS = ("placement", "extender", "cost", "hook", "e2e", "dra", "failover")
 PLACEMENT_SEEDS = "42-44"
 
 
@@ -196,6 +197,17 @@ def _e2e_figures(result: dict) -> dict:
     return figures
 
 
+def _dra(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench.dra import run_dra
+
+    return {"figures": dra_figures(run_dra())}
+
+
+def dra_figures(result: dict) -> dict:
+    """The numeric figures of `rocshare-dev bench dra` (the rest is its JSON's detail)."""
+    return {key: value for key, value in result.items() if isinstance(value, int | float) and not isinstance(value, bool)}
+
+
 def _failover(args: argparse.Namespace) -> dict:
     from rocshare_dev.bench import failover
 
@@ -204,7 +216,7 @@ def _failover(args: argparse.Namespace) -> dict:
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], dict]] = {
     "placement": _placement, "extender": _extender, "cost": _cost, "hook": _hook, "e2e": _e2e,
-    "failover": _failover}
+    "dra": _dra, "failover": _failover}
 
 
 # ---- the report ------------------------------------------------------------------------------
@@ -238,6 +250,7 @@ COMMANDS = {
     "cost": "rocshare-dev bench cost --nodes 100,1000,5000",
     "hook": "rocshare-dev bench hook (against the stub ROCm runtime)",
     "e2e": "rocshare-dev bench e2e --nodes 500 --pods 2000",
+    "dra": "rocshare-dev bench dra --nodes 500 --pods 2000",
     "failover": "rocshare-dev bench failover --trials 3 --rate 10",
 }
 
@@ -310,12 +323,15 @@ def _command(name: str, section: dict) -> str:
     figures = section.get("figures", {})
     if name == "e2e" and "e2e_nodes" in figures:
         return f"rocshare-dev bench e2e --nodes {figures['e2e_nodes']:g} --pods {figures['e2e_pods']:g}"
+    if name == "dra" and "dra_nodes" in figures:
+        return f"rocshare-dev bench dra --nodes {figures['dra_nodes']:g} --pods {figures['dra_pods']:g}"
     return COMMANDS[name]
 
 
 def _section_lines(name: str, section: dict) -> list[str]:
     title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
              "cost": "Operator and agent cost", "e2e": "End to end on the real control plane",
+             "dra": "DRA mode beside extender mode and plain kube-scheduler (create -> bound, Kubernetes 1.37)",
              "hook": "Memory hook cost (against the stub ROCm runtime)",
              "failover": "Failover of the leading operator replica"}[name]
     lines = [f"## {title}", ""]

@@ -18,6 +18,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                  "extender filter (best nodes) + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),
     "e2e": ("rocshare_dev.bench.e2e",
             "pods/s from create to Running on the real control plane, rocshare vs kube-scheduler alone"),
+    "dra": ("rocshare_dev.bench.dra",
+            "create -> bound pods/s on Kubernetes 1.37: DRA mode (kube-scheduler's DRA allocator on the product's "
+            "ResourceSlices) beside extender mode and plain kube-scheduler"),
     "floor": ("rocshare_dev.bench.floor",
               "bench e2e's ceiling: rocshare's admission, profile and extender protocol with an extender that "
               "decides nothing, against plain kube-scheduler"),

@@ -121,22 +121,30 @@ def run_e2e(*, nodes: int = 500, pods: int = 2000, gpus_per_node: int = 8, burst
             json_out: Path | None = DEFAULT_JSON_OUT, admission: str = "policies", hami_src: Path | None = None,
             hami_node_lock_timeout: str = "5m") -> dict[str, Any]:
     """Every burst in one run; see the module docstring."""
-    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-bench-e2e-"))
+    return run_in_work_dir("e2e", work_dir, keep, json_out, lambda root: _run(
+        root, nodes=nodes, pods=pods, gpus_per_node=gpus_per_node, burst_timeout_s=burst_timeout_s,
+        admission=admission, hami_src=hami_src, hami_node_lock_timeout=hami_node_lock_timeout))
+
+
+def run_in_work_dir(bench: str, work_dir: Path | None, keep: bool, json_out: Path | None,
+                    measure: Callable[[Path], Any]) -> dict[str, Any]:
+    """`measure(root)`'s figures (a coroutine's), with `{bench}_run_wall_s` added and written to
+    `json_out`; the work folder (a temp one by default) is kept on failure or with `keep`, and
+    SIGTERM too runs the coroutine's clean-up."""
+    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix=f"rocshare-bench-{bench}-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too runs the clean-up below
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        figures = asyncio.run(_run(root, nodes=nodes, pods=pods, gpus_per_node=gpus_per_node,
-                                   burst_timeout_s=burst_timeout_s, admission=admission, hami_src=hami_src,
-                                   hami_node_lock_timeout=hami_node_lock_timeout))
+        figures = asyncio.run(measure(root))
     except BaseException:
-        print(f"rocshare-dev bench e2e: failed; logs kept in {root}", file=sys.stderr)
+        print(f"rocshare-dev bench {bench}: failed; logs kept in {root}", file=sys.stderr)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
-    figures["e2e_run_wall_s"] = round(time.monotonic() - started, 1)
+    figures[f"{bench}_run_wall_s"] = round(time.monotonic() - started, 1)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(figures, indent=2) + "\n")
@@ -306,10 +314,13 @@ async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pod
 
 async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],
                          spec: dict[str, Any], timeout_s: float, until: str = "running",
-                         on_pod: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                         on_pod: Callable[[dict[str, Any]], None] | None = None,
+                         pod_of: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
     """One warm-up pod (every cache filled, every path taken once), then the burst; `on_pod` sees
-    every pod state of both (run_burst)."""
-    warm = await run_burst(kube, [bench_pod("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
+    every pod state of both (run_burst). `pod_of(name, namespace, limits, spec)` makes each pod
+    (bench_pod by default; bench dra's pods take a DRA claim instead)."""
+    pod_of = pod_of or bench_pod
+    warm = await run_burst(kube, [pod_of("warm-up", namespace, limits, spec)], namespace=namespace, timeout_s=120,
                            until=until, on_pod=on_pod)
     if (warm.running if until == "running" else warm.bound) != 1:
         raise RuntimeError(f"{namespace}: the warm-up pod did not get {until}: {warm.failed or 'timed out'}")
@@ -318,7 +329,7 @@ async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, l
     requests_before = _api_requests(stack.cluster)
     cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
     machine_before, load_before = _machine_cpu_s(), os.getloadavg()[0]
-    burst = await run_burst(kube, [bench_pod(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
+    burst = await run_burst(kube, [pod_of(f"p{index:05d}", namespace, limits, spec) for index in range(count)],
                             namespace=namespace, timeout_s=timeout_s, until=until, on_pod=on_pod)
     cpu = {name: round(_cpu_s(pid) - cpu_before[name], 1) for name, pid in pids.items()}
     requests = _api_requests(stack.cluster) - requests_before

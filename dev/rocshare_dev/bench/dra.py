@@ -1,0 +1,217 @@
+"""`rocshare-dev bench dra`: create -> bound pods/s of DRA mode beside extender mode and plain kube-scheduler.
+
+One Kubernetes 1.37.2 control plane (DRA_K8S_VERSION: consumable capacity is on by default only
+from 1.36), the same node count and the same number of pods for three bursts, one after another:
+
+1. dra — bare Node objects (no kubelet), each with the ResourceSlice the agent would publish, made
+   by the product's codec (rocshare.core.resource_slices.resource_slice) from the same MI210 capture
+   with synthetic 64 GiB VRAM that the extender phase's agents discover; one ResourceClaimTemplate
+   whose spec is the product's claim for bench e2e's slice (rocshare.core.dra_claims.claim_spec of
+   `amd.com/gpu: 1, gpumem: 4096, gpucores: 25`); each pod takes a claim from it. kube-scheduler
+   with a plain profile (its DRA plugin allocates; no extender, no rocshare process), and
+   kube-controller-manager's resourceclaim controller making each pod's claim from the template.
+2. plain kube-scheduler and 3. rocshare extender mode — bench e2e's own phases
+   (e2e._baseline_phase, e2e._rocshare_phase), unchanged, on the same control plane.
+
+The common measure is create -> **bound** (spec.nodeName set), for all three: in DRA mode nothing
+moves a pod to Running here — no kubelet runs on the DRA nodes, so nothing calls the DRA plugin's
+NodePrepareResources and nothing starts a container. Bound is where kube-scheduler's part ends
+(claim allocated and written, pod bound). The other two phases also report create -> Running
+(their simulated kubelets run pods), for reference only.
+
+    run_dra(*, nodes=500, pods=2000, burst_timeout_s=180.0, work_dir=None, keep=False,
+            json_out=DEFAULT_JSON_OUT) -> dict
+
+returns the figures (`dra_bound_pods_per_s`, `dra_extender_bound_pods_per_s`,
+`dra_plain_bound_pods_per_s`, ratios, CPU per pod) and writes them as JSON to `json_out`.
+A rate is 0 when not every pod was bound before the deadline (`dra_*_bound_pods` say how many).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from rocshare.api import dra
+from rocshare.api.models import GpuInfo, Sharing
+from rocshare.core.dra_claims import REQUEST_NAME, claim_spec
+from rocshare.core.inventory import NodeInventory
+from rocshare.core.request import parse_pod
+from rocshare.core.resource_slices import resource_slice
+from rocshare.kube.client import Kube, object_path
+from rocshare_dev.bench import e2e
+from rocshare_dev.bench.burst import BurstResult, delete_all
+from rocshare_dev.bench.fleet import node_object
+from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
+from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports
+
+DEFAULT_JSON_OUT = PROJECT_ROOT / ".cache" / "bench" / "dra.json"
+NAMESPACE = "bench-dra"
+TEMPLATE = "bench-slice"
+NODE_PREFIX = "dra-"
+DRA_LABEL = {"rocshare.io/sim": "bench-dra"}
+RESOURCE = f"/apis/{dra.RESOURCE_API_VERSION}"
+MEASURE = "create -> bound (spec.nodeName set); no kubelet runs DRA pods here, so no phase is timed to Running"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=500, help="simulated nodes per phase (default: %(default)s)")
+    parser.add_argument("--pods", type=int, default=2000, help="pods per burst (default: %(default)s)")
+    parser.add_argument("--burst-timeout-s", type=float, default=180.0,
+                        help="deadline per burst (default: %(default)s)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
+    parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT, help="where to write the figures")
+
+
+def run(args: argparse.Namespace) -> int:
+    figures = run_dra(nodes=args.nodes, pods=args.pods, burst_timeout_s=args.burst_timeout_s,
+                      work_dir=args.work_dir, keep=args.keep, json_out=args.json_out)
+    print(json.dumps(figures, indent=2))
+    return 0 if figures["dra_bound_pods_per_s"] else 1
+
+
+def run_dra(*, nodes: int = 500, pods: int = 2000, burst_timeout_s: float = 180.0, work_dir: Path | None = None,
+            keep: bool = False, json_out: Path | None = DEFAULT_JSON_OUT) -> dict[str, Any]:
+    """The three bursts on one control plane; see the module docstring."""
+    return e2e.run_in_work_dir("dra", work_dir, keep, json_out, lambda root: _run(
+        root, nodes=nodes, pods=pods, burst_timeout_s=burst_timeout_s))
+
+
+async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float) -> dict[str, Any]:
+    cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), version=DRA_K8S_VERSION, with_scheduler=False)
+    stack = e2e.Stack(cluster)
+    try:
+        cluster.start()
+        cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
+        cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "manifests/base/dra/deviceclass.yaml"))
+        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        async with await Kube.connect(cluster.kubeconfig) as kube:
+            for namespace in (NAMESPACE, "bench-baseline", "bench-rocshare"):
+                await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
+            dra_result = await _dra_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
+            plain = await e2e._baseline_phase(stack, kube, root, nodes=nodes, pods=pods, gpus_per_node=8,
+                                              timeout_s=burst_timeout_s)
+            extender = await e2e._rocshare_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
+    finally:
+        stack.stop()
+    return figures(nodes=nodes, pods=pods, dra_phase=dra_result, plain=plain, extender=extender)
+
+
+# ---- the DRA phase -----------------------------------------------------------------------------
+
+
+async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, pods: int,
+                     timeout_s: float) -> dict[str, Any]:
+    from rocshare_agent.discovery import discover
+
+    gpus = discover(mi210_with_synthetic_vram(FIXTURES, root)).gpus
+    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE),
+                      claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus))
+    names = [f"{NODE_PREFIX}{index:05d}" for index in range(nodes)]
+    await _publish_nodes(kube, names, gpus)
+    stack.baseline_scheduler = e2e.start_baseline_scheduler(stack.cluster)  # a plain profile: DRA alone allocates
+    spec = {"schedulerName": e2e.BASELINE_SCHEDULER}
+    result = await e2e.measured_burst(stack, kube, NAMESPACE, pods, {}, spec, timeout_s, until="bound",
+                                      pod_of=templated_pod)
+    result["allocated_claims"] = await _allocated_claims(kube)
+    await delete_all(kube, NAMESPACE)
+    stack.stop_baseline_scheduler()
+    selector = ",".join(f"{key}={value}" for key, value in DRA_LABEL.items())
+    await kube.request("DELETE", object_path("v1", "nodes"), query={"labelSelector": selector}, timeout_s=120)
+    await kube.request("DELETE", f"{RESOURCE}/resourceslices",
+                       query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
+    return result
+
+
+async def _publish_nodes(kube: Kube, names: list[str], gpus: list[GpuInfo]) -> None:
+    """Each Node, then its ResourceSlice (owned by it), a few at a time."""
+    gate = asyncio.Semaphore(32)
+
+    async def one(name: str) -> None:
+        async with gate:
+            node = dra_node(name)
+            created = await kube.create(object_path("v1", "nodes"), node)
+            await kube.create(f"{RESOURCE}/resourceslices", resource_slice(
+                node_name=name, node_uid=created["metadata"]["uid"], gpus=gpus, sharing=Sharing(), generation=1))
+
+    await asyncio.gather(*(one(name) for name in names))
+
+
+async def _allocated_claims(kube: Kube) -> int:
+    """Claims of the burst the scheduler allocated (evidence the DRA allocator did the binding)."""
+    listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=NAMESPACE))
+    return sum(1 for claim in listed.get("items", []) if (claim.get("status") or {}).get("allocation"))
+
+
+# ---- objects (pure) ----------------------------------------------------------------------------
+
+
+def dra_node(name: str) -> dict[str, Any]:
+    """bench fleet's realistic MI210 Node, with no device-plugin resource (DRA offers the GPUs) and
+    the DRA phase's label (its clean-up selects by it)."""
+    node = node_object(name, "mi210")
+    for resources in (node["status"]["capacity"], node["status"]["allocatable"]):
+        resources.pop("amd.com/gpu", None)
+    node["metadata"]["labels"].update(DRA_LABEL)
+    return node
+
+
+def claim_template(name: str, namespace: str, limits: dict[str, str], gpus: list[GpuInfo]) -> dict[str, Any]:
+    """The ResourceClaimTemplate rocshare writes for a pod with `limits` in a pool of these GPUs."""
+    container = parse_pod(e2e.bench_pod("template", namespace, limits, {})).gpu_containers[0]
+    shapes = NodeInventory.from_gpu_infos("template", sorted(gpus, key=lambda gpu: gpu.index), Sharing()).gpus
+    return {"apiVersion": dra.RESOURCE_API_VERSION, "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": claim_spec(container, shapes)}}
+
+
+def templated_pod(name: str, namespace: str, limits: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
+    """measured_burst's pod factory: the DRA pod (its limits are in the template, not the pod)."""
+    return dra_pod(name, namespace, TEMPLATE, spec)
+
+
+def dra_pod(name: str, namespace: str, template: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """bench e2e's pod without device-plugin limits, its container using a claim from `template`."""
+    pod = e2e.bench_pod(name, namespace, {}, spec)
+    pod["spec"]["resourceClaims"] = [{"name": REQUEST_NAME, "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": REQUEST_NAME}]}
+    return pod
+
+
+# ---- figures (pure) ----------------------------------------------------------------------------
+
+
+def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str, Any],
+            extender: dict[str, Any]) -> dict[str, Any]:
+    ours: BurstResult = dra_phase["burst"]
+    base: BurstResult = plain["burst"]
+    ext: BurstResult = extender["burst"]
+    return {
+        "dra_nodes": nodes, "dra_pods": pods, "dra_measure": MEASURE,
+        "dra_bound_pods_per_s": round(ours.bound_per_s, 1),
+        "dra_extender_bound_pods_per_s": round(ext.bound_per_s, 1),
+        "dra_plain_bound_pods_per_s": round(base.bound_per_s, 1),
+        "dra_to_plain_bound_ratio": _ratio(ours.bound_per_s, base.bound_per_s),
+        "dra_to_extender_bound_ratio": _ratio(ours.bound_per_s, ext.bound_per_s),
+        "dra_bound_pods": ours.bound, "dra_extender_bound_pods": ext.bound, "dra_plain_bound_pods": base.bound,
+        "dra_allocated_claims": dra_phase.get("allocated_claims"),
+        "dra_all_bound_s": e2e._r(ours.all_bound_s), "dra_extender_all_bound_s": e2e._r(ext.all_bound_s),
+        "dra_plain_all_bound_s": e2e._r(base.all_bound_s),
+        "dra_extender_running_pods_per_s": round(ext.pods_per_s, 1),
+        "dra_plain_running_pods_per_s": round(base.pods_per_s, 1),
+        "dra_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(dra_phase["cpu_s"], ours.bound),
+        "dra_extender_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(extender["cpu_s"], ext.bound),
+        "dra_plain_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(plain["cpu_s"], base.bound),
+        "dra_cpu_s_by_process": dra_phase["cpu_s"],
+        "dra_cpu_s_other_users": dra_phase["others_cpu_s"],
+        "dra_extender_cpu_s_other_users": extender["others_cpu_s"],
+        "dra_plain_cpu_s_other_users": plain["others_cpu_s"],
+        "dra_k8s_version": DRA_K8S_VERSION,
+    }
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator and numerator else None

@@ -34,6 +34,7 @@ RELEASE = "rocshare"
 WORKLOADS = "helm-e2e"
 UPGRADE_PODS = 8
 UPGRADE_CREATE_GAP_S = 3.0
+UPGRADE_TAG = "upgraded"  # the operator image tag `helm upgrade` moves to (test_helm_upgrade_under_load_refuses_nothing)
 """Slice pods created one by one while `helm upgrade` rolls the two operator replicas (~25 s)."""
 
 
@@ -150,11 +151,16 @@ def test_helm_install_runs_the_operator_and_a_slice_pod(installed: Release) -> N
 
 
 def test_helm_upgrade_under_load_refuses_nothing(installed: Release) -> None:
-    """Issue 30: `helm upgrade` with a changed operator pod template (a new memory limit: both replicas
-    are replaced, one at a time) while slice pods are being created. Every creation is accepted, every
-    pod runs, the slices are disjoint and within VRAM as read inside the containers (their environment
-    and /dev/dri), and after they are deleted a pod asking for every GPU whole runs: no slice leaked."""
+    """Issue 30: `helm upgrade` to a changed operator image (a new tag, as a release would bring, and a
+    new memory limit: both replicas are replaced, one at a time) while slice pods are being created.
+    Every creation is accepted, every pod runs, the slices are disjoint and within VRAM as read inside
+    the containers (their environment and /dev/dri), and after they are deleted a pod asking for every
+    GPU whole runs: no slice leaked."""
     release, cluster = installed, installed.cluster
+    operator_repo, operator_tag = deploy.IMAGES["rocshare/operator"]
+    # The node never pulls: the new tag names the image built here, tagged in the node's containerd.
+    release.node.containerd.ctr("images", "tag", "--force", f"{operator_repo}:{operator_tag}",
+                                f"{operator_repo}:{UPGRADE_TAG}")
     names = [f"upgrade-{index:02d}" for index in range(UPGRADE_PODS)]
     refused: list[str] = []
 
@@ -169,12 +175,15 @@ def test_helm_upgrade_under_load_refuses_nothing(installed: Release) -> None:
     creating = threading.Thread(target=create_pods)
     creating.start()
     release.run("upgrade", RELEASE, str(CHART), "-f", str(release.values), "--reuse-values",
-                "--set", "operator.resources.limits.memory=768Mi", "--wait", "--timeout=10m", timeout_s=700)
+                "--set", "operator.resources.limits.memory=768Mi", "--set", f"operator.image.tag={UPGRADE_TAG}",
+                "--wait", "--timeout=10m", timeout_s=700)
     creating.join()
     assert not refused, refused
     pod = wait_for("an operator pod with the new memory limit ready", lambda: operator_ready(release, memory_limit="768Mi"),
                    timeout_s=300, explain=lambda: describe(cluster, f"pods -n {NAMESPACE}"))
     assert pod is not None
+    operator = next(c for c in pod["spec"]["initContainers"] if c["name"] == "operator")
+    assert operator["image"] == f"{operator_repo}:{UPGRADE_TAG}", operator["image"]
     history = json.loads(release.run("history", RELEASE, "-o", "json").stdout)
     assert [entry["revision"] for entry in history] == [1, 2] and history[-1]["status"] == "deployed"
     wait_for("every pod created during the upgrade Running", lambda: all(

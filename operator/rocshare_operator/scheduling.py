@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 import kopf
 
 from rocshare.core.inventory import GpuSpec, NodeInventory
-from rocshare_operator.admission import dra_pods, policy_params, tls_secret, webhook
+from rocshare_operator.admission import claim_quota, dra_pods, policy_params, tls_secret, webhook
 from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
@@ -55,8 +55,10 @@ def leadership_task(args, gate: DecisionGate, kopf_settings: kopf.OperatorSettin
 
 
 def register_webhook(settings: webhook.WebhookSettings, state: SchedulerState) -> None:
+    quota = claim_quota.ClaimQuota(limits=state.quota_limits, shapes=lambda: claim_quota.dra_shapes(
+        state.pools, state.index.node_pools, lambda node: _gpus_of(state, node)))
     webhook.register(kopf.get_default_registry(), settings, lambda pod: runtime_class_for(pod, state.pools),
-                     lambda pod: dra_plan(pod, state))
+                     lambda pod: dra_plan(pod, state), quota)
 
 
 def dra_plan(pod: dict, state: SchedulerState) -> dra_pods.DraPlan | None:
@@ -65,15 +67,17 @@ def dra_plan(pod: dict, state: SchedulerState) -> dra_pods.DraPlan | None:
     pools = dra_pods.dra_pools_for(pod, state.pools)
     if not pools:
         return None
+    return dra_pods.plan_dra(pod, pools, dra_pods.pool_shapes(pools, state.index.node_pools,
+                                                               lambda node: _gpus_of(state, node)))
+
+
+def _gpus_of(state: SchedulerState, node: str) -> tuple[GpuSpec, ...]:
+    """The node's GPUs as its AmdGpuNode and its pool's sharing give them; () when unknown."""
     index = state.index
-
-    def gpus_of(node: str) -> tuple[GpuSpec, ...]:
-        status, pool = index.gpu_status.get(node), state.pools.get(index.node_pools.get(node, ""))
-        if status is None or status.gpus is None or pool is None:
-            return ()
-        return NodeInventory.from_gpu_infos(node, status.gpus, pool.sharing).gpus
-
-    return dra_pods.plan_dra(pod, pools, dra_pods.pool_shapes(pools, index.node_pools, gpus_of))
+    status, pool = index.gpu_status.get(node), state.pools.get(index.node_pools.get(node, ""))
+    if status is None or status.gpus is None or pool is None:
+        return ()
+    return NodeInventory.from_gpu_infos(node, status.gpus, pool.sharing).gpus
 
 
 def configure_admission(kopf_settings: kopf.OperatorSettings, settings: webhook.WebhookSettings) -> None:

@@ -38,7 +38,8 @@ from tests.e2e.test_operator import AGENT_NAMESPACE, ROCSHARE
 
 pytestmark = pytest.mark.e2e
 
-OPERATOR_KINDS = ("nodes", "pods", "amdgpunodes", "resourcequotas", "amdgpupools", "amdgpushares", "daemonsets")
+OPERATOR_KINDS = ("nodes", "pods", "amdgpunodes", "resourcequotas", "amdgpupools", "amdgpushares", "daemonsets",
+                  "resourceclaims")
 """What the operator must watch (the extender's caches, the reconcilers, Kopf's share loops and
 the agent DaemonSets): each must show up once, so that the count is not vacuous."""
 AGENT_KINDS = ("pods",)

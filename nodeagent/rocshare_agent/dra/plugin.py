@@ -22,12 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rocshare.api import dra
-from rocshare.api.allocation import ContainerAllocation
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, encode_record
 from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, HookMissing, Sharing
 from rocshare.core.dra_shares import AllocatedDevice, Holdings, ShareError, plan_claim
-from rocshare.core.inventory import GpuSpec, NodeInventory
-from rocshare.core.resource_slices import device_name
+from rocshare.core.inventory import GpuSpec
+from rocshare.core.resource_slices import specs_by_device
 from rocshare.kube.client import ApiError, Kube, NotFound, object_path
 from rocshare_agent.deviceplugin.container_spec import SpecError, render_container
 from rocshare_agent.dra import cdi
@@ -103,6 +103,7 @@ class DraPluginService:
                                               f"proven free until it is removed")
         existing = next((record for record in records if record.uid == claim.uid), None)
         if existing is not None:
+            await self._record_on_claim(existing)  # a retry: the first try may not have written it
             return existing
         allocated = await self._allocated(claim)
         gpus, sharing = self._offered()
@@ -118,10 +119,26 @@ class DraPluginService:
                                 hook_host_dir=self.hook_host_dir, memory_hook=self._memory_hook(container),
                                 dev_root=self.dev_root)
         cdi.write_spec(self.cdi_dir, prepared, spec)
+        await self._record_on_claim(prepared)
         log.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
                  "; ".join(f"{d.device} {d.slice.memory_mib} MiB CUs {d.slice.cu_ranges or 'all'}"
                            for d in prepared.devices))
         return prepared
+
+    async def _record_on_claim(self, prepared: cdi.PreparedClaim) -> None:
+        """Write what the claim was handed out (its CU ranges) on the claim, for the operator's
+        accounting (rocshare.core.dra_shares.claim_record). The node's CDI record is what holds the
+        CUs; without this write the operator counts the claim from its allocation (same memory and
+        cores, CU positions unknown), so a failure is logged, not fatal."""
+        record = AllocationRecord(node=self.node_name, containers=[
+            ContainerAllocation(name=prepared.name, devices=[device.slice for device in prepared.devices])])
+        path = object_path(dra.RESOURCE_API_VERSION, "resourceclaims", prepared.name, namespace=prepared.namespace)
+        try:
+            await self.kube.merge_patch(path, {"metadata": {
+                "uid": prepared.uid, "annotations": {ALLOCATION_ANNOTATION: encode_record(record)}}})
+        except ApiError as error:
+            log.warning("claim %s/%s: could not write its record (%s); the operator counts it from its allocation",
+                        prepared.namespace, prepared.name, error)
 
     async def _allocated(self, claim: pb.Claim) -> list[AllocatedDevice]:
         path = object_path(dra.RESOURCE_API_VERSION, "resourceclaims", claim.name, namespace=claim.namespace)
@@ -158,8 +175,7 @@ class DraPluginService:
 
 
 def _specs_by_device(gpus: Sequence[GpuInfo], sharing: Sharing, node_name: str) -> Mapping[str, GpuSpec]:
-    node = NodeInventory.from_gpu_infos(node_name, gpus, sharing)
-    return {device_name(spec.gpu_id): spec for spec in node.gpus if spec.healthy}
+    return {name: spec for name, spec in specs_by_device(node_name, gpus, sharing).items() if spec.healthy}
 
 
 def _oversubscribed(gpus: Sequence[GpuInfo], sharing: Sharing) -> bool:

@@ -6,7 +6,8 @@ generated ones lack: a namespaceSelector that keeps kube-system and rocshare-sys
 out (so a dead operator can never block the control plane) with failurePolicy Fail
 everywhere else (so a GPU pod is never admitted unchecked).
 
-Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocshare.io.
+Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocshare.io, and
+/resourceclaims.validate.rocshare.io (claim_quota.py: AmdGpuShare quota for DRA claims).
 The mutating handler also refuses bad GPU pods (checking the pod as mutated), so creating a
 GPU pod costs one webhook call; the validating handler is called only for writes that carry
 or change an allocation annotation and come from someone other than rocshare's own service
@@ -23,6 +24,7 @@ from typing import TypeVar
 import kopf
 
 from rocshare.kube.client import ApiError, Conflict, Kube
+from rocshare_operator.admission.claim_quota import CLAIM_VALIDATE_ID, ClaimQuota
 from rocshare_operator.admission.dra_pods import DraPlan
 from rocshare_operator.admission.pods import (
     Refused,
@@ -57,8 +59,9 @@ class WebhookSettings:
 
 
 def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
-             runtime_class_for: Callable[[dict], str | None], dra_plan_for: DraPlanner = lambda _pod: None) -> None:
-    """Add the two pod handlers to `registry`."""
+             runtime_class_for: Callable[[dict], str | None], dra_plan_for: DraPlanner = lambda _pod: None,
+             claim_quota: ClaimQuota | None = None) -> None:
+    """Add the two pod handlers to `registry`, and with `claim_quota` the ResourceClaim quota check."""
 
     # Handlers are coroutines (only a DRA pod's templates are awaited): Kopf runs plain functions
     # in a thread pool, and the hop costs more than the check.
@@ -93,6 +96,19 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
             _refuse_unless(lambda: validate_update(dict(old), dict(body), trusted=trusted(userinfo)))
         else:
             _refuse_unless(lambda: validate_create(dict(body), trusted=trusted(userinfo)))
+
+
+    if claim_quota is None:
+        return
+
+    @kopf.on.validate("resource.k8s.io", "v1", "resourceclaims", id=CLAIM_VALIDATE_ID, operations=["CREATE"],
+                      registry=registry)
+    async def validate_claim(body: kopf.Body, dryrun: bool, memo: kopf.Memo, **_: object) -> None:
+        """A claim of rocshare's DRA class must fit its namespace's AmdGpuShare limits (claim_quota.py)."""
+        ctx = memo.rocshare
+        why = claim_quota.refusal(dict(body), ctx.accounts, ctx.feed.claims_in, dry_run=dryrun)
+        if why is not None:
+            raise kopf.AdmissionError(why, code=403)
 
 
 async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...], *, dryrun: bool) -> None:

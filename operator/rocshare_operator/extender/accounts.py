@@ -208,6 +208,27 @@ class Accounts:
             for callback in self.on_release:
                 callback()
 
+    # ---- DRA claims ------------------------------------------------------------------------
+
+    def on_claim(self, key: PodKey, namespace: str, node: str, held: AllocationRecord | str | None) -> None:
+        """A ResourceClaim of rocshare's driver, keyed apart from pods (`claim_key`): `held` is its
+        record (rocshare.core.dra_shares.claim_record), why it cannot be read, or None when it holds
+        nothing (unallocated, deleted). It holds, and counts against its namespace, as a pod would."""
+        if held is None:
+            if key in self.ledger or key in self.unaccountable:
+                self.forget(key)
+            return
+        if isinstance(held, str):
+            self.hold_unknown(key, namespace, node, held)
+            return
+        if self.ledger.record(key) == held:
+            return
+        if key in self.ledger:  # allocated, then prepared: the agent's record names the CUs
+            self._uncount(key)
+            self.ledger.release(key)
+        self.unaccountable.pop(key, None)
+        self.commit(key, namespace, held)
+
     # ---- bind ------------------------------------------------------------------------------
 
     def commit(self, key: PodKey, namespace: str, record: AllocationRecord, host: HostRequest = NO_HOST_REQUEST) -> None:

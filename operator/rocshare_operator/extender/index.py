@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocshare.api.models import AmdGpuPoolSpec, ShareLimits, Sharing
+from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, ShareLimits, Sharing
 from rocshare.api.node_settings import SettingsError, decode_settings
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import QuantityError, whole_quantity
@@ -135,6 +135,19 @@ class ClusterIndex:
             self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
         except ValidationError as error:
             log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+
+    def dra_inventories(self) -> dict[str, NodeInventory]:
+        """The GPUs of nodes in pools serving DRA (kube-scheduler places on them, never the extender):
+        what metrics report their claims against. Worked out when asked (a scrape), not kept."""
+        found = {}
+        for name, status in self.gpu_status.items():
+            pool, node = self.pools.get(self.node_pools.get(name, "")), self.nodes.get(name)
+            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None or status.gpus is None:
+                continue
+            sharing = self._sharing_of(node)
+            if isinstance(sharing, Sharing):
+                found[name] = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+        return found
 
     def _membership_changed(self) -> None:
         self._unpooled = None

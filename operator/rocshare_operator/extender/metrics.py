@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from rocshare.core.fit import Reason
 from rocshare.core.holdings import slice_cores_pct
-from rocshare.core.inventory import GpuSpec
+from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY, UNREADABLE
 from rocshare_operator.extender.state import SchedulerState
 
@@ -87,6 +87,10 @@ class _LedgerCollector(Collector):
         yield from self._container_families()
         yield from self._quota_families()
 
+    def _metered(self) -> dict[str, NodeInventory]:
+        """Nodes whose GPUs are reported: the extender's, and those of pools serving DRA."""
+        return {**self._state.index.dra_inventories(), **self._state.inventories}
+
     def _gpu_families(self) -> Iterator[GaugeMetricFamily]:
         memory_limit = GaugeMetricFamily("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU",
                                          labels=GPU_LABELS)
@@ -102,7 +106,7 @@ class _LedgerCollector(Collector):
         memory_ratio = GaugeMetricFamily("hami_node_gpu_memory_allocated_ratio",
                                          "GPU memory allocated on a certain GPU (fraction 0-1, as HAMi emits it)",
                                          labels=GPU_LABELS)
-        for node_name, node in self._state.inventories.items():
+        for node_name, node in self._metered().items():
             usage = self._state.ledger.usage(node)
             for spec, gpu in zip(node.gpus, usage.gpus):
                 kind = device_type(spec)
@@ -124,8 +128,7 @@ class _LedgerCollector(Collector):
                                    labels=CONTAINER_LABELS)
         cores = GaugeMetricFamily("hami_vgpu_core_allocated_ratio",
                                   "vGPU core allocated from a container (percent of the GPU's CUs)", labels=CONTAINER_LABELS)
-        cu_totals = {(name, spec.gpu_id): spec.cu_count
-                     for name, node in self._state.inventories.items() for spec in node.gpus}
+        cu_totals = {(name, spec.gpu_id): spec.cu_count for name, node in self._metered().items() for spec in node.gpus}
         for key, record in self._state.ledger.records().items():
             namespace, _, name = key.partition("/")
             # container_index: the container's place in the record (init containers first), so two

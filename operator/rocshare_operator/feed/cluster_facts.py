@@ -13,6 +13,8 @@ and share reconcilers. So they hold only what some reader uses:
   (and whatever of its name and node could be read): it holds unknown GPUs on its node;
   a pod HAMi placed (no rocshare record) carries HAMi's decision instead (`HamiPlacement`);
 * a ResourceQuota: its limits and the AmdGpuShare that owns it (`QuotaFacts`);
+* a ResourceClaim of rocshare's DRA driver: its allocated devices and node, the agent's record once
+  prepared, its requests (`ClaimFacts`);
 * an AmdGpuNode: its GPUs as `GpuFacts`, slotted copies of the validated `GpuInfo`
   models (a tenth of their size), or why its status was refused; pool and share status
   read `GpuSummary` of them (for a refused status, of what the agent wrote, as counted
@@ -27,16 +29,19 @@ nodes share one copy.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from rocshare.api import dra
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
+from rocshare.core.dra_shares import AllocatedDevice
 from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity, whole_quantity
@@ -330,3 +335,62 @@ def quota_facts(quota: Mapping) -> QuotaFacts:
     return QuotaFacts(namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""), hard=hard,
                       share=owners[0] if owners else None)
 
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFacts:
+    """What readers use of a ResourceClaim that asks rocshare's DRA driver (docs/dra.md): the
+    devices of the driver it was allocated, on which node, the record the node agent wrote once it
+    prepared the claim, and its device requests (what it may take, for quota while unallocated).
+    A claim that asks other drivers only is kept with `ours` False and nothing else."""
+
+    namespace: str
+    name: str
+    ours: bool = False
+    node: str = ""  # the node of its devices; "" while unallocated
+    devices: tuple[AllocatedDevice, ...] = ()
+    prepared: str | None = None  # the agent's allocation record (rocshare.io/allocation), once prepared
+    requests_json: str = "[]"  # spec.devices.requests as JSON (compared cheaply; read only by quota)
+    problem: str | None = None  # the claim could not be read: it may hold anything on `node`
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.node)
+
+
+def claim_facts(claim: Mapping) -> ClaimFacts:
+    """Never raises (a claim that cannot be read keeps its name and the problem)."""
+    meta = (claim.get("metadata") or {}) if isinstance(claim, Mapping) else {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    try:
+        return _claim_facts(claim, namespace, name)
+    except Exception as error:  # noqa: BLE001 -- fail closed: an unreadable claim is kept, not dropped
+        return ClaimFacts(namespace=namespace, name=name, ours=True,
+                          problem=f"its object cannot be read: {type(error).__name__}: {error}")
+
+
+def _claim_facts(claim: Mapping, namespace: str, name: str) -> ClaimFacts:
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    asks = [request for request in requests if _asks_driver(request)]
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    ours = [result for result in results if result.get("driver") == dra.DRIVER_NAME]
+    if not asks and not ours:
+        return ClaimFacts(namespace=sys.intern(namespace), name=name)
+    nodes = sorted({str(result.get("pool", "")) for result in ours})
+    if len(nodes) > 1:
+        raise ValueError(f"its devices of {dra.DRIVER_NAME} are on several nodes: {', '.join(nodes)}")
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return ClaimFacts(namespace=sys.intern(namespace), name=name, ours=True, node=sys.intern(nodes[0]) if nodes else "",
+                      devices=tuple(AllocatedDevice.from_result(result) for result in ours),
+                      prepared=annotations.get(ALLOCATION_ANNOTATION) if ours else None,
+                      requests_json=json.dumps(asks, sort_keys=True))
+
+
+def _asks_driver(request: Mapping) -> bool:
+    """A request (or one of its subrequests) of rocshare's DeviceClass."""
+    choices = [request.get("exactly") or {}, *(request.get("firstAvailable") or ())]
+    return any(choice.get("deviceClassName") == dra.DEVICE_CLASS_NAME for choice in choices)

@@ -1,11 +1,11 @@
 """One watch per kind for the whole operator process: Nodes, Pods, AmdGpuNodes,
-ResourceQuotas and AmdGpuPools reach it here, once.
+ResourceQuotas, AmdGpuPools and ResourceClaims reach it here, once.
 
 The extender's `SchedulerState` and the pool and share reconcilers all read these kinds.
 Rather than each watching them (and decoding every event twice), the process runs one
 informer per kind and fans each change out to its subscribers, in the order they
-subscribed. The informers keep `NodeFacts`, `PodFacts` and `GpuNodeFacts`
-(and `QuotaFacts`, cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
+subscribed. The informers keep `NodeFacts`, `PodFacts`, `GpuNodeFacts`, `QuotaFacts` and
+`ClaimFacts` (cluster_facts.py), not bodies, and drop events that change no fact (kubelet and agent
 heartbeats, status ticks nobody reads), so a subscriber only hears of a change it could
 notice. Every cache here is a `rocshare.kube.Informer`, the product's one list+watch (see its
 docstring for why it and not Kopf's watcher). AmdGpuPools are kept as bodies (slimmed):
@@ -31,14 +31,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from rocshare.api import dra
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 from rocshare.kube.informer import Informer, object_key
 from rocshare_operator.feed.cluster_facts import (
+    ClaimFacts,
     GpuNodeFacts,
     NodeFacts,
     PodFacts,
     QuotaFacts,
+    claim_facts,
     gpu_node_facts,
     node_facts,
     pod_facts,
@@ -51,6 +54,7 @@ NodeHandler = Callable[[str, NodeFacts, NodeFacts | None], Awaitable[None] | Non
 PodHandler = Callable[[str, PodFacts, PodFacts | None], Awaitable[None] | None]
 GpuNodeHandler = Callable[[str, GpuNodeFacts, GpuNodeFacts | None], Awaitable[None] | None]
 QuotaHandler = Callable[[str, QuotaFacts, QuotaFacts | None], Awaitable[None] | None]
+ClaimHandler = Callable[[str, ClaimFacts, ClaimFacts | None], Awaitable[None] | None]
 PoolHandler = Callable[[str, dict[str, Any], dict[str, Any] | None], Awaitable[None] | None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", the facts now (last facts when deleted), the facts before)."""
 
@@ -62,6 +66,7 @@ class ClusterFeed:
         self._gpu_node_handlers: list[GpuNodeHandler] = []
         self._quota_handlers: list[QuotaHandler] = []
         self._pool_handlers: list[PoolHandler] = []
+        self._claim_handlers: list[ClaimHandler] = []
         self._failing_handlers: list[Callable[[], None]] = []
         self._started = False
         self.nodes: Informer[NodeFacts] = Informer(kube, "/api/v1/nodes", self._on_node, name="nodes",
@@ -78,10 +83,14 @@ class ClusterFeed:
                                                      on_failing=self._failing_changed)
         self.pools: Informer[dict[str, Any]] = Informer(kube, object_path(API_VERSION, "amdgpupools"), self._on_pool,
                                                         name="amdgpupools", on_failing=self._failing_changed)
+        self.claims: Informer[ClaimFacts] = Informer(
+            kube, object_path(dra.RESOURCE_API_VERSION, "resourceclaims"), self._on_claim, name="resourceclaims",
+            decode=claim_facts, changed_only=True, on_failing=self._failing_changed)
 
     def subscribe(self, *, on_node: NodeHandler | None = None, on_pod: PodHandler | None = None,
                   on_gpu_node: GpuNodeHandler | None = None, on_quota: QuotaHandler | None = None,
-                  on_pool: PoolHandler | None = None, on_failing: Callable[[], None] | None = None) -> None:
+                  on_pool: PoolHandler | None = None, on_claim: ClaimHandler | None = None,
+                  on_failing: Callable[[], None] | None = None) -> None:
         """`on_failing`: told when an object starts or stops failing (see `failing`)."""
         if self._started:
             raise RuntimeError("subscribe to the cluster feed before it runs: a late reader misses the first list")
@@ -89,12 +98,12 @@ class ClusterFeed:
             self._failing_handlers.append(on_failing)
         for handlers, handler in ((self._node_handlers, on_node), (self._pod_handlers, on_pod),
                                   (self._gpu_node_handlers, on_gpu_node), (self._quota_handlers, on_quota),
-                                  (self._pool_handlers, on_pool)):
+                                  (self._pool_handlers, on_pool), (self._claim_handlers, on_claim)):
             if handler is not None:
                 handlers.append(handler)
 
     def informers(self) -> tuple[Informer, ...]:
-        return (self.nodes, self.gpu_nodes, self.quotas, self.pools, self.pods)
+        return (self.nodes, self.gpu_nodes, self.quotas, self.pools, self.pods, self.claims)
 
     def _failing_changed(self) -> None:
         for handler in self._failing_handlers:
@@ -126,17 +135,28 @@ class ClusterFeed:
     def gpu_node(self, name: str) -> GpuNodeFacts | None:
         return self.gpu_nodes.store.get(f"/{name}")
 
+    def claims_on(self, node: str) -> list[ClaimFacts]:
+        return [facts for facts in self.claims.store.values() if facts.ours and facts.node == node]
+
+    def claims_in(self, namespace: str) -> list[ClaimFacts]:
+        return [facts for facts in self.claims.store.values() if facts.ours and facts.namespace == namespace]
+
     async def run(self) -> None:
         """Run until cancelled. Nodes and AmdGpuNodes are listed before pods, so that readers
-        know every node's GPUs when the pods' records arrive."""
+        know every node's GPUs when the pods' records and the claims' allocations arrive."""
         self._started = True
         await asyncio.gather(self.nodes.run(), self.gpu_nodes.run(), self.quotas.run(), self.pools.run(),
-                             self._pods_after_nodes())
+                             self._pods_after_nodes(), self._claims_after_nodes())
 
     async def _pods_after_nodes(self) -> None:
         await self.nodes.synced.wait()
         await self.gpu_nodes.synced.wait()
         await self.pods.run()
+
+    async def _claims_after_nodes(self) -> None:
+        await self.nodes.synced.wait()
+        await self.gpu_nodes.synced.wait()
+        await self.claims.run()
 
     # The informers still store the previous facts while their handler runs.
 
@@ -154,6 +174,9 @@ class ClusterFeed:
 
     async def _on_pod(self, kind: str, facts: PodFacts) -> None:
         await _fan_out(self._pod_handlers, kind, facts, self.pods.store.get(facts.key))
+
+    async def _on_claim(self, kind: str, facts: ClaimFacts) -> None:
+        await _fan_out(self._claim_handlers, kind, facts, self.claims.store.get(facts.key))
 
 
 class HandlersFailed(Exception):

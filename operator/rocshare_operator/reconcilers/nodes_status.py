@@ -1,5 +1,10 @@
-"""What keeps pools and shares current: Nodes, AmdGpuNodes and pods (from the process's
-cluster feed) and the DaemonSets the operator owns (from Kopf).
+"""What keeps pools and shares current: Nodes, AmdGpuNodes, pods and ResourceClaims (from the
+process's cluster feed) and the DaemonSets the operator owns (from Kopf).
+
+A ResourceClaim of rocshare's DRA driver holds what its allocation consumed (or, once the node
+agent prepared it, what the agent's record on it says: rocshare.core.dra_shares.claim_record),
+counted in the process's one hold index like a pod, so pool and share status, quota and metrics
+count DRA shares as they count the device plugin's.
 
 Each handler wakes only the loops whose inputs changed; an event that changes nothing
 they read (a kubelet heartbeat, an agent heartbeat, a pod status tick) wakes nobody.
@@ -16,10 +21,15 @@ import kopf
 
 from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
+from rocshare.api.models import Sharing
+from rocshare.api.node_settings import SettingsError, decode_settings
+from rocshare.core.dra_shares import claim_record
 from rocshare.core.holdings import Holding
-from rocshare.core.ids import PodKey
+from rocshare.core.ids import PodKey, claim_key
+from rocshare.core.inventory import GpuSpec
+from rocshare.core.resource_slices import specs_by_device
 from rocshare_operator.extender.accounts import Accounts
-from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts
+from rocshare_operator.feed.cluster_facts import ClaimFacts, GpuNodeFacts, NodeFacts
 from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_key
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
@@ -36,6 +46,7 @@ def subscribe(ctx: OperatorContext) -> None:
                        on_gpu_node=lambda kind, facts, before: gpu_node_changed(ctx, kind, facts, before),
                        on_pod=lambda kind, facts, _before: own.on_pod(kind, facts) if ctx.accounts is own else None,
                        on_quota=lambda kind, facts, _before: shares.quota_changed(ctx, kind, facts),
+                       on_claim=lambda kind, facts, _before: claim_changed(ctx, kind, facts),
                        on_failing=lambda: ctx.wakeups.wake_kind("pool"))  # their Degraded shows it
 
 
@@ -62,6 +73,34 @@ def gpu_node_changed(ctx: OperatorContext, kind: str, facts: GpuNodeFacts, befor
     if was != now:
         _wake_pool_of_node(ctx, facts.name)
         ctx.wakeups.wake_kind("share")  # cores percent depends on the GPUs' CU counts
+        for claim in ctx.feed.claims_on(facts.name):  # their devices are read against the node's GPUs
+            claim_changed(ctx, "MODIFIED", claim)
+
+
+def claim_changed(ctx: OperatorContext, kind: str, facts: ClaimFacts) -> None:
+    """A claim of rocshare's driver was allocated, prepared, freed or deleted: account what it holds."""
+    key = claim_key(facts.namespace, facts.name)
+    if kind == "DELETED" or not facts.ours or (not facts.allocated and facts.problem is None):
+        ctx.accounts.on_claim(key, facts.namespace, facts.node, None)
+        return
+    held = facts.problem or claim_record(facts.name, facts.node, facts.devices, facts.prepared,
+                                         _specs_by_device(ctx, facts.node))
+    ctx.accounts.on_claim(key, facts.namespace, facts.node, held)
+
+
+def _specs_by_device(ctx: OperatorContext, node: str) -> dict[str, GpuSpec]:
+    """The node's GPUs by DRA device name, with its pool's sharing settings (none readable: defaults;
+    only the registered memory of a whole device depends on them)."""
+    gpu_node, node_facts = ctx.feed.gpu_node(node), ctx.feed.node(node)
+    if gpu_node is None or gpu_node.gpus is None:
+        return {}
+    sharing = Sharing()
+    if node_facts is not None and node_facts.view.marks.settings_json is not None:
+        try:
+            sharing = decode_settings(node_facts.view.marks.settings_json).sharing
+        except SettingsError:
+            pass
+    return specs_by_device(node, gpu_node.gpus, sharing)
 
 
 def use_accounts(ctx: OperatorContext, accounts: Accounts) -> None:

@@ -19,11 +19,15 @@ subrequests (8) is an error that names them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 from rocshare.api import dra
+from rocshare.api.models import OmittedCores
 from rocshare.core.cumask import cu_count_for
+from rocshare.core.holdings import Held
 from rocshare.core.inventory import GpuSpec
+from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
 from rocshare.core.request import ContainerRequest, RequestError, Selection
 
 REQUEST_NAME = "gpu"
@@ -83,11 +87,16 @@ def _subrequest(index: int, container: ContainerRequest, spec: GpuSpec, selectio
     if container.cores_pct is not None:
         requests[dra.CAPACITY_COMPUTE] = str(min(cu_count_for(container.cores_pct, spec.cu_count, spec.cu_align),
                                                  spec.cu_usable))
-    shape = (f"{_CAPACITY}.{dra.CAPACITY_COMPUTE}.compareTo(quantity('{spec.cu_count}')) == 0 && "
-             f"{_CAPACITY}.{dra.CAPACITY_MEMORY}.compareTo(quantity('{spec.memory_mib}Mi')) == 0")
     return {"name": f"shape{index}", "deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount",
-            "count": container.gpus, "selectors": [{"cel": {"expression": shape}}, *_selection_selectors(selection)],
+            "count": container.gpus,
+            "selectors": [{"cel": {"expression": shape_selector(spec)}}, *_selection_selectors(selection)],
             "capacity": {"requests": requests}}
+
+
+def shape_selector(spec: GpuSpec) -> str:
+    """The CEL selector of one GPU shape (its CU count and registered memory)."""
+    return (f"{_CAPACITY}.{dra.CAPACITY_COMPUTE}.compareTo(quantity('{spec.cu_count}')) == 0 && "
+            f"{_CAPACITY}.{dra.CAPACITY_MEMORY}.compareTo(quantity('{spec.memory_mib}Mi')) == 0")
 
 
 def _selection_selectors(selection: Selection) -> list[dict]:
@@ -119,3 +128,54 @@ def _constraints(container: ContainerRequest, selection: Selection) -> list[dict
 def _cel_string(text: str) -> str:
     """A CEL string literal: the value is a lower-case name from an annotation, quoted safely."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+ALL_MODE_DEVICES = 32
+"""What an ``allocationMode: All`` request may take, as Kubernetes' own quota counts it
+(AllocationResultsMaxSize)."""
+
+
+def claim_cost(requests: Sequence[Mapping], shapes: Sequence[GpuSpec], omitted: OmittedCores) -> Held:
+    """The most a claim with these device requests (of rocshare's class) can hold once allocated, in
+    quota units (rocshare.core.holdings.Held): per request, the largest of its choices (a
+    ``firstAvailable`` list, as Kubernetes' quota counts devices); per choice, its count times what
+    one device costs on the GPUs it can get (`shapes`; a subrequest written by `claim_spec` names
+    its shape, others may land on any). Memory: what it asks, else the GPU's whole registered memory;
+    cores: the percent of the GPU its compute is (rounded up), a whole GPU's 100 when it asks no
+    capacity, and when it asks memory but no compute, 100 under omittedCores Exclusive, 0 under Shared
+    (what the allocation will then consume). Raises RequestError on a request it cannot read."""
+    total = Held()
+    for request in requests:
+        choices = [request["exactly"]] if request.get("exactly") else list(request.get("firstAvailable") or ())
+        costs = [_choice_cost(choice, shapes, omitted) for choice in choices
+                 if choice.get("deviceClassName") == dra.DEVICE_CLASS_NAME]
+        if costs:
+            total = total + Held(max(c.memory_mib for c in costs), max(c.cores_pct for c in costs),
+                                 max(c.gpus for c in costs))
+    return total
+
+
+def _choice_cost(choice: Mapping, shapes: Sequence[GpuSpec], omitted: OmittedCores) -> Held:
+    mode = choice.get("allocationMode") or "ExactCount"
+    if mode not in ("ExactCount", "All"):
+        raise RequestError(f"allocationMode {mode!r} cannot be counted against a quota")
+    count = int(choice.get("count") or 1) if mode == "ExactCount" else ALL_MODE_DEVICES
+    expressions = {(selector.get("cel") or {}).get("expression") for selector in choice.get("selectors") or ()}
+    candidates = [spec for spec in shapes if shape_selector(spec) in expressions] or list(shapes)
+    if not candidates:
+        raise RequestError("no GPU of a pool serving DRA is known yet, so what the claim may take cannot be counted")
+    asked = (choice.get("capacity") or {}).get("requests") or {}
+    try:
+        memory_mib = (memory_mib_quantity(str(asked[dra.CAPACITY_MEMORY]), name=f"capacity {dra.CAPACITY_MEMORY}")
+                      if dra.CAPACITY_MEMORY in asked else max(spec.memory_mib for spec in candidates))
+        compute = (whole_quantity(str(asked[dra.CAPACITY_COMPUTE]), name=f"capacity {dra.CAPACITY_COMPUTE}",
+                                  unit="CUs") if dra.CAPACITY_COMPUTE in asked else None)
+    except QuantityError as error:
+        raise RequestError(str(error)) from None
+    if compute is not None:
+        cores = max(math.ceil(min(compute, spec.cu_count) * 100 / spec.cu_count) for spec in candidates)
+    elif not asked or omitted == OmittedCores.EXCLUSIVE:
+        cores = 100
+    else:
+        cores = 0
+    return Held(memory_mib * count, cores * count, count)

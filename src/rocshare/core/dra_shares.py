@@ -18,15 +18,22 @@ Invariants:
   the memory (omittedCores Exclusive, compute not asked) pins no CU and holds them all, as the
   device plugin does (so the container's environment is the same in both modes);
 * a device that is not shared (a partition, or no shareID) is held whole.
+
+What a claim holds before the node has chosen its CUs (`counted_slices`, read by the operator's
+accounts, quota and status) follows the same rules with no CU range: memory and the cores percent
+of the consumed compute (``ceil(CUs x 100 / the GPU's CUs)``, never under the share), whole or
+all-cores exactly as `plan_claim` will decide. Once the node has prepared the claim, its record on
+the claim (``rocshare.io/allocation``, written by the agent) says which CUs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api import dra
-from rocshare.api.allocation import DeviceSlice
+from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
 from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges, ranges_from_mask, render_ranges
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
@@ -97,6 +104,32 @@ def plan_claim(allocated: Iterable[AllocatedDevice], specs_by_device: Mapping[st
     return slices
 
 
+def counted_slices(allocated: Iterable[AllocatedDevice], specs_by_device: Mapping[str, GpuSpec]) -> list[DeviceSlice]:
+    """What the claim holds as allocated, before CUs are chosen (no CU ranges; cores as a percent).
+    Raises ShareError when a device is not the node's or its consumption cannot be read."""
+    slices = []
+    for device in allocated:
+        spec = specs_by_device.get(device.device)
+        if spec is None:
+            raise ShareError(NOT_ON_NODE_REASON, f"device {device.device} is not a device of the node's AmdGpuNode")
+        slices.append(_counted(device, spec))
+    return slices
+
+
+def _counted(device: AllocatedDevice, spec: GpuSpec) -> DeviceSlice:
+    whole = DeviceSlice(gpu_id=spec.gpu_id, memory_mib=spec.memory_mib, cu_count=spec.cu_count, whole=True)
+    if spec.partition or device.share_id is None:
+        return whole
+    compute_cus, memory_mib = _consumed_cus(device, spec), _consumed_mib(device, spec)
+    if compute_cus >= spec.cu_usable and memory_mib >= spec.memory_mib:
+        return whole
+    if compute_cus >= spec.cu_usable:
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
+    cores_pct = math.ceil(compute_cus * 100 / spec.cu_count) if compute_cus else None
+    return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=compute_cus or spec.cu_count,
+                       cores_pct=cores_pct)
+
+
 def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
     if spec.partition or device.share_id is None:
         return _whole(device, spec, held_mask)
@@ -163,3 +196,23 @@ def _mask_of(device: DeviceSlice, spec: GpuSpec) -> int:
 
 def _ranges(mask: int) -> list[tuple[int, int]]:
     return ranges_from_mask(mask)
+
+
+def claim_record(name: str, node: str, allocated: Iterable[AllocatedDevice], prepared: str | None,
+                 specs_by_device: Mapping[str, GpuSpec]) -> AllocationRecord | str:
+    """What an allocated claim holds on `node`, as a record (one container named after the claim):
+    the agent's record once it prepared the claim (its CU ranges), else `counted_slices`. A string
+    says why it cannot be read (the claim then holds unknown GPUs: never read as free)."""
+    if prepared is not None:
+        try:
+            record = decode_record(prepared)
+        except AllocationError as error:
+            return f"its prepared record cannot be read: {error}"
+        return record if record.node == node else f"its prepared record names node {record.node}, not {node}"
+    try:
+        slices = counted_slices(allocated, specs_by_device)
+    except ShareError as error:
+        return str(error)
+    if not slices:
+        return "it has no device of the driver allocated"
+    return AllocationRecord(node=node, containers=[ContainerAllocation(name=name, devices=slices)])

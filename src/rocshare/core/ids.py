@@ -16,3 +16,12 @@ PodKey = NewType("PodKey", str)
 
 def pod_key(namespace: str, name: str) -> PodKey:
     return PodKey(f"{namespace}/{name}")
+
+
+CLAIM_KEY_KIND = "resourceclaim"
+
+
+def claim_key(namespace: str, name: str) -> PodKey:
+    """A ResourceClaim's key among the pods' (``<namespace>/resourceclaim/<name>``: a pod's name has no
+    slash, so the two never meet); status lists its holder as ``resourceclaim/<name>``."""
+    return PodKey(f"{namespace}/{CLAIM_KEY_KIND}/{name}")

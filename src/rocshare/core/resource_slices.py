@@ -125,3 +125,9 @@ def _bytes(mib: int) -> str:
 def gpus_by_device(gpus: Iterable[GpuInfo]) -> dict[str, GpuInfo]:
     """Which GPU each device name stands for (the prepare path maps an allocation back by it)."""
     return {device_name(gpu.id): gpu for gpu in gpus}
+
+
+def specs_by_device(node_name: str, gpus: Iterable[GpuInfo], sharing: Sharing) -> dict[str, GpuSpec]:
+    """Each device name's GPU as the allocator sees it (registered memory, CUs, WGP size), healthy or
+    not: prepare keeps the healthy, accounting reads every one an allocation may name."""
+    return {device_name(spec.gpu_id): spec for spec in NodeInventory.from_gpu_infos(node_name, gpus, sharing).gpus}

@@ -196,3 +196,80 @@ def _refused(cluster, pod: dict) -> str | None:
 
 async def _async(value):
     return value
+
+
+QUOTA_NAMESPACE, SHARE = "dra-quota", "team"
+QUOTA_MIB = 6000
+
+
+def claim_body(name: str, *, memory_mib: int, cus: int) -> dict:
+    """A ResourceClaim as a user writes one (not the webhook's translation)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": QUOTA_NAMESPACE},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.rocshare.io", "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"memory": f"{memory_mib}Mi", "compute": str(cus)}}}}]}}}
+
+
+def pod_with_claim(name: str, claim: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": QUOTA_NAMESPACE},
+            "spec": {"nodeSelector": SELECTOR, "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": "main", "image": "rocm/pytorch",
+                                     "resources": {"limits": {"cpu": "100m"}, "claims": [{"name": "gpu"}]}}]}}
+
+
+async def share_used(kube: Kube, want: dict) -> dict | None:
+    share = await kube.get(object_path(API_VERSION, "amdgpushares", SHARE, namespace=QUOTA_NAMESPACE))
+    status = share.get("status") or {}
+    return status if {key: (status.get("used") or {}).get(key) for key in want} == want else None
+
+
+async def test_claims_count_in_their_share_and_are_held_to_its_quota(cluster, kube, operator, node):
+    """A claim written by hand in a namespace with an AmdGpuShare: once kube-scheduler allocates it,
+    the share counts it (memory, cores, GPUs, listed by name), with the CUs the agent handed out once
+    it prepared the claim; a second claim that would pass the share's memory limit is refused at
+    creation with the figures; freeing the first lets it in."""
+    cluster.kubectl("delete", "pods", "hami-dra", "hami-dra-again", "-n", NAMESPACE, "--ignore-not-found",
+                    "--timeout=60s")  # the GPU is the earlier tests'; their claims go with their pods
+    cluster.kubectl("create", "namespace", QUOTA_NAMESPACE, check=False)
+    await kube.create(object_path(API_VERSION, "amdgpushares", namespace=QUOTA_NAMESPACE), {
+        "apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": SHARE, "namespace": QUOTA_NAMESPACE},
+        "spec": {"limits": {"memoryMiB": QUOTA_MIB}}})
+    await wait_for(lambda: share_used(kube, {"memoryMiB": 0}), timeout_s=60, what="the share's status")
+
+    first = claim_body("first", memory_mib=4096, cus=16)
+    await wait_for(lambda: _async(_created(cluster, first)), timeout_s=60, what="the first claim admitted")
+    await kube.create(f"/api/v1/namespaces/{QUOTA_NAMESPACE}/pods", pod_with_claim("holder", "first"))
+    status = await wait_for(lambda: share_used(kube, {"memoryMiB": 4096, "coresPercent": 25, "gpus": 1}),
+                            timeout_s=90, what="the share counting the allocated claim")
+    assert [holder["pod"] for holder in status["pods"]] == ["resourceclaim/first"]
+
+    claim = await kube.get(f"{RESOURCE}/namespaces/{QUOTA_NAMESPACE}/resourceclaims/first")
+    uid = claim["metadata"]["uid"]
+    reply = await as_kubelet(node, "prepare", ("first", uid), namespace=QUOTA_NAMESPACE)
+    assert reply.claims[uid].error == ""
+    low, high = (int(n) for n in cdi_env(node, uid)["HSA_CU_MASK"].removeprefix("0:").split("-"))
+    assert high - low + 1 == 16  # what the container gets, from the agent's CDI file
+    status = await wait_for(lambda: _holder_cus(kube, 16), timeout_s=60, what="the prepared CUs counted")
+
+    second = claim_body("second", memory_mib=4096, cus=16)
+    refused = cluster.kubectl("create", "-f", "-", input_text=json.dumps(second), check=False)
+    assert refused.returncode != 0 and "ResourceQuotaNotFit" in refused.stderr
+    assert f"memory MiB: 4096 used + 4096 asked > {QUOTA_MIB} limit" in refused.stderr
+    with pytest.raises(NotFound):
+        await kube.get(f"{RESOURCE}/namespaces/{QUOTA_NAMESPACE}/resourceclaims/second")
+
+    cluster.kubectl("delete", "pod", "holder", "-n", QUOTA_NAMESPACE, "--grace-period=0", "--force")
+    cluster.kubectl("delete", "resourceclaim", "first", "-n", QUOTA_NAMESPACE, "--timeout=60s")
+    await wait_for(lambda: share_used(kube, {"memoryMiB": 0, "gpus": 0}), timeout_s=60, what="the share freed")
+    await wait_for(lambda: _async(_created(cluster, second)), timeout_s=30, what="the second claim admitted")
+
+
+def _created(cluster, claim: dict) -> bool | None:
+    return True if cluster.kubectl("create", "-f", "-", input_text=json.dumps(claim), check=False).returncode == 0 \
+        else None
+
+
+async def _holder_cus(kube: Kube, cus: int) -> dict | None:
+    status = await share_used(kube, {"memoryMiB": 4096})
+    return status if status and [h["cuCount"] for h in status["pods"]] == [cus] else None

@@ -123,11 +123,11 @@ def consumed(result: dict) -> tuple[int, int, int]:
             whole_quantity(capacity["shares"], name="shares", unit="shares"))
 
 
-async def as_kubelet(node: SimulatedNode, method: str, *claims: tuple[str, str]):
+async def as_kubelet(node: SimulatedNode, method: str, *claims: tuple[str, str], namespace: str = NAMESPACE):
     endpoint = plugin_socket(node.root / "plugins")
     async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
         stub = pb_grpc.DRAPluginStub(channel)
-        wanted = [pb.Claim(namespace=NAMESPACE, name=name, uid=uid) for name, uid in claims]
+        wanted = [pb.Claim(namespace=namespace, name=name, uid=uid) for name, uid in claims]
         if method == "prepare":
             return await stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=wanted))
         return await stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=wanted))

@@ -14,8 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, decode_record
 from rocshare.api.models import HookMissing, Sharing
-from rocshare.kube.client import NotFound
+from rocshare.kube.client import Conflict, NotFound
 from rocshare_agent.discovery import discover
 from rocshare_agent.dra import dra_pb2 as pb
 from rocshare_agent.dra import dra_pb2_grpc as pb_grpc
@@ -53,6 +54,18 @@ class Claims:
         if path not in self.stored:
             raise NotFound(404, "NotFound", path)
         return self.stored[path]
+
+    async def merge_patch(self, path: str, patch: dict) -> dict:
+        """Annotations only, with metadata.uid as the precondition the API server applies."""
+        stored = await self.get(path)
+        if patch["metadata"].get("uid", stored["metadata"]["uid"]) != stored["metadata"]["uid"]:
+            raise Conflict(409, "Conflict", "uid precondition")
+        stored["metadata"].setdefault("annotations", {}).update(patch["metadata"].get("annotations", {}))
+        return stored
+
+    def record(self, name: str) -> AllocationRecord:
+        stored = self.stored[f"/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/{name}"]
+        return decode_record(stored["metadata"]["annotations"][ALLOCATION_ANNOTATION])
 
 
 @pytest.fixture
@@ -128,6 +141,10 @@ async def test_two_shares_get_disjoint_masks_and_unprepare_frees(plugin):
     env_a, nodes_a, mounts_a = edits(dirs["cdi"], "uid-a")
     env_b, _nodes_b, _mounts_b = edits(dirs["cdi"], "uid-b")
     assert env_a["HSA_CU_MASK"] == "0:0-15" and env_b["HSA_CU_MASK"] == "0:16-47"
+    # The record on each claim (what the operator counts) names the CUs the container got.
+    [slice_a], [slice_b] = claims.record("a").containers[0].devices, claims.record("b").containers[0].devices
+    assert (claims.record("a").node, slice_a.cu_ranges, slice_a.memory_mib) == (NODE, [(0, 15)], 4096)
+    assert (slice_b.cu_ranges, slice_b.memory_mib) == ([(16, 47)], 8192)
     assert env_a["HIP_DEVICE_MEMORY_LIMIT_0"] == "4096m" and env_b["HIP_DEVICE_MEMORY_LIMIT_0"] == "8192m"
     assert env_a["ROCR_VISIBLE_DEVICES"] == "GPU-c34ec50444dd0a6c" and env_a["HIP_VISIBLE_DEVICES"] == "0"
     assert env_a["LD_AUDIT"] == "/usr/local/vgpu/libamvgpu.so"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rocshare.core.dra_claims import claim_spec
+from rocshare.api.models import OmittedCores
+from rocshare.core.dra_claims import claim_cost, claim_spec
+from rocshare.core.holdings import Held
 from rocshare.core.ids import GpuId
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.request import ContainerRequest, RequestError, Selection
@@ -68,3 +70,45 @@ def test_refusals_name_the_problem():
     shapes = [GpuSpec(gpu_id=GpuId(f"G{n}"), index=n, memory_mib=1024 * (n + 1), cu_count=64) for n in range(9)]
     with pytest.raises(RequestError, match="9 GPU shapes; a claim can list 8"):
         claim_spec(ask(cores_pct=10), shapes)
+
+
+# ---- the most a claim can hold, for AmdGpuShare quota at creation -------------------------------
+
+
+
+def requests_of(spec: dict) -> list[dict]:
+    return spec["devices"]["requests"]
+
+
+def test_a_translated_claim_costs_what_its_pod_would_on_the_shape_it_names():
+    # 25 % of cores on either shape is 25 %: 26 of 104 CUs, 24 of 96. Memory: the larger half (32760 MiB).
+    spec = claim_spec(ask(memory_pct=50, cores_pct=25), [MI210, RX7900])
+    assert claim_cost(requests_of(spec), [MI210, RX7900], OmittedCores.EXCLUSIVE) == Held(65520 // 2, 25, 1)
+    two = claim_spec(ask(gpus=2, memory_mib=3000, cores_pct=10), [MI210])
+    # 10 % of 104 CUs is ceil(10.4) = 11 CUs, which is ceil(1100 / 104) = 11 % of the GPU, per GPU.
+    assert claim_cost(requests_of(two), [MI210], OmittedCores.SHARED) == Held(6000, 22, 2)
+
+
+def test_a_hand_written_claim_is_counted_at_its_worst_on_any_gpu():
+    written = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.rocshare.io", "count": 1,
+                                           "capacity": {"requests": {"memory": "4Gi", "compute": "24"}}}}]
+    # 24 CUs: 25 % of an RX 7900 (96 CUs), ceil(23.08) = 24 % of an MI210; the larger counts.
+    assert claim_cost(written, [MI210, RX7900], OmittedCores.SHARED) == Held(4096, 25, 1)
+    assert claim_cost(written, [MI210], OmittedCores.SHARED) == Held(4096, 24, 1)
+    whole = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.rocshare.io", "count": 1}}]
+    assert claim_cost(whole, [MI210, RX7900], OmittedCores.SHARED) == Held(65520, 100, 1)
+    memory_only = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.rocshare.io",
+                                               "capacity": {"requests": {"memory": "1Gi"}}}}]
+    assert claim_cost(memory_only, [MI210], OmittedCores.SHARED) == Held(1024, 0, 1)
+    assert claim_cost(memory_only, [MI210], OmittedCores.EXCLUSIVE) == Held(1024, 100, 1)
+    other = [{"name": "nic", "exactly": {"deviceClassName": "nic.example.com", "count": 4}}]
+    assert claim_cost(other, [MI210], OmittedCores.SHARED) == Held()
+
+
+def test_a_claim_that_cannot_be_counted_says_why():
+    bad = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.rocshare.io",
+                                       "capacity": {"requests": {"memory": "lots"}}}}]
+    with pytest.raises(RequestError, match="memory"):
+        claim_cost(bad, [MI210], OmittedCores.SHARED)
+    with pytest.raises(RequestError, match="no GPU of a pool serving DRA"):
+        claim_cost([{"name": "gpu", "exactly": {"deviceClassName": "gpu.rocshare.io"}}], [], OmittedCores.SHARED)

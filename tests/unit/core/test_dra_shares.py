@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from rocshare.api.allocation import DeviceSlice
+from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
 from rocshare.core.dra_shares import (NOT_HONOURED_REASON, NOT_ON_NODE_REASON, AllocatedDevice, Holdings,
-                                      ShareError, plan_claim)
+                                      ShareError, claim_record, counted_slices, plan_claim)
+from rocshare.core.holdings import Held, record_holding
 from rocshare.core.ids import GpuId
 from rocshare.core.inventory import GpuSpec
 
@@ -104,3 +105,37 @@ def test_memory_only_under_exclusive_holds_every_cu_without_a_mask_as_the_device
     small = DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 0)], cu_count=1)
     with pytest.raises(ShareError, match="every CU is wanted but other claims hold 0"):
         plan_claim([share("gpu-a", cus=104, mib=8192)], SPECS, holdings(small))
+
+
+# ---- what an allocated claim holds, before and after the node prepares it ----------------------
+
+
+
+def test_a_claim_as_allocated_holds_its_memory_and_the_percent_of_its_cus():
+    # 26 of the MI210's 104 CUs is 25 %; 10 of the RX 7900's 96 is ceil(10.42) = 11 %, never under.
+    slices = counted_slices([share("gpu-a", cus=26, mib=16384), share("gpu-b", cus=10, mib=4096)], SPECS)
+    assert [(s.gpu_id, s.memory_mib, s.cores_pct, s.cu_ranges) for s in slices] == [
+        ("GPU-a", 16384, 25, []), ("GPU-b", 4096, 11, [])]
+    record = claim_record("c", "n1", [share("gpu-a", cus=26, mib=16384)], None, SPECS)
+    assert record_holding(record).held() == Held(memory_mib=16384, cores_pct=25, gpus=1)
+
+
+def test_whole_all_cores_and_no_compute_are_counted_as_prepare_will_hand_them_out():
+    [whole] = counted_slices([share("gpu-a", cus=104, mib=65536)], SPECS)
+    [partition] = counted_slices([AllocatedDevice(request="gpu", device="gpu-c-p0")], SPECS)
+    [all_cores] = counted_slices([share("gpu-a", cus=104, mib=1024)], SPECS)
+    [shared] = counted_slices([share("gpu-a", cus=0, mib=1024)], SPECS)
+    held = [record_holding(AllocationRecord(node="n1", containers=[ContainerAllocation(name="c", devices=[s])])).held()
+            for s in (whole, partition, all_cores, shared)]
+    assert held == [Held(65536, 100, 1), Held(24576, 100, 1), Held(1024, 100, 1), Held(1024, 0, 1)]
+
+
+def test_the_agents_record_wins_once_prepared_and_a_bad_one_is_a_problem():
+    prepared = AllocationRecord(node="n1", containers=[ContainerAllocation(name="c", devices=[DeviceSlice(
+        gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(26, 51)], cu_count=26, cores_pct=25)])])
+    record = claim_record("c", "n1", [share("gpu-a", cus=26, mib=16384)], encode_record(prepared), SPECS)
+    assert record == prepared and record_holding(record).cu_count == 26
+    assert "names node n1, not n2" in claim_record("c", "n2", [], encode_record(prepared), SPECS)
+    assert "cannot be read" in claim_record("c", "n1", [], "{not json", SPECS)
+    unknown = claim_record("c", "n1", [share("gpu-z", cus=1, mib=1)], None, SPECS)
+    assert unknown.startswith(NOT_ON_NODE_REASON) and "gpu-z" in unknown

@@ -36,6 +36,7 @@ from rocshare_operator.status.usage import SliceIndex, slices_of
 NODES, PODS, GPU_NODES = "/api/v1/nodes", "/api/v1/pods", object_path(API_VERSION, "amdgpunodes")
 QUOTAS = "/api/v1/resourcequotas"
 POOLS = object_path(API_VERSION, "amdgpupools")
+CLAIMS = object_path("resource.k8s.io/v1", "resourceclaims")
 POOL = {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": "p", "creationTimestamp": "t0"},
         "spec": {"nodeSelector": {"gpu": "amd"}}}
 
@@ -44,7 +45,7 @@ class ScriptedKube:
     """Lists from `objects` in pages; watches stream what tests `push`, until cancelled."""
 
     def __init__(self, objects: dict[str, list[dict]], page: int = 2) -> None:
-        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], POOLS: [], **objects}
+        self.objects = {NODES: [], PODS: [], GPU_NODES: [], QUOTAS: [], POOLS: [], CLAIMS: [], **objects}
         self.page = page
         self.calls: Counter[tuple[str, str]] = Counter()
         self.events: dict[str, asyncio.Queue] = {path: asyncio.Queue() for path in self.objects}
@@ -209,9 +210,9 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     task = asyncio.create_task(ctx.feed.run())
     await ctx.feed.wait_synced()
     await settle()
-    kinds = (NODES, GPU_NODES, PODS, QUOTAS, POOLS)
+    kinds = (NODES, GPU_NODES, PODS, QUOTAS, POOLS, CLAIMS)
     assert set(kube.calls) == {(verb, path) for verb in ("list", "watch") for path in kinds}
-    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1, 1]
+    assert [kube.calls["watch", path] for path in kinds] == [1, 1, 1, 1, 1, 1]
     # One pool watch, two readers: the extender's index and the pool loops.
     assert set(state.pools) == {"p"} and [view.name for view in loops.others("")] == ["p"]
     assert state.quota_limits("ns").memory_mib == 40000  # the extender's quota, from the one quota watch ...

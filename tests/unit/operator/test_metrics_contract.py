@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationRecord, encode_record
+from rocshare.core.ids import claim_key
 from rocshare_agent.monitor import GpuMetricsCollector
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.state import SchedulerState
@@ -142,6 +143,29 @@ async def test_extender_values_and_units(extender_registry) -> None:
     assert get("hami_resource_quota_used", {**quota, "quota_name": "amd.com/gpucores", "limit": "400"}) == 150
     assert get("hami_resource_quota_used", {**quota, "quota_name": "amd.com/gpu", "limit": "8"}) == 3
     assert get("hami_resource_quota_limit", {**quota, "quota_name": "amd.com/gpucores"}) == 400
+
+
+async def test_a_dra_pools_gpus_and_claims_are_reported_like_the_device_plugins() -> None:
+    """A node of a pool serving DRA (no amd.com/gpu allocatable: the extender never places there)
+    still has its GPUs reported, and an allocated claim is a holder on them, named by the claim."""
+    state = SchedulerState()
+    state.on_pool("ADDED", {"metadata": {"name": "dra"}, "spec": {"nodeSelector": {"gpu": "dra"},
+                                                                   "agent": {"interface": "DRA"}}})
+    state.on_node("ADDED", {"metadata": {"name": "n1", "labels": {"rocshare.io/pool": "dra"}}, "status": {}})
+    state.on_gpu_node("ADDED", {"metadata": {"name": "n1"}, "status": {"gpus": [_gpu(0)]}})
+    record = AllocationRecord.model_validate({"version": 1, "node": "n1", "containers": [{"name": "first", "devices": [
+        {"gpuId": "GPU-0", "memoryMiB": 4096, "cuCount": 26, "cuRanges": [[26, 51]], "coresPct": 25}]}]})
+    state.accounts.on_claim(claim_key("team", "first"), "team", "n1", record)
+    get = ExtenderMetrics(state).registry.get_sample_value
+    assert state.inventories == {}
+    gpu0 = {"node": "n1", "device_uuid": "GPU-0", "device_index": "0", "device_type": "AMD Instinct MI210", "zone": "vGPU"}
+    assert get("hami_gpu_memory_allocated_bytes", {**gpu0, "device_cores": "104"}) == 4096 * MIB
+    assert get("hami_gpu_core_allocated_ratio", gpu0) == 25  # 26 of 104 CUs
+    holder = {"namespace": "team", "node": "n1", "pod": "resourceclaim/first", "container_index": "0",
+              "device_uuid": "GPU-0", "zone": "vGPU"}
+    assert get("hami_vgpu_memory_allocated_bytes", holder) == 4096 * MIB
+    assert get("hami_resource_quota_used", {"namespace": "team", "zone": "vGPU", "quota_name": "amd.com/gpumem",
+                                            "limit": "0"}) == 4096
 
 
 # ---- monitor -------------------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""AmdGpuShare quota for ResourceClaims of rocshare's DRA driver: checked when a claim is created.
+
+In a DRA pool no extender is on the path: kube-scheduler allocates claims itself. So a namespace's
+share limits are held where Kubernetes holds its own quota for claims, at creation: a validating
+webhook (``resourceclaims.validate.rocshare.io``, manifests/base/webhook) refuses a claim whose
+worst case (rocshare.core.dra_claims.claim_cost) would take the namespace over a limit, naming what
+is over, as the extender's ResourceQuotaNotFit does for pods. Template claims are made by
+kube-controller-manager, which retries a refused one; the pod waits, Pending, with the reason in
+its events.
+
+What the namespace already holds is the one hold index's (`Accounts.used`: its pods and its
+allocated claims, rocshare.core.holdings' rule), plus the worst case of its claims not yet
+allocated, plus the claims this replica admitted that the claim watch has not shown yet (kept
+`PENDING_S` at most: a claim refused after us by another admission step must not hold forever).
+A namespace holding something whose use cannot be read takes no claim while it has a limit.
+
+Invariant: one replica never admits two claims that together pass a limit (the check and the
+note of what it admitted run without a pause between them). Two replicas answering at once could,
+within the claim watch's lag (docs/dra.md says so): the admission Service reaches every replica.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, OmittedCores, ShareLimits
+from rocshare.core.dra_claims import claim_cost
+from rocshare.core.holdings import Held
+from rocshare.core.inventory import GpuSpec
+from rocshare.core.quota import check_quota
+from rocshare.core.request import RequestError
+from rocshare_operator.admission.dra_pods import pool_shapes
+from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.feed.cluster_facts import ClaimFacts
+
+PENDING_S = 60.0
+CLAIM_VALIDATE_ID = "resourceclaims.validate.rocshare.io"
+
+
+@dataclass
+class ClaimQuota:
+    limits: Callable[[str], ShareLimits]
+    shapes: Callable[[], tuple[Sequence[GpuSpec], OmittedCores]]
+    """The GPUs of pools serving DRA, and their omittedCores (Exclusive when any says so)."""
+    clock: Callable[[], float] = time.monotonic
+    _pending: dict[str, dict[str, tuple[Held, float]]] = field(default_factory=dict)
+
+    def refusal(self, claim: Mapping, accounts: Accounts, claims_in: Callable[[str], list[ClaimFacts]], *,
+                dry_run: bool = False) -> str | None:
+        """None when the claim may be created in its namespace; else why not. Notes what it admits.
+        `accounts`: the process's one hold index; `claims_in`: the claim watch's claims of a namespace."""
+        meta = claim.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        limits = self.limits(namespace)
+        if limits.memory_mib is None and limits.cores_pct is None and limits.gpus is None:
+            return None
+        unknown = accounts.unaccountable_in(namespace)
+        if unknown:
+            return (f"ResourceQuotaNotFit: namespace {namespace} holds {len(unknown)} pod(s) or claim(s) whose use "
+                    f"cannot be read, so its quota use is unknown: {'; '.join(sorted(unknown)[:3])}")
+        shapes, omitted = self.shapes()
+        requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+        try:
+            cost = claim_cost(requests, shapes, omitted)
+            claims = claims_in(namespace)
+            used = accounts.used(namespace) + _unallocated(claims, name, shapes, omitted) + \
+                self._still_pending(namespace, name, {facts.name for facts in claims})
+        except RequestError as error:
+            return f"ResourceQuotaNotFit: the claim cannot be counted against namespace {namespace}'s quota: {error}"
+        verdict = check_quota(cost, limits, used)
+        if verdict is not None:
+            return f"{verdict.reason}: namespace {namespace}: {verdict.message}"
+        if not dry_run:
+            self._pending.setdefault(namespace, {})[name] = (cost, self.clock() + PENDING_S)
+        return None
+
+    def _still_pending(self, namespace: str, name: str, seen: set[str]) -> Held:
+        """Admitted here and not yet seen by the claim watch (nor expired); drops the rest."""
+        pending = self._pending.get(namespace, {})
+        now = self.clock()
+        for claim in [claim for claim, (_cost, until) in pending.items() if claim in seen or until < now]:
+            del pending[claim]
+        return sum((cost for claim, (cost, _until) in pending.items() if claim != name), Held())
+
+
+def _unallocated(claims: Sequence[ClaimFacts], name: str, shapes: Sequence[GpuSpec], omitted: OmittedCores) -> Held:
+    """The worst case of the namespace's claims not yet allocated (they will consume when they are)."""
+    total = Held()
+    for facts in claims:
+        if facts.name != name and not facts.allocated and facts.problem is None:
+            total = total + claim_cost(json.loads(facts.requests_json), shapes, omitted)
+    return total
+
+
+def dra_shapes(pools: Mapping[str, AmdGpuPoolSpec], node_pools: Mapping[str, str],
+               gpus_of: Callable[[str], Sequence[GpuSpec]]) -> tuple[list[GpuSpec], OmittedCores]:
+    """The GPUs of the nodes of pools serving DRA and the strictest omittedCores among those pools."""
+    dra = {name: pool for name, pool in pools.items() if pool.agent.interface == AgentInterface.DRA}
+    exclusive = any(pool.sharing.omitted_cores == OmittedCores.EXCLUSIVE for pool in dra.values())
+    omitted = OmittedCores.EXCLUSIVE if exclusive or not dra else OmittedCores.SHARED
+    return pool_shapes(dra, node_pools, gpus_of), omitted

@@ -191,3 +191,51 @@ def test_two_claims_share_one_gpu_on_the_real_kubelet_and_deleting_one_frees_its
     assert len(cus_c) == third_cus and not cus_c & cus_b, env_c["HSA_CU_MASK"]
     assert cus_c & cus_a  # it could only fit in what the first share gave back
     assert env_c["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{THIRD_MIB}m"
+
+
+HAMI_LIMITS = {"amd.com/gpu": "1", "amd.com/gpumem-percentage": "50", "amd.com/gpucores": "25"}
+SAME_ENV = ("HSA_CU_MASK", "HIP_DEVICE_MEMORY_LIMIT_0", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "LD_AUDIT")
+
+
+def hami_pod(name: str, gpu_uuid: str) -> dict:
+    """A pod as a HAMi user writes it (limits only), pinned to one GPU so both modes meet the same one."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": WORKLOADS, "labels": {"rocshare-test": "dra"},
+                         "annotations": {"amd.com/use-gpu-uuid": gpu_uuid}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": deploy.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                                     "command": ["sleep", "infinity"], "resources": {"limits": dict(HAMI_LIMITS)}}]}}
+
+
+def test_a_hami_style_pod_gets_the_same_environment_in_a_dra_pool_as_in_a_device_plugin_pool(
+        deployed: Deployed, dra_slice: dict) -> None:
+    """Done-when of issue 31: the same pod, written with amd.com/* limits, runs in the DRA pool (the
+    webhook writes its claim, kube-scheduler allocates, the real kubelet prepares, containerd applies
+    CDI) and then, the pool switched back, through the device plugin; the container's environment
+    is the same, and its figures are worked out here: 25 % of 104 CUs is 26, half the VRAM."""
+    deployed.kubectl("delete", "pods", "-n", WORKLOADS, "-l", "rocshare-test=dra", "--wait=true", "--timeout=120s")
+    deployed.kubectl("delete", "resourceclaims", "-n", WORKLOADS, "--all", "--wait=true", "--timeout=60s")
+    device = dra_slice["spec"]["devices"][-1]
+    gpu_uuid = device["attributes"]["uuid"]["string"]
+    half_mib = memory_mib_quantity(device["capacity"]["memory"]["value"]) // 2
+    total_cus = whole_quantity(device["capacity"]["compute"]["value"], name="compute", unit="CUs")
+    assert total_cus == 104  # the MI210 capture: 25 % is ceil(26.0) = 26 CUs
+
+    deployed.kubectl("create", "-f", "-", input_text=json.dumps(hami_pod("hami-dra", gpu_uuid)))
+    stored = running(deployed, "hami-dra")
+    assert stored["spec"].get("resourceClaims") and "amd.com/gpu" not in json.dumps(stored["spec"]["containers"])
+    in_dra = container_env(deployed, "hami-dra")
+    deployed.kubectl("delete", "pod", "-n", WORKLOADS, "hami-dra", "--wait=true", "--timeout=120s")
+
+    set_interface(deployed, "DevicePlugin")
+    wait_for("the slice deleted", lambda: node_slice(deployed) is None, timeout_s=120)
+    wait_for("the device-plugin agent Running", lambda: agent_ready(deployed), timeout_s=240,
+             explain=lambda: describe(deployed.cluster, f"pods -n {NAMESPACE}"))
+    wait_for("amd.com/gpu on the node again", lambda: gpus_advertised(deployed), timeout_s=120)
+    deployed.kubectl("create", "-f", "-", input_text=json.dumps(hami_pod("hami-dp", gpu_uuid)))
+    running(deployed, "hami-dp")
+    in_plugin = container_env(deployed, "hami-dp")
+
+    assert {key: in_dra.get(key) for key in SAME_ENV} == {key: in_plugin.get(key) for key in SAME_ENV}
+    assert len(cu_set(in_dra["HSA_CU_MASK"])) == 26 and in_dra["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{half_mib}m"
+    assert in_dra["LD_AUDIT"]  # the memory hook, in both

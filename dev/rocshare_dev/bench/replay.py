@@ -23,6 +23,9 @@ ratios side by side at 100 % and 130 % of arrived demand.
   paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
   with the paper's tie rule, its typical workload and node CPU in every score.
 
+`--mode dra` runs the real half through DRA mode instead (replay_dra.py): the same nodes and pods,
+kube-scheduler's DRA allocator on Kubernetes 1.37, no extender; the simulator columns are as above.
+
 Figures: allocation ratio = allocated GPU-milli / subset capacity, read when arrivals pass 100 %
 and 130 % (as simulation.run_seed); the real one from the pods' own decisions, checked at the end
 against a fresh list of the pods. A chart of allocation against arrived demand goes to docs/.
@@ -317,6 +320,24 @@ def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str
         real_130 = report["real"]["allocation_ratio"]["130"]
         report["real_minus_simulated_130"] = round(real_130 - report["simulated"]["allocation_ratio"]["130"], 3)
         report["real_minus_simulated_fgd_130"] = round(real_130 - report["simulated_fgd"]["allocation_ratio"]["130"], 3)
+    return report
+
+
+def real_modes(*, scale: float, seed: int, policy: str = "fragmentation-aware",
+               decision_timeout_s: float = 120.0) -> dict[str, Any]:
+    """The real run in both modes, one after the other, on the same node sample and pod sequence
+    of the default trace (`make bench`'s dra section): {"extender": ..., "dra": ...} and the sample."""
+    from rocshare_dev.bench.replay_cluster import run_real
+    from rocshare_dev.bench.trace import load_nodes, load_pods
+
+    subset = sample_nodes(load_nodes(DEFAULT_NODES), scale, seed)
+    sequence = sequence_for(subset, load_pods(DEFAULT_PODS), seed)
+    report: dict[str, Any] = {"scale": scale, "seed": seed, "policy": policy, "nodes": len(subset),
+                              "gpus": sum(node.gpus for node in subset), "pods_arrived": len(sequence)}
+    for mode in MODES:
+        print(f"   replay, {mode} mode: {len(subset)} nodes, {len(sequence)} pods", flush=True)
+        report[mode] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
+                                decision_timeout_s=decision_timeout_s, work_dir=None, keep=False, mode=mode)
     return report
 
 

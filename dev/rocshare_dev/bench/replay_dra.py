@@ -69,7 +69,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
                                        for name, node in fleet.nodes.items()})
             stack.baseline_scheduler = e2e.start_baseline_scheduler(cluster, **REPLAY_BACKOFFS)
             setup_s = time.monotonic() - setup_started
-            result = await _submit(kube, fleet, sequence, decision_timeout_s, pod_of=lambda _pod, serial: bodies[serial])
+            result = await _submit(kube, fleet, sequence, decision_timeout_s,
+                                   pod_of=lambda _pod, serial: bodies[serial])
             result.update(nodes_ready_s=round(setup_s, 1), claim_templates=len(templates),
                           allocated_claims=await allocated_claims(kube, NAMESPACE),
                           bound_gpu_pods=sum(1 for serial, node in enumerate(result["choices"])

@@ -338,6 +338,9 @@ def real_modes(*, scale: float, seed: int, policy: str = "fragmentation-aware",
         print(f"   replay, {mode} mode: {len(subset)} nodes, {len(sequence)} pods", flush=True)
         report[mode] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
                                 decision_timeout_s=decision_timeout_s, work_dir=None, keep=False, mode=mode)
+    full = RAW_OUT / f"replay-modes-{scale}-{seed}.json"  # curves, per-pod choices, pending reasons
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text(json.dumps(report) + "\n")
     return report
 
 

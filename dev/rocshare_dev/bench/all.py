@@ -218,9 +218,11 @@ DRA_NOTE = (
     "(kube-scheduler's DRA allocator with a plain profile on 1.37, the pods' HAMi-style limits turned into claims "
     "by the admission webhook's translation, no extender). Allocation = GPU-milli of bound pods / the sample's "
     "capacity, read when arrivals pass 100 % and 130 %; `final` is the same from a fresh list at the end. "
-    "`dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA's first fit (the first device "
-    "that fits on a node kube-scheduler ranked by CPU and memory) costs in placement. The scale keeps the "
-    "section (three bursts and two replays) near 12 minutes on 2 cores.")
+    "`dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA mode's placement costs (nodes "
+    "ranked by the plain profile's scores, which know no GPU fragmentation, then the first device of the node "
+    "that fits). kube-scheduler breaks score ties at random, so DRA mode's ratio moves by a few tenths from run "
+    "to run. --scale 0.25 keeps the section (three bursts and two replays) under 12 minutes on 2 cores "
+    "(9.5 min on 2026-12-03).")
 
 
 def dra_replay_figures(replays: dict) -> dict:

@@ -146,7 +146,7 @@ chaos: $(STAMP) controlplane
 # HAMI_SRC=<a checkout of Project-HAMi/HAMi>: the e2e section also runs HAMi's scheduler (built there,
 # with HAMi's own go.mod, into .cache/hami) on the same fleet; without it HAMi's figures say "not run".
 HAMI_SRC ?=
-bench: $(STAMP) controlplane
+bench: $(STAMP) controlplane controlplane-dra
 	$(BIN)/rocshare-dev bench all --out docs $(if $(strip $(HAMI_SRC)),--hami-src $(HAMI_SRC))
 
 cluster-up: $(STAMP) controlplane

@@ -7,7 +7,8 @@ Sections: placement (bestfit and our best policy on the default openb trace, 3 s
 the paper's 10 to save time), extender, cost (operator and agent), hook (the memory hook's added
 time per hipMalloc+hipFree pair, against the stub ROCm runtime), e2e (when the module
 rocshare_dev.bench.e2e exists), dra (issue 31: create -> bound pods/s of DRA mode beside extender
-mode and plain kube-scheduler on Kubernetes 1.37), failover (issue 30: the leading operator replica stopped under a
+mode and plain kube-scheduler on Kubernetes 1.37, then the openb replay's allocation ratio in
+extender mode and in DRA mode on the same nodes and pods), failover (issue 30: the leading operator replica stopped under a
 stream of pods). Sections run one at a time: the machine is small. `--skip` leaves
 sections out; their figures are kept from the previous report in --out if there is one (for e2e:
 collected from the file `rocshare-dev bench e2e` writes), and the report marks them as carried over.
@@ -199,8 +200,48 @@ def _e2e_figures(result: dict) -> dict:
 
 def _dra(args: argparse.Namespace) -> dict:
     from rocshare_dev.bench.dra import run_dra
+    from rocshare_dev.bench.replay import real_modes
 
-    return {"figures": dra_figures(run_dra())}
+    figures = dra_figures(run_dra())
+    replays = real_modes(scale=DRA_REPLAY_SCALE, seed=DRA_REPLAY_SEED)
+    figures.update(dra_replay_figures(replays))
+    return {"figures": figures, "note": DRA_NOTE}
+
+
+DRA_REPLAY_SCALE = 0.25
+DRA_REPLAY_SEED = 42
+DRA_NOTE = (
+    "The `dra_replay_*` figures: the openb replay (`rocshare-dev bench replay`, default trace, "
+    f"--scale {DRA_REPLAY_SCALE:g}, seed {DRA_REPLAY_SEED}: a quarter of the nodes, the simulator's arrival order "
+    "to 130 % of their GPU capacity, one pod at a time, each decision awaited) played twice on the same nodes and "
+    "pods: through rocshare's extender (pool policy fragmentation-aware, Kubernetes 1.35) and through DRA mode "
+    "(kube-scheduler's DRA allocator with a plain profile on 1.37, the pods' HAMi-style limits turned into claims "
+    "by the admission webhook's translation, no extender). Allocation = GPU-milli of bound pods / the sample's "
+    "capacity, read when arrivals pass 100 % and 130 %; `final` is the same from a fresh list at the end. "
+    "`dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA mode's placement costs (nodes "
+    "ranked by the plain profile's scores, which know no GPU fragmentation, then the first device of the node "
+    "that fits). kube-scheduler breaks score ties at random, so DRA mode's ratio moves by a few tenths from run "
+    "to run. --scale 0.25 keeps the section (three bursts and two replays) under 12 minutes on 2 cores "
+    "(9.5 min on 2026-12-03).")
+
+
+def dra_replay_figures(replays: dict) -> dict:
+    """`real_modes`' report as figures: the ratios of both modes, the difference at 130 %, and
+    what shows DRA mode's claims were really allocated."""
+    figures: dict = {"dra_replay_scale": replays["scale"], "dra_replay_nodes": replays["nodes"],
+                     "dra_replay_gpus": replays["gpus"], "dra_replay_pods": replays["pods_arrived"]}
+    for mode in ("extender", "dra"):
+        result = replays[mode]
+        for point in ("100", "130"):
+            figures[f"dra_replay_alloc_pct_at_{point}_{mode}"] = result["allocation_ratio"][point]
+        figures[f"dra_replay_final_alloc_pct_{mode}"] = result["final_allocation_ratio"]
+        figures[f"dra_replay_placed_pods_{mode}"] = result["placed"]
+        figures[f"dra_replay_wall_s_{mode}"] = result["wall_s"]
+    figures["dra_replay_allocated_claims_dra"] = replays["dra"]["allocated_claims"]
+    figures["dra_replay_bound_gpu_pods_dra"] = replays["dra"]["bound_gpu_pods"]
+    figures["dra_replay_placement_lost_pct_at_130"] = round(
+        figures["dra_replay_alloc_pct_at_130_extender"] - figures["dra_replay_alloc_pct_at_130_dra"], 3)
+    return figures
 
 
 def dra_figures(result: dict) -> dict:
@@ -250,7 +291,8 @@ COMMANDS = {
     "cost": "rocshare-dev bench cost --nodes 100,1000,5000",
     "hook": "rocshare-dev bench hook (against the stub ROCm runtime)",
     "e2e": "rocshare-dev bench e2e --nodes 500 --pods 2000",
-    "dra": "rocshare-dev bench dra --nodes 500 --pods 2000",
+    "dra": ("rocshare-dev bench dra --nodes 500 --pods 2000; "
+            f"rocshare-dev bench replay --mode extender|dra --scale {DRA_REPLAY_SCALE:g}"),
     "failover": "rocshare-dev bench failover --trials 3 --rate 10",
 }
 
@@ -318,9 +360,13 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, int | float) else str(value)
 
 
-def _command(name: str, section: dict) -> str:
-    """The command that produced the figures (the e2e run records its own scale)."""
+def _command(name: str, section: dict, key: str = "") -> str:
+    """The command that produced figure `key` (the e2e and dra runs record their own scale)."""
     figures = section.get("figures", {})
+    if key.startswith("dra_replay_"):
+        mode = next((mode for mode in ("extender", "dra") if key.endswith(f"_{mode}")), "extender|dra")
+        return (f"rocshare-dev bench replay --mode {mode} --scale {figures.get('dra_replay_scale', DRA_REPLAY_SCALE):g}"
+                f" --seed {DRA_REPLAY_SEED}")
     if name == "e2e" and "e2e_nodes" in figures:
         return f"rocshare-dev bench e2e --nodes {figures['e2e_nodes']:g} --pods {figures['e2e_pods']:g}"
     if name == "dra" and "dra_nodes" in figures:
@@ -331,7 +377,8 @@ def _command(name: str, section: dict) -> str:
 def _section_lines(name: str, section: dict) -> list[str]:
     title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
              "cost": "Operator and agent cost", "e2e": "End to end on the real control plane",
-             "dra": "DRA mode beside extender mode and plain kube-scheduler (create -> bound, Kubernetes 1.37)",
+             "dra": "DRA mode beside extender mode and plain kube-scheduler (create -> bound, Kubernetes 1.37; "
+                    "openb replay allocation ratios)",
              "hook": "Memory hook cost (against the stub ROCm runtime)",
              "failover": "Failover of the leading operator replica"}[name]
     lines = [f"## {title}", ""]
@@ -346,7 +393,7 @@ def _section_lines(name: str, section: dict) -> list[str]:
     lines += ["| figure | value | target | met? | command |", "|---|---|---|---|---|"]
     for key, value in section.get("figures", {}).items():
         target, met = verdict(key, value)
-        lines.append(f"| `{key}` | {_shown(value)} | {target} | {met} | `{_command(name, section)}` |")
+        lines.append(f"| `{key}` | {_shown(value)} | {target} | {met} | `{_command(name, section, key)}` |")
     if section.get("note"):
         lines += ["", section["note"]]
     if section.get("wall_s"):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,12 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE),
                       claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus))
     names = [f"{NODE_PREFIX}{index:05d}" for index in range(nodes)]
-    await _publish_nodes(kube, names, gpus)
+    await publish_nodes(kube, {name: (dra_node(name), gpus) for name in names})
     stack.baseline_scheduler = e2e.start_baseline_scheduler(stack.cluster)  # a plain profile: DRA alone allocates
     spec = {"schedulerName": e2e.BASELINE_SCHEDULER}
     result = await e2e.measured_burst(stack, kube, NAMESPACE, pods, {}, spec, timeout_s, until="bound",
                                       pod_of=templated_pod)
-    result["allocated_claims"] = await _allocated_claims(kube)
+    result["allocated_claims"] = await allocated_claims(kube, NAMESPACE)
     await delete_all(kube, NAMESPACE)
     stack.stop_baseline_scheduler()
     selector = ",".join(f"{key}={value}" for key, value in DRA_LABEL.items())
@@ -127,23 +128,22 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     return result
 
 
-async def _publish_nodes(kube: Kube, names: list[str], gpus: list[GpuInfo]) -> None:
-    """Each Node, then its ResourceSlice (owned by it), a few at a time."""
+async def publish_nodes(kube: Kube, nodes: Mapping[str, tuple[dict[str, Any], list[GpuInfo]]]) -> None:
+    """Each Node (name -> its body and GPUs), then its ResourceSlice (owned by it), a few at a time."""
     gate = asyncio.Semaphore(32)
 
-    async def one(name: str) -> None:
+    async def one(name: str, node: dict[str, Any], gpus: list[GpuInfo]) -> None:
         async with gate:
-            node = dra_node(name)
             created = await kube.create(object_path("v1", "nodes"), node)
             await kube.create(f"{RESOURCE}/resourceslices", resource_slice(
                 node_name=name, node_uid=created["metadata"]["uid"], gpus=gpus, sharing=Sharing(), generation=1))
 
-    await asyncio.gather(*(one(name) for name in names))
+    await asyncio.gather(*(one(name, node, gpus) for name, (node, gpus) in nodes.items()))
 
 
-async def _allocated_claims(kube: Kube) -> int:
-    """Claims of the burst the scheduler allocated (evidence the DRA allocator did the binding)."""
-    listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=NAMESPACE))
+async def allocated_claims(kube: Kube, namespace: str) -> int:
+    """Claims in `namespace` the scheduler allocated (evidence the DRA allocator did the binding)."""
+    listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=namespace))
     return sum(1 for claim in listed.get("items", []) if (claim.get("status") or {}).get("allocation"))
 
 

@@ -373,9 +373,10 @@ def _pool() -> dict[str, Any]:
                      "health": {"intervalSeconds": 3600}}}
 
 
-def start_baseline_scheduler(cluster: ControlPlane) -> subprocess.Popen:
-    """A second kube-scheduler, same binary and client settings, one profile and no extender."""
-    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+def start_baseline_scheduler(cluster: ControlPlane, **settings: Any) -> subprocess.Popen:
+    """A second kube-scheduler, same binary and client settings, one profile and no extender;
+    `settings` are more top-level configuration fields (bench replay's longer backoffs)."""
+    config = {**yaml.safe_load(SCHEDULER_CONFIG.read_text()), **settings}
     config.pop("extenders", None)
     config["profiles"] = [{"schedulerName": BASELINE_SCHEDULER}]
     config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig), "qps": 500, "burst": 1000}

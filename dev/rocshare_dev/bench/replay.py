@@ -23,6 +23,9 @@ ratios side by side at 100 % and 130 % of arrived demand.
   paper's policies (bestfit, fgd) and ours (fragmentation-aware) on the same subset and sequence,
   with the paper's tie rule, its typical workload and node CPU in every score.
 
+`--mode dra` runs the real half through DRA mode instead (replay_dra.py): the same nodes and pods,
+kube-scheduler's DRA allocator on Kubernetes 1.37, no extender; the simulator columns are as above.
+
 Figures: allocation ratio = allocated GPU-milli / subset capacity, read when arrivals pass 100 %
 and 130 % (as simulation.run_seed); the real one from the pods' own decisions, checked at the end
 against a fresh list of the pods. A chart of allocation against arrived demand goes to docs/.
@@ -58,6 +61,7 @@ REAL_POLICIES: dict[str, dict[str, str]] = {
 """--policy -> the pool's spec.scheduling. fgd is a simulator policy only: an AmdGpuPool's
 fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
+MODES = ("extender", "dra")
 CU_COUNT = 100
 DEFAULT_CHART = "docs/replay-{policy}.png"
 RAW_OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
@@ -70,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="fragmentation-aware",
                         help=f"the pool's policy for the real run: {', '.join(REAL_POLICIES)} (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
+    parser.add_argument("--mode", choices=MODES, default="extender",
+                        help="the real run: rocshare's extender (default) or DRA mode (kube-scheduler's DRA allocator, "
+                             "Kubernetes 1.37, no extender; --policy does not apply; replay_dra.py)")
     parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
     parser.add_argument("--twins", action="store_true",
                         help="also simulate the pipeline as the extender decided before it tracked host CPU "
@@ -96,13 +103,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"rocshare-dev bench replay: {error}", file=sys.stderr)
         return 2
     report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only, twins=args.twins,
-                    decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep)
+                    decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep, mode=args.mode)
     report.update({"nodes_csv": args.nodes, "pods_csv": args.pods, "scale": args.scale})
-    full = RAW_OUT / f"replay-{args.policy}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
+    label = args.policy if args.mode == "extender" else "dra"
+    full = RAW_OUT / f"replay-{label}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
     full.parent.mkdir(parents=True, exist_ok=True)
     full.write_text(json.dumps(report) + "\n")
     if args.chart:
-        chart = Path(args.chart.format(policy=args.policy))
+        chart = Path(args.chart.format(policy=label))
         draw_chart(report, chart)
         report["chart"] = str(chart)
     print(json.dumps(_without_curves(report), indent=2) if args.json else table(report))
@@ -283,11 +291,11 @@ def sequence_for(subset: Sequence[TraceNode], pods: Sequence[TracePod], seed: in
 
 
 def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str, seed: int, real: bool = True,
-           twins: bool = False,
-           decision_timeout_s: float = 120.0, work_dir: Path | None = None, keep: bool = False) -> dict[str, Any]:
+           twins: bool = False, decision_timeout_s: float = 120.0, work_dir: Path | None = None, keep: bool = False,
+           mode: str = "extender") -> dict[str, Any]:
     sequence = sequence_for(subset, pods, seed)
     report: dict[str, Any] = {
-        "seed": seed, "policy": policy, "nodes": len(subset), "gpus": sum(node.gpus for node in subset),
+        "seed": seed, "policy": policy, "mode": mode, "nodes": len(subset), "gpus": sum(node.gpus for node in subset),
         "gpu_models": dict(Counter(node.model for node in subset)), "pods_arrived": len(sequence),
         "setup": {
             "gpus": f"MI210 capture, synthetic sizes: {CU_COUNT} CUs, the trace model's VRAM",
@@ -308,10 +316,31 @@ def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str
         from rocshare_dev.bench.replay_cluster import run_real
 
         report["real"] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
-                                  decision_timeout_s=decision_timeout_s, work_dir=work_dir, keep=keep)
+                                  decision_timeout_s=decision_timeout_s, work_dir=work_dir, keep=keep, mode=mode)
         real_130 = report["real"]["allocation_ratio"]["130"]
         report["real_minus_simulated_130"] = round(real_130 - report["simulated"]["allocation_ratio"]["130"], 3)
         report["real_minus_simulated_fgd_130"] = round(real_130 - report["simulated_fgd"]["allocation_ratio"]["130"], 3)
+    return report
+
+
+def real_modes(*, scale: float, seed: int, policy: str = "fragmentation-aware",
+               decision_timeout_s: float = 120.0) -> dict[str, Any]:
+    """The real run in both modes, one after the other, on the same node sample and pod sequence
+    of the default trace (`make bench`'s dra section): {"extender": ..., "dra": ...} and the sample."""
+    from rocshare_dev.bench.replay_cluster import run_real
+    from rocshare_dev.bench.trace import load_nodes, load_pods
+
+    subset = sample_nodes(load_nodes(DEFAULT_NODES), scale, seed)
+    sequence = sequence_for(subset, load_pods(DEFAULT_PODS), seed)
+    report: dict[str, Any] = {"scale": scale, "seed": seed, "policy": policy, "nodes": len(subset),
+                              "gpus": sum(node.gpus for node in subset), "pods_arrived": len(sequence)}
+    for mode in MODES:
+        print(f"   replay, {mode} mode: {len(subset)} nodes, {len(sequence)} pods", flush=True)
+        report[mode] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
+                                decision_timeout_s=decision_timeout_s, work_dir=None, keep=False, mode=mode)
+    full = RAW_OUT / f"replay-modes-{scale}-{seed}.json"  # curves, per-pod choices, pending reasons
+    full.parent.mkdir(parents=True, exist_ok=True)
+    full.write_text(json.dumps(report) + "\n")
     return report
 
 
@@ -323,7 +352,8 @@ def _without_curves(report: dict[str, Any]) -> dict[str, Any]:
 def table(report: dict[str, Any]) -> str:
     lines = [f"openb replay: {report['nodes']} nodes, {report['gpus']} GPUs, {report['pods_arrived']} pods, "
              f"seed {report['seed']}", f"{'':44s} alloc@100  alloc@130  placed/failed"]
-    rows = [(f"real pipeline ({report['policy']})", report.get("real"))]
+    real = f"real pipeline ({report['policy']})" if report.get("mode", "extender") == "extender" else "real DRA mode"
+    rows = [(real, report.get("real"))]
     rows += [(f"simulator ({name})", report[f"simulated_{name.replace('-', '_')}"])
              for name in dict.fromkeys((report["policy"], *SIMULATED))]
     rows += [("simulator as the extender decided (no host CPU)", report.get("simulated_as_extender")),
@@ -346,7 +376,8 @@ def draw_chart(report: dict[str, Any], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7.5, 4.5))
     series = []
     if report.get("real"):
-        series.append((f"real pipeline: {report['policy']}", report["real"], "-", 2.2))
+        real = f"real pipeline: {report['policy']}" if report.get("mode", "extender") == "extender" else "real DRA mode"
+        series.append((real, report["real"], "-", 2.2))
     for name in dict.fromkeys((report["policy"], *SIMULATED)):
         series.append((f"simulator: {name}", report[f"simulated_{name.replace('-', '_')}"], "--", 1.2))
     for key, label in (("simulated_as_extender", "simulator as the extender decided (no host CPU)"),

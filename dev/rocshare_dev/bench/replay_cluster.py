@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,20 @@ from rocshare_dev.devcluster.simfleet import make_dev_tree, offered
 
 
 def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, policy: str, scheduling: dict[str, str],
-             decision_timeout_s: float, work_dir: Path | None, keep: bool) -> dict[str, Any]:
+             decision_timeout_s: float, work_dir: Path | None, keep: bool, mode: str = "extender") -> dict[str, Any]:
+    """The real run in `mode`: "extender" (this module's `_run`) or "dra" (replay_dra.run_dra: DRA
+    mode on a 1.37 control plane, the same nodes and pods); the same figures either way."""
     root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-replay-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops what the run started
     try:
-        result = asyncio.run(_run(root, subset, sequence, scheduling, decision_timeout_s))
+        if mode == "dra":
+            from rocshare_dev.bench.replay_dra import WHAT, run_dra
+
+            result, what = asyncio.run(run_dra(root, subset, sequence, decision_timeout_s)), WHAT
+        else:
+            result, what = asyncio.run(_run(root, subset, sequence, scheduling, decision_timeout_s)), WHAT_EXTENDER
     except BaseException:
         print(f"rocshare-dev bench replay: failed; logs kept in {root}", file=sys.stderr)
         raise
@@ -60,10 +67,12 @@ def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, polic
         signal.signal(signal.SIGTERM, previous)
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
-    result.update({"policy": policy, "wall_s": round(time.monotonic() - started, 1),
-                   "what": "real kube-apiserver, kube-scheduler (manifests' profile) and extender; "
-                           "kubelet-peer nodes and rocshare agents"})
+    result.update({"policy": policy, "mode": mode, "wall_s": round(time.monotonic() - started, 1), "what": what})
     return result
+
+
+WHAT_EXTENDER = ("real kube-apiserver, kube-scheduler (manifests' profile) and extender; "
+                 "kubelet-peer nodes and rocshare agents")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -98,12 +107,15 @@ async def _run(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Trace
         cluster.stop()
 
 
+REPLAY_BACKOFFS = {"podInitialBackoffSeconds": 60, "podMaxBackoffSeconds": 600}
+
+
 def _scheduler_config(cluster: ControlPlane) -> Path:
     """The manifests' profile with longer retry backoffs (60 s, at most 600 s): with no departures
     a pod that found no room never finds it later, and hundreds of Pending pods retried every 1-10 s
     kept kube-scheduler from the next arrival for minutes. Scoring is the profile's, unchanged."""
     config = yaml.safe_load(cluster._write_scheduler_config().read_text())
-    config.update(podInitialBackoffSeconds=60, podMaxBackoffSeconds=600)
+    config.update(REPLAY_BACKOFFS)
     path = cluster.root / "kube-scheduler-replay.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -135,18 +147,27 @@ def pod_object(pod: TracePod, serial: int) -> dict[str, Any]:
 # ---- nodes -------------------------------------------------------------------------------------
 
 
+def node_classes(subset: Sequence[TraceNode]) -> list[tuple[tuple[int, int], list[TraceNode]]]:
+    """The sample's nodes by (CPU milli, memory MiB), in order: a kubelet peer sets one capacity."""
+    classes: dict[tuple[int, int], list[TraceNode]] = defaultdict(list)
+    for node in subset:
+        classes[(node.cpu_milli, node.memory_mib)].append(node)
+    return sorted(classes.items())
+
+
+def node_names(subset: Sequence[TraceNode]) -> dict[str, TraceNode]:
+    """Cluster node name -> trace node: ``rp<class>-<n>``, the same in both modes of the replay."""
+    return {f"rp{number:02d}-{index:04d}": node
+            for number, (_, members) in enumerate(node_classes(subset)) for index, node in enumerate(members)}
+
+
 class TraceFleet:
     """The sample's nodes: a kubelet peer per (CPU, memory) class, one agents process."""
 
     def __init__(self, kubeconfig: Path, work_dir: Path, subset: Sequence[TraceNode]) -> None:
         self.kubeconfig, self.work_dir = kubeconfig, work_dir
-        classes: dict[tuple[int, int], list[TraceNode]] = defaultdict(list)
-        for node in subset:
-            classes[(node.cpu_milli, node.memory_mib)].append(node)
-        self.classes = sorted(classes.items())
-        self.nodes: dict[str, TraceNode] = {
-            f"rp{number:02d}-{index:04d}": node
-            for number, (_, members) in enumerate(self.classes) for index, node in enumerate(members)}
+        self.classes = node_classes(subset)
+        self.nodes = node_names(subset)
         self.processes: dict[str, subprocess.Popen] = {}
         self.plugin_root = Path(tempfile.mkdtemp(prefix="rocshare-rp-"))  # short: socket paths <= 107 bytes
 
@@ -245,7 +266,9 @@ class _Decisions:
 
 
 async def _submit(kube: Kube, fleet: TraceFleet, sequence: Sequence[TracePod], decision_timeout_s: float,
-                  *, start: int = 0) -> dict[str, Any]:
+                  *, start: int = 0, pod_of: Callable[[TracePod, int], dict[str, Any]] = pod_object) -> dict[str, Any]:
+    """The pods one at a time, each decision awaited; `fleet` is anything with the node map
+    (`nodes`) and `check_alive()`; `pod_of` writes trace pod `serial` as the mode wants it."""
     capacity = sum(node.gpus for node in fleet.nodes.values()) * 1000
     outcome = Outcome(capacity)
     decisions = _Decisions()
@@ -260,7 +283,7 @@ async def _submit(kube: Kube, fleet: TraceFleet, sequence: Sequence[TracePod], d
     started = time.monotonic()
     for serial in range(start, len(sequence)):
         pod = sequence[serial]
-        body = pod_object(pod, serial)
+        body = pod_of(pod, serial)
         name = body["metadata"]["name"]
         begun = time.monotonic()
         await _create(kube, path, body)

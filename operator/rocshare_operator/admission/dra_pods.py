@@ -1,9 +1,11 @@
 """Admission of HAMi-style GPU pods into DRA pools (pure): the amd.com/* limits become a claim.
 
 A pod "goes to a DRA pool" when every AmdGpuPool it can land on serves DRA (agent.interface DRA).
-The pools it can land on are read from its nodeSelector only: ``rocshare.io/pool: <name>`` names
-one pool; otherwise every pool whose own nodeSelector does not contradict the pod's (same key,
-another value). Node affinity is not read. When those pools mix DRA and the device plugin, the
+The pools it can land on are read from its nodeSelector and its required node affinity:
+``rocshare.io/pool: <name>`` names one pool; otherwise every pool whose own nodeSelector does not
+contradict the pod's (same key, another value), and of those the ones some required affinity term
+allows (no In, NotIn or DoesNotExist expression on the pool label or on a label of the pool's
+nodeSelector rules it out). Preferred affinity is not read. When those pools mix DRA and the device plugin, the
 pod is refused with the pools named (it would land on device-plugin nodes only, silently), and
 the user names one with ``rocshare.io/pool``. No DRA pool among them: the pod is left to the device
 plugin path as before.
@@ -61,19 +63,41 @@ def dra_pools_for(pod: Mapping[str, Any], pools: Mapping[str, AmdGpuPoolSpec]) -
         return ()
     plugin = sorted(set(candidates) - set(dra))
     if plugin:
-        raise Refused(f"{MIXED_POOLS_REASON}: the pod's nodeSelector allows pools serving DRA ({', '.join(dra)}) "
-                      f"and pools serving the device plugin ({', '.join(plugin)}); add nodeSelector "
+        raise Refused(f"{MIXED_POOLS_REASON}: the pod's nodeSelector and node affinity allow pools serving DRA "
+                      f"({', '.join(dra)}) and pools serving the device plugin ({', '.join(plugin)}); add nodeSelector "
                       f"{POOL_LABEL}: <pool> to choose one")
     return tuple(dra)
 
 
 def _candidate_pools(pod: Mapping[str, Any], pools: Mapping[str, AmdGpuPoolSpec]) -> dict[str, AmdGpuPoolSpec]:
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
     named = selector.get(POOL_LABEL)
     if named is not None:
-        return {named: pools[named]} if named in pools else {}
+        pools = {named: pools[named]} if named in pools else {}
+    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
     return {name: pool for name, pool in pools.items()
-            if all(selector.get(key, value) == value for key, value in pool.node_selector.items())}
+            if all(selector.get(key, value) == value for key, value in pool.node_selector.items())
+            and (not terms or any(_term_allows(term, _pool_labels(name, pool)) for term in terms))}
+
+
+def _pool_labels(name: str, pool: AmdGpuPoolSpec) -> dict[str, str]:
+    """The labels every node of the pool carries: its nodeSelector's and the pool label."""
+    return {**pool.node_selector, POOL_LABEL: name}
+
+
+def _term_allows(term: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A required node-affinity term does not rule the pool out: no expression on a label the pool's
+    nodes all carry contradicts it (a label the pool does not fix may match some of its nodes)."""
+    for expression in term.get("matchExpressions") or ():
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or ()
+        if key not in labels:
+            continue
+        if (operator == "In" and labels[key] not in values) or (operator == "NotIn" and labels[key] in values) \
+                or operator == "DoesNotExist":
+            return False
+    return True
 
 
 def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[GpuSpec]) -> DraPlan:

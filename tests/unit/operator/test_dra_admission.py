@@ -54,6 +54,25 @@ def test_the_pools_a_pod_can_land_on_decide(selector, expected):
     assert dra_pools_for(pod({"amd.com/gpu": "1"}, selector), POOLS) == expected
 
 
+def with_affinity(body: dict, *terms: list[dict]) -> dict:
+    body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": expressions} for expressions in terms]}}}
+    return body
+
+
+@pytest.mark.parametrize(("terms", "expected"), [
+    ([[{"key": "rocshare.io/pool", "operator": "In", "values": ["dra"]}]], ("dra",)),
+    ([[{"key": "gpu", "operator": "In", "values": ["mi210", "mi250"]}]], ("dra",)),
+    ([[{"key": "gpu", "operator": "NotIn", "values": ["mi210"]}]], ()),
+    ([[{"key": "rocshare.io/pool", "operator": "In", "values": ["plugin"]}],
+      [{"key": "zone", "operator": "In", "values": ["a"]}, {"key": "gpu", "operator": "In", "values": ["mi300"]}]], ()),
+    ([[{"key": "gpu", "operator": "DoesNotExist"}]], ()),
+])
+def test_required_node_affinity_narrows_the_pools_as_the_node_selector_does(terms, expected):
+    # Terms are ORed; expressions of a term ANDed; a label a pool does not fix (zone) rules nothing out.
+    assert dra_pools_for(with_affinity(pod({"amd.com/gpu": "1"}), *terms), POOLS) == expected
+
+
 def test_no_dra_pool_leaves_every_pod_to_the_device_plugin():
     assert dra_pools_for(pod({"amd.com/gpu": "1"}), {"plugin": POOLS["plugin"]}) == ()
 

@@ -125,9 +125,13 @@ def _counted(device: AllocatedDevice, spec: GpuSpec) -> DeviceSlice:
         return whole
     if compute_cus >= spec.cu_usable:
         return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
-    cores_pct = math.ceil(compute_cus * 100 / spec.cu_count) if compute_cus else None
     return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=compute_cus or spec.cu_count,
-                       cores_pct=cores_pct)
+                       cores_pct=_cores_pct(compute_cus, spec) if compute_cus else None)
+
+
+def _cores_pct(compute_cus: int, spec: GpuSpec) -> int:
+    """The percent of the GPU's compute a share of `compute_cus` holds, rounded up (never under)."""
+    return math.ceil(compute_cus * 100 / spec.cu_count)
 
 
 def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
@@ -155,7 +159,8 @@ def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> Device
         raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: no {compute_cus} free CUs in whole units of "
                                               f"{spec.cu_align} ({free} free; held "
                                               f"{render_ranges(_ranges(held_mask)) or 'none'})")
-    return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_ranges=ranges, cu_count=compute_cus)
+    return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_ranges=ranges, cu_count=compute_cus,
+                       cores_pct=_cores_pct(compute_cus, spec))
 
 
 def _whole(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:

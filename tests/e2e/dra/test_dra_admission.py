@@ -271,5 +271,5 @@ def _created(cluster, claim: dict) -> bool | None:
 
 
 async def _holder_cus(kube: Kube, cus: int) -> dict | None:
-    status = await share_used(kube, {"memoryMiB": 4096})
+    status = await share_used(kube, {"memoryMiB": 4096, "coresPercent": 25, "gpus": 1})
     return status if status and [h["cuCount"] for h in status["pods"]] == [cus] else None

@@ -145,6 +145,7 @@ async def test_two_shares_get_disjoint_masks_and_unprepare_frees(plugin):
     [slice_a], [slice_b] = claims.record("a").containers[0].devices, claims.record("b").containers[0].devices
     assert (claims.record("a").node, slice_a.cu_ranges, slice_a.memory_mib) == (NODE, [(0, 15)], 4096)
     assert (slice_b.cu_ranges, slice_b.memory_mib) == ([(16, 47)], 8192)
+    assert (slice_a.cores_pct, slice_b.cores_pct) == (25, 50)  # 16 and 32 of the Vega's 64 CUs
     assert env_a["HIP_DEVICE_MEMORY_LIMIT_0"] == "4096m" and env_b["HIP_DEVICE_MEMORY_LIMIT_0"] == "8192m"
     assert env_a["ROCR_VISIBLE_DEVICES"] == "GPU-c34ec50444dd0a6c" and env_a["HIP_VISIBLE_DEVICES"] == "0"
     assert env_a["LD_AUDIT"] == "/usr/local/vgpu/libamvgpu.so"

@@ -33,7 +33,8 @@ def holdings(*prepared: DeviceSlice) -> Holdings:
 
 def test_two_shares_get_disjoint_ranges_of_exactly_their_count():
     [first] = plan_claim([share("gpu-a", cus=26, mib=16384)], SPECS, NOTHING)
-    assert first == DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26)
+    # coresPct: what accounting counts, 26 of 104 CUs = 25 % (the agent writes it in the claim's record).
+    assert first == DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26, cores_pct=25)
     [second] = plan_claim([share("gpu-a", cus=52, mib=8192)], SPECS, holdings(first))
     assert second.cu_ranges == [(26, 77)] and second.memory_mib == 8192
     [third] = plan_claim([share("gpu-a", cus=26, mib=1)], SPECS, holdings(first, second))

@@ -29,7 +29,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, ShareLimits, Sharing
-from rocshare.api.node_settings import SettingsError, decode_settings
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import QuantityError, whole_quantity
 from rocshare_operator.feed.cluster_facts import (GpuNodeFacts, NodeFacts, QuotaFacts, gpu_node_facts, node_facts,
@@ -144,7 +143,7 @@ class ClusterIndex:
             pool, node = self.pools.get(self.node_pools.get(name, "")), self.nodes.get(name)
             if pool is None or pool.agent.interface != AgentInterface.DRA or node is None or status.gpus is None:
                 continue
-            sharing = self._sharing_of(node)
+            sharing = node.view.marks.sharing()
             if isinstance(sharing, Sharing):
                 found[name] = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
         return found
@@ -173,7 +172,7 @@ class ClusterIndex:
     def _rebuild_inventory(self, name: str) -> None:
         node = self.nodes.get(name)
         status = self.gpu_status.get(name)
-        sharing = self._sharing_of(node) if node is not None else None
+        sharing = node.view.marks.sharing() if node is not None else None
         self._set(self.unreadable, name, self._problem(name, node, sharing))
         if (node is None or status is None or not isinstance(sharing, Sharing) or not status.plugin_serving
                 or not _allocatable_gpus(node)):
@@ -198,18 +197,6 @@ class ClusterIndex:
         if problem and problem != self.unreadable.get(name) and problem != self.status_problems.get(name):
             log.error("node %s: %s; it offers nothing until it can be read", name, problem)
         return problem
-
-    @staticmethod
-    def _sharing_of(node: NodeFacts) -> Sharing | str:
-        """The pool's sharing settings the operator wrote on the node (none written: the defaults,
-        a node in no pool), or why they cannot be read."""
-        text = node.view.marks.settings_json
-        if text is None:
-            return Sharing()
-        try:
-            return decode_settings(text).sharing
-        except SettingsError as error:
-            return str(error)
 
     # ---- quotas ----------------------------------------------------------------------------
 

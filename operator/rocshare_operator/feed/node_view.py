@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rocshare.api.models import Sharing
 from rocshare.api.node_settings import (
     HAMI_OPERATING_MODE_ANNOTATION,
     PENDING_MODE_ANNOTATION,
     POOL_LABEL,
     POOL_SETTINGS_ANNOTATION,
+    SettingsError,
+    decode_settings,
 )
 
 
@@ -42,6 +45,16 @@ class NodeMarks:
     def any(self) -> bool:
         # The operating-mode annotation alone is not evidence that we marked the node.
         return self.pool is not None or self.settings_json is not None
+
+    def sharing(self) -> Sharing | str:
+        """The pool's sharing settings the operator wrote on the node (none written: the defaults,
+        a node in no pool), or why they cannot be read."""
+        if self.settings_json is None:
+            return Sharing()
+        try:
+            return decode_settings(self.settings_json).sharing
+        except SettingsError as error:
+            return str(error)
 
 
 def marks_of(labels: Mapping[str, str], annotations: Mapping[str, str],

@@ -22,7 +22,6 @@ import kopf
 from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
 from rocshare.api.models import Sharing
-from rocshare.api.node_settings import SettingsError, decode_settings
 from rocshare.core.dra_shares import claim_record
 from rocshare.core.holdings import Holding
 from rocshare.core.ids import PodKey, claim_key
@@ -94,13 +93,8 @@ def _specs_by_device(ctx: OperatorContext, node: str) -> dict[str, GpuSpec]:
     gpu_node, node_facts = ctx.feed.gpu_node(node), ctx.feed.node(node)
     if gpu_node is None or gpu_node.gpus is None:
         return {}
-    sharing = Sharing()
-    if node_facts is not None and node_facts.view.marks.settings_json is not None:
-        try:
-            sharing = decode_settings(node_facts.view.marks.settings_json).sharing
-        except SettingsError:
-            pass
-    return specs_by_device(node, gpu_node.gpus, sharing)
+    sharing = node_facts.view.marks.sharing() if node_facts is not None else Sharing()
+    return specs_by_device(node, gpu_node.gpus, sharing if isinstance(sharing, Sharing) else Sharing())
 
 
 def use_accounts(ctx: OperatorContext, accounts: Accounts) -> None:

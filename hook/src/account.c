@@ -1,12 +1,22 @@
 /* The container's VRAM account: one shared file, one slot per live process, one counter per GPU.
  *
  * Invariants:
- * - A GPU's use is the sum of its counter over all slots; a slot belongs to one process (pid and
- *   its start time, so a reused pid is not mistaken for the owner) or is free (pid 0).
+ * - A GPU's use is the sum of its counter over all slots; a slot belongs to one process image (pid
+ *   and its start time, so a reused pid is not mistaken for the owner) or is free (pid 0).
  * - A reservation adds to the caller's own slot first and then sums: two racing reservations can
  *   both be refused, never both granted past the limit (each sum sees the other's addition).
  * - A dead owner's slot is reclaimed by whoever finds it: pid is swapped for -(reclaimer's pid),
  *   the counters zeroed, then pid set to 0; a reclaimer that dies midway is itself reclaimed.
+ *   Dead means: no such pid, another process under that pid (start time differs), or a zombie.
+ * - A process image opens the account once. A slot already holding its own pid is a previous image
+ *   of the same process (exec without fork): the driver freed that image's memory, so the slot is
+ *   zeroed and taken over, never added to.
+ * - No slot, no memory: when every slot is held by a live process, or the account file exists but
+ *   cannot be opened, account_open returns NULL and the caller refuses limited allocations. A
+ *   private (per-process) account is used only when no account file exists and none can be made.
+ * - One account per container: an existing file is opened without O_CREAT (fs.protected_regular
+ *   refuses O_CREAT on another uid's file in a sticky folder); a new file is made whole (mode 0666,
+ *   full size) under a temporary name and published with link(), so nobody sees it half made.
  * - An all-zero file is a valid empty account, so creating it needs no lock and no init step.
  * No locks, only atomics: the audit namespace's libc has no pthread we could share safely.
  */
@@ -22,8 +32,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SLOT_COUNT 256
-
 struct slot {
 	int32_t pid; /* owner, 0 free, negative: being reclaimed by -pid */
 	int32_t pad;
@@ -31,15 +39,37 @@ struct slot {
 	uint64_t used_bytes[HOOK_MAX_DEVICES];
 };
 
+#define NOTE_BYTES 240
+
 struct account_file {
 	uint32_t high_water_slots; /* slots [0, high_water) may be in use */
 	uint32_t pad;
-	struct slot slots[SLOT_COUNT];
+	struct slot slots[ACCOUNT_SLOTS];
+	/* the last time a process of the container was refused or ran unlimited, and why (text) */
+	uint32_t note_busy;  /* 1 while one writer fills note */
+	uint32_t note_count; /* notes written so far */
+	char note[NOTE_BYTES];
 };
 
 static struct account_file *account_g;
+static struct account_file private_account_g; /* no file exists and none can be made */
 
-static uint64_t process_start_ticks(int pid)
+struct proc_stat {
+	char state;          /* field 3: R, S, D, Z (zombie), X (dead), ... */
+	uint32_t threads;    /* field 20 */
+	uint64_t start_ticks; /* field 22 */
+};
+
+static uint32_t leading_digits(const char *s)
+{
+	uint32_t v = 0;
+	for (; *s >= '0' && *s <= '9' && v < 100000000u; s++)
+		v = v * 10 + (uint32_t)(*s - '0');
+	return v;
+}
+
+/* 1 and st filled when /proc/<pid>/stat was read. */
+static int read_proc_stat(int pid, struct proc_stat *st)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -54,29 +84,91 @@ static uint64_t process_start_ticks(int pid)
 	char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
 	if (!p)
 		return 0;
-	/* after ")" come fields 3..: state is field 3, starttime field 22 */
+	/* after ")" come fields 3..: state is field 3, num_threads 20, starttime field 22 */
 	int field = 2;
-	for (; *p && field < 22; p++)
-		if (*p == ' ')
-			field++;
-	return strtoull(p, NULL, 10);
+	for (; *p && field < 22; p++) {
+		if (*p != ' ')
+			continue;
+		field++;
+		if (field == 3)
+			st->state = p[1];
+		else if (field == 20)
+			st->threads = leading_digits(p + 1);
+	}
+	st->start_ticks = strtoull(p, NULL, 10);
+	return 1;
 }
 
+static uint64_t process_start_ticks(int pid)
+{
+	struct proc_stat st = {0, 0, 0};
+	return read_proc_stat(pid, &st) ? st.start_ticks : 0;
+}
+
+/* A zombie answers kill(pid, 0) but holds no GPU memory. A thread-group leader that exited before
+ * its other threads also shows Z, with num_threads > 1: that process is alive. */
 static int pid_alive(int pid, uint64_t start_ticks)
 {
 	if (kill(pid, 0) != 0 && errno == ESRCH)
 		return 0;
-	if (start_ticks == 0)
-		return 1;
-	uint64_t now = process_start_ticks(pid);
-	return now == 0 || now == start_ticks; /* unreadable /proc: trust kill() */
+	struct proc_stat st = {0, 0, 0};
+	if (!read_proc_stat(pid, &st))
+		return 1; /* unreadable /proc: trust kill() */
+	if (st.state == 'X' || (st.state == 'Z' && st.threads <= 1))
+		return 0;
+	return start_ticks == 0 || st.start_ticks == 0 || st.start_ticks == start_ticks;
 }
 
-/* The file: $ROCSHARE_HOOK_DIR, else /tmp (the container's own writable layer), else /dev/shm
- * (read-only root filesystem; shared by the pod's containers, hence the pid namespace in the
- * name, which separates containers). NULL: no file could be made; the caller keeps a private
- * account. */
-static struct account_file *map_account(const char *dir_override)
+/* ---- opening: one file per container, never split ---- */
+
+enum open_result { OPENED, ABSENT, UNUSABLE };
+
+/* The existing file, opened without O_CREAT. */
+static enum open_result open_existing(const char *path, int *fd)
+{
+	*fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (*fd >= 0)
+		return OPENED;
+	return errno == ENOENT ? ABSENT : UNUSABLE;
+}
+
+/* Make the file whole under a temporary name, then publish it with link(): EEXIST means another
+ * process published first, and its file is opened instead. ABSENT: this folder cannot hold it. */
+static enum open_result create_published(const char *path, int *fd)
+{
+	char tmp[600];
+	snprintf(tmp, sizeof tmp, "%s.%d.new", path, (int)getpid());
+	(void)unlink(tmp); /* a stale one of a crashed process with our pid */
+	*fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
+	if (*fd < 0)
+		return ABSENT;
+	int made = fchmod(*fd, 0666) == 0 && ftruncate(*fd, sizeof(struct account_file)) == 0;
+	int linked = made && link(tmp, path) == 0;
+	int lost_race = made && !linked && errno == EEXIST;
+	(void)unlink(tmp);
+	if (linked)
+		return OPENED;
+	close(*fd);
+	*fd = -1;
+	return lost_race ? open_existing(path, fd) : ABSENT;
+}
+
+static struct account_file *map_fd(int fd, const char **why)
+{
+	/* lseek, not fstat: fstat is a GLIBC_2.33 symbol and we keep the glibc floor low */
+	off_t size_bytes = lseek(fd, 0, SEEK_END);
+	void *m = MAP_FAILED;
+	if (size_bytes == (off_t)sizeof(struct account_file))
+		m = mmap(NULL, sizeof(struct account_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m != MAP_FAILED)
+		return m;
+	*why = size_bytes == (off_t)sizeof(struct account_file) ? "the account file cannot be mapped"
+								: "the account file has the wrong size";
+	return NULL;
+}
+
+static void account_path(char *path, size_t path_bytes, const char *dir)
 {
 	char ns[64] = "0";
 	ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
@@ -86,35 +178,51 @@ static struct account_file *map_account(const char *dir_override)
 			if (*c < '0' || *c > '9')
 				*c = '_';
 	}
+	snprintf(path, path_bytes, "%s/rocshare-hook-v2-%s.acct", dir, ns);
+}
+
+/* The file: $ROCSHARE_HOOK_DIR, else /tmp (the container's own writable layer), else /dev/shm
+ * (read-only root filesystem; shared by the pod's containers, hence the pid namespace in the
+ * name, which separates containers). The first folder holding the file (or able to) wins; an
+ * existing file that cannot be used is a refusal (NULL, why), never a reason to look further.
+ * No folder at all: the private account. */
+static struct account_file *map_account(const char *dir_override, const char **why)
+{
 	const char *dirs[] = {dir_override, "/tmp", "/dev/shm"};
 	for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
 		if (!dirs[i] || !*dirs[i])
 			continue;
 		char path[512];
-		snprintf(path, sizeof path, "%s/rocshare-hook-v1-%s.acct", dirs[i], ns);
-		int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-		if (fd < 0)
-			continue;
-		(void)fchmod(fd, 0666); /* processes of other users in the container share it */
-		/* lseek, not fstat: fstat is a GLIBC_2.33 symbol and we keep the glibc floor low */
-		off_t size_bytes = lseek(fd, 0, SEEK_END);
-		if (size_bytes >= 0 && (size_t)size_bytes < sizeof(struct account_file) &&
-		    ftruncate(fd, sizeof(struct account_file)) != 0) {
-			close(fd);
-			continue;
+		account_path(path, sizeof path, dirs[i]);
+		int fd = -1;
+		enum open_result r = open_existing(path, &fd);
+		if (r == ABSENT)
+			r = create_published(path, &fd);
+		if (r == OPENED)
+			return map_fd(fd, why);
+		if (r == UNUSABLE) {
+			*why = "the account file exists but cannot be opened";
+			return NULL;
 		}
-		void *m = mmap(NULL, sizeof(struct account_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		close(fd);
-		if (m != MAP_FAILED)
-			return m;
 	}
-	return NULL;
+	*why = "no folder can hold the account file: this process has a private account";
+	return &private_account_g;
+}
+
+/* ---- slots ---- */
+
+static void free_slot(struct slot *s)
+{
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++)
+		__atomic_store_n(&s->used_bytes[d], 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->start_ticks, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
 static void reclaim_dead_slots(int my_pid)
 {
 	uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_ACQUIRE);
-	for (uint32_t i = 0; i < hw && i < SLOT_COUNT; i++) {
+	for (uint32_t i = 0; i < hw && i < ACCOUNT_SLOTS; i++) {
 		struct slot *s = &account_g->slots[i];
 		int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
 		if (pid == 0 || pid == my_pid || pid == -my_pid)
@@ -122,29 +230,43 @@ static void reclaim_dead_slots(int my_pid)
 		uint64_t ticks = pid > 0 ? __atomic_load_n(&s->start_ticks, __ATOMIC_RELAXED) : 0;
 		if (pid_alive(pid > 0 ? pid : -pid, ticks))
 			continue;
-		if (!__atomic_compare_exchange_n(&s->pid, &pid, -my_pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-			continue;
-		for (int d = 0; d < HOOK_MAX_DEVICES; d++)
-			__atomic_store_n(&s->used_bytes[d], 0, __ATOMIC_RELEASE);
-		__atomic_store_n(&s->start_ticks, 0, __ATOMIC_RELAXED);
-		__atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+		if (__atomic_compare_exchange_n(&s->pid, &pid, -my_pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			free_slot(s);
 	}
+}
+
+/* A slot holding my pid when this image opens the account is a previous image's (exec): its
+ * memory went with that image, so it is zeroed (pid parked at -pid meanwhile, as a reclaim does). */
+static void release_previous_images(int my_pid)
+{
+	uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_ACQUIRE);
+	for (uint32_t i = 0; i < hw && i < ACCOUNT_SLOTS; i++) {
+		int32_t pid = my_pid;
+		if (__atomic_compare_exchange_n(&account_g->slots[i].pid, &pid, -my_pid, 0, __ATOMIC_ACQ_REL,
+						__ATOMIC_RELAXED))
+			free_slot(&account_g->slots[i]);
+	}
+}
+
+static void raise_high_water(uint32_t slots)
+{
+	uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_RELAXED);
+	while (hw < slots && !__atomic_compare_exchange_n(&account_g->high_water_slots, &hw, slots, 0, __ATOMIC_ACQ_REL,
+							  __ATOMIC_RELAXED))
+		;
 }
 
 static struct slot *claim_slot(int my_pid)
 {
 	for (int attempt = 0; attempt < 2; attempt++) {
-		for (uint32_t i = 0; i < SLOT_COUNT; i++) {
+		for (uint32_t i = 0; i < ACCOUNT_SLOTS; i++) {
 			struct slot *s = &account_g->slots[i];
 			int32_t free_pid = 0;
 			if (!__atomic_compare_exchange_n(&s->pid, &free_pid, my_pid, 0, __ATOMIC_ACQ_REL,
 							 __ATOMIC_RELAXED))
 				continue;
 			__atomic_store_n(&s->start_ticks, process_start_ticks(my_pid), __ATOMIC_RELEASE);
-			uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_RELAXED);
-			while (hw < i + 1 && !__atomic_compare_exchange_n(&account_g->high_water_slots, &hw, i + 1, 0,
-									   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-				;
+			raise_high_water(i + 1);
 			return s;
 		}
 		reclaim_dead_slots(my_pid);
@@ -152,33 +274,49 @@ static struct slot *claim_slot(int my_pid)
 	return NULL;
 }
 
-static struct account_file private_account_g; /* no file and no free slot: this process alone */
-
-struct slot *account_open(const char *dir_override, int my_pid)
+/* Map the account once per image (the first caller's mapping wins); NULL and why when refused. */
+static struct account_file *account_map_once(const char *dir_override, int my_pid, const char **why)
 {
-	if (!account_g) {
-		struct account_file *m = map_account(dir_override);
-		struct account_file *none = NULL;
-		if (!m)
-			m = &private_account_g;
-		if (!__atomic_compare_exchange_n(&account_g, &none, m, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-		    m != &private_account_g)
-			munmap(m, sizeof *m);
+	struct account_file *cur = __atomic_load_n(&account_g, __ATOMIC_ACQUIRE);
+	if (cur)
+		return cur;
+	struct account_file *m = map_account(dir_override, why);
+	if (!m)
+		return NULL;
+	if (__atomic_compare_exchange_n(&account_g, &cur, m, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		release_previous_images(my_pid);
+		return m;
 	}
+	if (m != &private_account_g)
+		munmap(m, sizeof *m);
+	return cur;
+}
+
+struct slot *account_open(const char *dir_override, int my_pid, const char **why)
+{
+	if (!account_map_once(dir_override, my_pid, why))
+		return NULL;
 	reclaim_dead_slots(my_pid);
 	struct slot *s = claim_slot(my_pid);
-	if (!s) {
-		account_g = &private_account_g;
-		s = claim_slot(my_pid);
-	}
+	if (!s)
+		*why = "every slot of the account is held by a live process";
 	return s;
+}
+
+void account_close(struct slot *s)
+{
+	int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+	if (pid > 0 && __atomic_compare_exchange_n(&s->pid, &pid, -pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		free_slot(s);
 }
 
 uint64_t account_used(int device)
 {
 	uint64_t sum = 0;
+	if (!account_g)
+		return 0;
 	uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_ACQUIRE);
-	for (uint32_t i = 0; i < hw && i < SLOT_COUNT; i++)
+	for (uint32_t i = 0; i < hw && i < ACCOUNT_SLOTS; i++)
 		if (__atomic_load_n(&account_g->slots[i].pid, __ATOMIC_ACQUIRE) != 0)
 			sum += __atomic_load_n(&account_g->slots[i].used_bytes[device], __ATOMIC_SEQ_CST);
 	return sum;
@@ -210,5 +348,37 @@ void account_release(struct slot *s, int device, uint64_t bytes)
 
 void account_refresh(int my_pid)
 {
-	reclaim_dead_slots(my_pid);
+	if (account_g)
+		reclaim_dead_slots(my_pid);
+}
+
+/* Write text to the account's note (skipped when another writer holds it: the line on stderr
+ * is the record that always appears). Byte by byte, atomically, as readers may be mid-copy. */
+void account_note(const char *text)
+{
+	struct account_file *a = __atomic_load_n(&account_g, __ATOMIC_ACQUIRE);
+	uint32_t idle = 0;
+	if (!a || a == &private_account_g ||
+	    !__atomic_compare_exchange_n(&a->note_busy, &idle, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		return;
+	size_t i = 0;
+	for (; text[i] && i < NOTE_BYTES - 1; i++)
+		__atomic_store_n(&a->note[i], text[i], __ATOMIC_RELAXED);
+	for (; i < NOTE_BYTES; i++)
+		__atomic_store_n(&a->note[i], 0, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&a->note_count, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->note_busy, 0, __ATOMIC_RELEASE);
+}
+
+/* The note as last written, for tests and for whoever reads the account; 0 when none. */
+uint32_t account_read_note(char *out, size_t out_bytes)
+{
+	struct account_file *a = __atomic_load_n(&account_g, __ATOMIC_ACQUIRE);
+	if (!a || !out_bytes)
+		return 0;
+	size_t i = 0;
+	for (; i + 1 < out_bytes && i < NOTE_BYTES; i++)
+		out[i] = __atomic_load_n(&a->note[i], __ATOMIC_RELAXED);
+	out[i] = 0;
+	return __atomic_load_n(&a->note_count, __ATOMIC_RELAXED);
 }

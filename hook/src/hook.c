@@ -23,10 +23,12 @@
 #include "hook.h"
 
 #include <elf.h>
+#include <errno.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <link.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -115,6 +117,25 @@ static void read_config(void)
 	config_g.account_dir = getenv("ROCSHARE_HOOK_DIR");
 }
 
+/* ---- what the hook says when it refuses or gives up ---- */
+
+/* One line on stderr ("rocshare-hook[pid]: ..."), and the same text as the note in the container's
+ * account, so whoever inspects the container finds the last reason there. */
+static void say(const char *fmt, ...)
+{
+	char line[256];
+	int head = snprintf(line, sizeof line, "rocshare-hook[%d]: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line + head, sizeof line - (size_t)head - 1, fmt, ap);
+	va_end(ap);
+	account_note(line + head);
+	size_t n = strlen(line);
+	line[n] = '\n';
+	ssize_t written = write(2, line, n + 1);
+	(void)written; /* nowhere left to report a failed write */
+}
+
 /* ---- the runtime's functions ---- */
 
 static struct link_map *hip_map_g, *hsa_map_g;
@@ -174,10 +195,11 @@ static void *real_fn(void **slot, struct link_map **lib, const char *name)
 
 /* ---- per-process state: wiped on fork ---- */
 
-enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_QUEUE };
+enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_QUEUE, K_MAPPING, K_POOL };
 struct entry {
 	uintptr_t key; /* 0 empty, TOMBSTONE freed */
-	uint64_t bytes;
+	uint64_t bytes; /* K_MAPPING: the mapped range's size; K_QUEUE: the agent handle */
+	uint64_t link;  /* K_HANDLE: references (the handle itself + its mappings); K_MAPPING: the handle */
 	int32_t device, kind;
 };
 #define TOMBSTONE ((uintptr_t)1)
@@ -186,7 +208,8 @@ struct entry {
 struct process {
 	int state; /* 0 new (or forked), 1 starting, 2 ready */
 	int pid;
-	struct slot *slot;
+	struct slot *slot; /* NULL: no slot to be had (every one held, or the account unusable) */
+	const char *no_slot_why;
 };
 static struct process *process_g;   /* one page, MADV_WIPEONFORK */
 static struct entry *table_g;       /* TABLE_SLOTS entries, MADV_WIPEONFORK */
@@ -198,7 +221,10 @@ static void setup_process_memory(void)
 	table_g = mmap(NULL, TABLE_SLOTS * sizeof(struct entry), PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (process_g == MAP_FAILED || table_g == MAP_FAILED) {
+		int err = errno;
 		process_g = NULL; /* wrappers then pass everything through */
+		say("disabled: cannot map its per-process memory (%s): this process's GPU memory is NOT limited",
+		    strerror(err));
 		return;
 	}
 #ifdef MADV_WIPEONFORK
@@ -224,7 +250,7 @@ static struct process *process_get(void)
 	}
 	if (st == 0 && __atomic_compare_exchange_n(&p->state, &st, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
 		p->pid = getpid();
-		p->slot = account_open(config_g.account_dir, p->pid);
+		p->slot = account_open(config_g.account_dir, p->pid, &p->no_slot_why);
 		__atomic_store_n(&p->state, 2, __ATOMIC_RELEASE);
 		return p;
 	}
@@ -238,7 +264,7 @@ static size_t table_home(uintptr_t key)
 	return (size_t)((key >> 4) * 0x9E3779B97F4A7C15ull >> 46) & (TABLE_SLOTS - 1);
 }
 
-static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
+static int table_insert_linked(uintptr_t key, uint64_t bytes, uint64_t link, int device, int kind)
 {
 	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
 		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
@@ -248,6 +274,7 @@ static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
 		if (!__atomic_compare_exchange_n(&table_g[i].key, &cur, TOMBSTONE + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
 			continue;
 		table_g[i].bytes = bytes;
+		__atomic_store_n(&table_g[i].link, link, __ATOMIC_RELAXED);
 		table_g[i].device = device;
 		table_g[i].kind = kind;
 		__atomic_store_n(&table_g[i].key, key, __ATOMIC_RELEASE);
@@ -256,19 +283,31 @@ static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
 	return 0;
 }
 
-/* Read key of that kind without removing it; 1 and its bytes when it is there. */
-static int table_find(uintptr_t key, int kind, uint64_t *bytes)
+static int table_insert(uintptr_t key, uint64_t bytes, int device, int kind)
+{
+	return table_insert_linked(key, bytes, 1, device, kind);
+}
+
+/* The live entry of key and kind, or NULL. */
+static struct entry *table_entry(uintptr_t key, int kind)
 {
 	for (size_t n = 0, i = table_home(key); n < TABLE_SLOTS; n++, i = (i + 1) & (TABLE_SLOTS - 1)) {
 		uintptr_t cur = __atomic_load_n(&table_g[i].key, __ATOMIC_ACQUIRE);
 		if (cur == 0)
-			return 0;
-		if (cur == key && table_g[i].kind == kind) {
-			*bytes = table_g[i].bytes;
-			return 1;
-		}
+			return NULL;
+		if (cur == key && table_g[i].kind == kind)
+			return &table_g[i];
 	}
-	return 0;
+	return NULL;
+}
+
+/* Read key of that kind without removing it; 1 and its bytes when it is there. */
+static int table_find(uintptr_t key, int kind, uint64_t *bytes)
+{
+	struct entry *e = table_entry(key, kind);
+	if (e)
+		*bytes = e->bytes;
+	return e != NULL;
 }
 
 /* Remove key of that kind; 1 and its bytes/device when it was there. */
@@ -308,13 +347,48 @@ static uint64_t limit_of(int dev)
 	return dev >= 0 && dev < HOOK_MAX_DEVICES ? config_g.limit_bytes[dev] : 0;
 }
 
-/* Reserve bytes on dev before the runtime allocates; NULL when dev is unlimited (pass through). */
+/* The process's slot; one more try when it had none (a slot may have been freed since). */
+static struct slot *slot_of(struct process *p)
+{
+	struct slot *s = __atomic_load_n(&p->slot, __ATOMIC_ACQUIRE), *none = NULL;
+	if (s)
+		return s;
+	const char *why = NULL;
+	s = account_open(config_g.account_dir, p->pid, &why);
+	if (!s) {
+		__atomic_store_n(&p->no_slot_why, why, __ATOMIC_RELEASE);
+		return NULL;
+	}
+	if (__atomic_compare_exchange_n(&p->slot, &none, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return s;
+	account_close(s); /* another thread of ours got one first */
+	return none;
+}
+
+static void say_refused(struct process *p, int dev, uint64_t bytes, const char *why)
+{
+	say("refused %llu bytes on GPU %d: %s (the container holds %llu of its %llu-byte limit)",
+	    (unsigned long long)bytes, dev, why, (unsigned long long)account_used(dev),
+	    (unsigned long long)limit_of(dev));
+	(void)p;
+}
+
+/* Reserve bytes on dev before the runtime allocates; NULL when dev is unlimited (pass through).
+ * No slot in the account: refused (never a fresh private account with a whole limit of its own). */
 static struct process *reserve(int dev, uint64_t bytes, hipError_t *refusal)
 {
 	*refusal = hipSuccess;
 	struct process *p = limit_of(dev) ? process_get() : NULL;
-	if (p && !account_reserve(p->slot, dev, bytes, limit_of(dev), p->pid))
+	if (!p)
+		return NULL;
+	struct slot *s = slot_of(p);
+	if (!s) {
 		*refusal = hipErrorOutOfMemory;
+		say_refused(p, dev, bytes, __atomic_load_n(&p->no_slot_why, __ATOMIC_ACQUIRE));
+	} else if (!account_reserve(s, dev, bytes, limit_of(dev), p->pid)) {
+		*refusal = hipErrorOutOfMemory;
+		say_refused(p, dev, bytes, "past the slice");
+	}
 	return p;
 }
 
@@ -325,23 +399,24 @@ static hipError_t settle(struct process *p, hipError_t err, uintptr_t key, int k
 		return err;
 	if (err == hipSuccess && key)
 		return err; /* table full: stays counted (never under-count) */
-	account_release(p->slot, dev, bytes);
+	account_release(__atomic_load_n(&p->slot, __ATOMIC_ACQUIRE), dev, bytes);
 	return err;
 }
 
-/* Before the runtime frees key: 1 when it was counted (then unrelease() if the free fails). */
-static int unrecord(uintptr_t key, int kind, uint64_t *bytes, int *dev)
-{
-	return key && process_g && table_remove(key, kind, bytes, dev);
-}
+/* The one free path: forget key's charge, let the runtime free it, then give the bytes back (or,
+ * when the runtime refused, keep key counted as before). */
+typedef hipError_t (*free_call)(uintptr_t key, const void *args);
 
-static hipError_t finish_free(hipError_t err, int counted, uintptr_t key, int kind, uint64_t bytes, int dev)
+static hipError_t uncounted(uintptr_t key, int kind, free_call call, const void *args)
 {
-	if (!counted)
+	uint64_t bytes = 0;
+	int dev = 0;
+	int was_counted = key && process_g && table_remove(key, kind, &bytes, &dev);
+	hipError_t err = call(key, args);
+	if (!was_counted)
 		return err;
-	struct process *p = process_get();
 	if (err == hipSuccess)
-		account_release(p->slot, dev, bytes);
+		account_release(__atomic_load_n(&process_get()->slot, __ATOMIC_ACQUIRE), dev, bytes);
 	else
 		table_insert(key, bytes, dev, kind);
 	return err;
@@ -352,11 +427,16 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 	return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
 }
 
+static uint64_t dims(size_t w, size_t h, size_t d)
+{
+	return sat_mul(sat_mul(w, h ? h : 1), d ? d : 1);
+}
+
 /* ---- HIP wrappers: allocations ---- */
 
 static void *real_hipMalloc, *real_hipExtMallocWithFlags, *real_hipMallocAsync, *real_hipMallocFromPoolAsync,
 	*real_hipFreeAsync, *real_hipMallocPitch, *real_hipMemAllocPitch, *real_hipMalloc3D, *real_hipMallocArray,
-	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray,
+	*real_hipMalloc3DArray, *real_hipArrayCreate, *real_hipArray3DCreate, *real_hipFreeArray, *real_hipArrayDestroy,
 	*real_hipMallocMipmappedArray, *real_hipMipmappedArrayCreate, *real_hipFreeMipmappedArray, *real_hipMipmappedArrayDestroy, *real_hipMemCreate,
 	*real_hipMemRelease, *real_hipMemGetInfo, *real_hipGetDeviceProperties,
 	*real_hipGetDevicePropertiesR0000, *real_hipGetDevicePropertiesR0600, *real_hipDeviceTotalMem,
@@ -373,20 +453,52 @@ static hipError_t oversubscribed(hipError_t err, void **ptr, size_t size)
 }
 
 /* The shape of every counted allocation: reserve bytes on dev, call the runtime (which writes the
- * new pointer, array or handle to *out), maybe fall back to managed memory, settle. */
+ * new pointer, array or handle to *out), maybe fall back to managed memory, settle. A padded
+ * (pitched) allocation's call also writes what the runtime really took to *taken: the difference
+ * is reserved after the call, or the allocation is freed and refused. */
 typedef hipError_t (*alloc_call)(void **out, size_t size, const void *args);
+
+struct request {
+	int dev, kind, may_oversubscribe;
+	uint64_t bytes;        /* reserved before the call */
+	const uint64_t *taken; /* NULL: the runtime took bytes */
+};
+
+/* A padded allocation took more than was reserved: reserve the rest, else free it and refuse. */
+static hipError_t top_up(struct process *p, const struct request *r, void *ptr, uint64_t taken)
+{
+	struct slot *s = __atomic_load_n(&p->slot, __ATOMIC_ACQUIRE);
+	if (account_reserve(s, r->dev, taken - r->bytes, limit_of(r->dev), p->pid))
+		return hipSuccess;
+	say_refused(p, r->dev, taken, "past the slice once padded");
+	REAL(&hip_map_g, hipFree)(ptr);
+	return hipErrorOutOfMemory;
+}
+
+static hipError_t count_call(const struct request *r, void **out, alloc_call call, const void *args)
+{
+	hipError_t err;
+	struct process *p = reserve(r->dev, r->bytes, &err);
+	if (err != hipSuccess)
+		return err;
+	err = call(out, r->bytes, args);
+	if (r->may_oversubscribe)
+		err = oversubscribed(err, out, r->bytes);
+	if (!p)
+		return err;
+	uint64_t bytes = r->bytes;
+	if (err == hipSuccess && r->taken && *r->taken > bytes) {
+		err = top_up(p, r, *out, *r->taken);
+		bytes = err == hipSuccess ? *r->taken : bytes;
+	}
+	return settle(p, err, err == hipSuccess && out ? (uintptr_t)*out : 0, r->kind, r->dev, bytes);
+}
 
 static hipError_t counted(int dev, uint64_t bytes, int kind, void **out, alloc_call call, const void *args,
 			  int may_oversubscribe)
 {
-	hipError_t err;
-	struct process *p = reserve(dev, bytes, &err);
-	if (err != hipSuccess)
-		return err;
-	err = call(out, bytes, args);
-	if (may_oversubscribe)
-		err = oversubscribed(err, out, bytes);
-	return p ? settle(p, err, out ? (uintptr_t)*out : 0, kind, dev, bytes) : err;
+	struct request r = {dev, kind, may_oversubscribe, bytes, NULL};
+	return count_call(&r, out, call, args);
 }
 
 static hipError_t counted_alloc(void **ptr, size_t size, alloc_call call, const void *args, int may_oversubscribe)
@@ -438,83 +550,169 @@ static hipError_t w_hipMallocManaged(void **ptr, size_t size, unsigned int flags
 	return counted_alloc(ptr, size, call_managed, &flags, 0);
 }
 
+/* ---- stream-ordered allocations: charged to the stream's (or the pool's) GPU ---- */
+
+static void *real_hipStreamGetDevice, *real_hipMemPoolCreate, *real_hipMemPoolDestroy,
+	*real_hipDeviceGetDefaultMemPool, *real_hipDeviceGetMemPool;
+
+/* The GPU a stream runs on; the null stream (and a runtime that cannot say) is the current one. */
+static int stream_device(hipStream_t stream)
+{
+	hipDevice_t dev = 0;
+	__typeof__(&hipStreamGetDevice) get = REAL(&hip_map_g, hipStreamGetDevice);
+	if (!stream || !get || get(stream, &dev) != hipSuccess || dev < 0 || dev >= HOOK_MAX_DEVICES)
+		return current_device();
+	return dev;
+}
+
+/* The GPU a pool's memory lives on, as recorded when the pool was made or handed out; a pool we
+ * never saw: the stream's GPU. */
+static int pool_device(hipMemPool_t pool, hipStream_t stream)
+{
+	struct entry *e = pool && process_get() ? table_entry((uintptr_t)pool, K_POOL) : NULL;
+	return e ? e->device : stream_device(stream);
+}
+
+static void remember_pool(hipError_t err, hipMemPool_t *pool, int dev)
+{
+	if (err == hipSuccess && pool && *pool && dev >= 0 && dev < HOOK_MAX_DEVICES && process_get() &&
+	    !table_entry((uintptr_t)*pool, K_POOL))
+		table_insert((uintptr_t)*pool, 0, dev, K_POOL);
+}
+
+static hipError_t w_hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *props)
+{
+	hipError_t err = REAL(&hip_map_g, hipMemPoolCreate)(pool, props);
+	remember_pool(err, pool, props && props->location.type == hipMemLocationTypeDevice ? props->location.id : -1);
+	return err;
+}
+
+static hipError_t w_hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipDeviceGetDefaultMemPool)(pool, dev);
+	remember_pool(err, pool, dev);
+	return err;
+}
+
+static hipError_t w_hipDeviceGetMemPool(hipMemPool_t *pool, int dev)
+{
+	hipError_t err = REAL(&hip_map_g, hipDeviceGetMemPool)(pool, dev);
+	remember_pool(err, pool, dev);
+	return err;
+}
+
+static hipError_t w_hipMemPoolDestroy(hipMemPool_t pool)
+{
+	uint64_t unused_bytes = 0;
+	int unused_dev = 0;
+	hipError_t err = REAL(&hip_map_g, hipMemPoolDestroy)(pool);
+	if (err == hipSuccess && pool && process_g)
+		table_remove((uintptr_t)pool, K_POOL, &unused_bytes, &unused_dev);
+	return err;
+}
+
 static hipError_t w_hipMallocAsync(void **ptr, size_t size, hipStream_t stream)
 {
-	return counted_alloc(ptr, size, call_async, stream, 0);
+	return counted(stream_device(stream), size, K_PTR, ptr, call_async, stream, 0);
 }
 
 static hipError_t w_hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream)
 {
 	struct pool_args a = {pool, stream};
-	return counted_alloc(ptr, size, call_from_pool, &a, 0);
+	return counted(pool_device(pool, stream), size, K_PTR, ptr, call_from_pool, &a, 0);
+}
+
+/* ---- frees: one path (uncounted) ---- */
+
+static hipError_t call_free(uintptr_t ptr, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipFree)((void *)ptr);
+}
+
+static hipError_t call_free_async(uintptr_t ptr, const void *stream)
+{
+	return REAL(&hip_map_g, hipFreeAsync)((void *)ptr, (hipStream_t)stream);
 }
 
 static hipError_t w_hipFree(void *ptr)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted = unrecord((uintptr_t)ptr, K_PTR, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipFree)(ptr), counted, (uintptr_t)ptr, K_PTR, bytes, dev);
+	return uncounted((uintptr_t)ptr, K_PTR, call_free, NULL);
 }
 
 static hipError_t w_hipFreeAsync(void *ptr, hipStream_t stream)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted = unrecord((uintptr_t)ptr, K_PTR, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipFreeAsync)(ptr, stream), counted, (uintptr_t)ptr, K_PTR, bytes, dev);
+	return uncounted((uintptr_t)ptr, K_PTR, call_free_async, stream);
 }
 
-/* Pitched: reserve the unpadded size first, then settle on what the runtime really took. */
-static hipError_t settle_pitched(struct process *p, hipError_t err, void *ptr, int dev, uint64_t estimate,
-				 uint64_t actual)
+/* ---- pitched: the unpadded size reserved first, settled on what the runtime really took ---- */
+
+struct pitch_args {
+	size_t *pitch;
+	size_t width, height, depth;
+	unsigned int element_bytes;
+	hipPitchedPtr *pitched;
+	uint64_t taken; /* written by the call */
+};
+
+static hipError_t pitched(void **out, uint64_t estimate, struct pitch_args *a, alloc_call call)
 {
-	if (!p)
-		return err;
-	if (err == hipSuccess && actual > estimate &&
-	    !account_reserve(p->slot, dev, actual - estimate, limit_of(dev), p->pid)) {
-		REAL(&hip_map_g, hipFree)(ptr);
-		err = hipErrorOutOfMemory;
-	}
-	return settle(p, err, err == hipSuccess ? (uintptr_t)ptr : 0, K_PTR, dev, err == hipSuccess ? actual : estimate);
+	struct request r = {current_device(), K_PTR, 0, estimate, &a->taken};
+	a->taken = r.bytes;
+	return count_call(&r, out, call, a);
+}
+
+static hipError_t call_malloc_pitch(void **ptr, size_t unused, const void *args)
+{
+	struct pitch_args *a = (struct pitch_args *)args;
+	(void)unused;
+	hipError_t err = REAL(&hip_map_g, hipMallocPitch)(ptr, a->pitch, a->width, a->height);
+	if (err == hipSuccess)
+		a->taken = sat_mul(*a->pitch, a->height);
+	return err;
 }
 
 static hipError_t w_hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height)
 {
-	int dev = current_device();
-	uint64_t estimate = sat_mul(width, height);
-	hipError_t err;
-	struct process *p = reserve(dev, estimate, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMallocPitch)(ptr, pitch, width, height);
-	uint64_t actual = err == hipSuccess ? sat_mul(*pitch, height) : estimate;
-	return settle_pitched(p, err, err == hipSuccess ? *ptr : NULL, dev, estimate, actual);
+	struct pitch_args a = {pitch, width, height, 0, 0, NULL, 0};
+	return pitched(ptr, sat_mul(width, height), &a, call_malloc_pitch);
+}
+
+static hipError_t call_mem_alloc_pitch(void **ptr, size_t unused, const void *args)
+{
+	struct pitch_args *a = (struct pitch_args *)args;
+	(void)unused;
+	hipError_t err = REAL(&hip_map_g, hipMemAllocPitch)((hipDeviceptr_t *)ptr, a->pitch, a->width, a->height,
+							    a->element_bytes);
+	if (err == hipSuccess)
+		a->taken = sat_mul(*a->pitch, a->height);
+	return err;
 }
 
 static hipError_t w_hipMemAllocPitch(hipDeviceptr_t *ptr, size_t *pitch, size_t width, size_t height,
 				     unsigned int element_bytes)
 {
-	int dev = current_device();
-	uint64_t estimate = sat_mul(width, height);
-	hipError_t err;
-	struct process *p = reserve(dev, estimate, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMemAllocPitch)(ptr, pitch, width, height, element_bytes);
-	uint64_t actual = err == hipSuccess ? sat_mul(*pitch, height) : estimate;
-	return settle_pitched(p, err, err == hipSuccess ? (void *)*ptr : NULL, dev, estimate, actual);
+	struct pitch_args a = {pitch, width, height, 0, element_bytes, NULL, 0};
+	return pitched((void **)ptr, sat_mul(width, height), &a, call_mem_alloc_pitch);
 }
 
-static hipError_t w_hipMalloc3D(hipPitchedPtr *pitched, hipExtent extent)
+static hipError_t call_malloc_3d(void **unused_out, size_t unused, const void *args)
 {
-	int dev = current_device();
+	struct pitch_args *a = (struct pitch_args *)args;
+	hipExtent e = {a->width, a->height, a->depth};
+	(void)unused_out;
+	(void)unused;
+	hipError_t err = REAL(&hip_map_g, hipMalloc3D)(a->pitched, e);
+	if (err == hipSuccess)
+		a->taken = sat_mul(sat_mul(a->pitched->pitch, a->height), a->depth);
+	return err;
+}
+
+static hipError_t w_hipMalloc3D(hipPitchedPtr *p, hipExtent extent)
+{
+	struct pitch_args a = {NULL, extent.width, extent.height, extent.depth, 0, p, 0};
 	uint64_t estimate = sat_mul(sat_mul(extent.width, extent.height), extent.depth);
-	hipError_t err;
-	struct process *p = reserve(dev, estimate, &err);
-	if (err != hipSuccess)
-		return err;
-	err = REAL(&hip_map_g, hipMalloc3D)(pitched, extent);
-	uint64_t actual = err == hipSuccess ? sat_mul(sat_mul(pitched->pitch, extent.height), extent.depth) : estimate;
-	return settle_pitched(p, err, err == hipSuccess ? pitched->ptr : NULL, dev, estimate, actual);
+	return pitched(p ? &p->ptr : NULL, estimate, &a, call_malloc_3d);
 }
 
 /* ---- arrays: counted at their element bytes (the runtime's padding is not seen) ---- */
@@ -526,11 +724,6 @@ static uint64_t format_bytes(enum hipArray_Format f)
 	case HIP_AD_FORMAT_UNSIGNED_INT16: case HIP_AD_FORMAT_SIGNED_INT16: case HIP_AD_FORMAT_HALF: return 2;
 	default: return 4;
 	}
-}
-
-static uint64_t dims(size_t w, size_t h, size_t d)
-{
-	return sat_mul(sat_mul(w, h ? h : 1), d ? d : 1);
 }
 
 static uint64_t channel_bytes(const hipChannelFormatDesc *desc)
@@ -649,28 +842,56 @@ static hipError_t w_hipMipmappedArrayCreate(hipMipmappedArray_t *array, HIP_ARRA
 	return counted(current_device(), bytes, K_MIPMAP, (void **)array, call_mipmapped_create, &x, 0);
 }
 
+static hipError_t call_free_mipmapped(uintptr_t array, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipFreeMipmappedArray)((hipMipmappedArray_t)array);
+}
+
+static hipError_t call_mipmapped_destroy(uintptr_t array, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipMipmappedArrayDestroy)((hipMipmappedArray_t)array);
+}
+
+static hipError_t call_free_array(uintptr_t array, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipFreeArray)((hipArray *)array);
+}
+
+static hipError_t call_array_destroy(uintptr_t array, const void *unused)
+{
+	(void)unused;
+	return REAL(&hip_map_g, hipArrayDestroy)((hipArray *)array);
+}
+
 static hipError_t w_hipFreeMipmappedArray(hipMipmappedArray_t array)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipFreeMipmappedArray)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
+	return uncounted((uintptr_t)array, K_MIPMAP, call_free_mipmapped, NULL);
 }
 
 static hipError_t w_hipMipmappedArrayDestroy(hipMipmappedArray_t array)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted_ = unrecord((uintptr_t)array, K_MIPMAP, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipMipmappedArrayDestroy)(array), counted_, (uintptr_t)array, K_MIPMAP, bytes, dev);
+	return uncounted((uintptr_t)array, K_MIPMAP, call_mipmapped_destroy, NULL);
 }
 
 static hipError_t w_hipFreeArray(hipArray *array)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted = unrecord((uintptr_t)array, K_ARRAY, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipFreeArray)(array), counted, (uintptr_t)array, K_ARRAY, bytes, dev);
+	return uncounted((uintptr_t)array, K_ARRAY, call_free_array, NULL);
 }
 
-/* ---- virtual memory (PyTorch's expandable segments): physical handles count ---- */
+static hipError_t w_hipArrayDestroy(hipArray *array)
+{
+	return uncounted((uintptr_t)array, K_ARRAY, call_array_destroy, NULL);
+}
+
+/* ---- virtual memory (PyTorch's expandable segments): physical handles count ----
+ * A handle's memory lives until it is released AND its last mapping is gone (hipMemRelease of a
+ * mapped handle only defers the free). Its entry holds one reference for the handle and one per
+ * mapping (K_MAPPING entries, keyed by address); the last reference dropped un-charges it. */
+
+static void *real_hipMemMap, *real_hipMemUnmap;
 
 struct mem_create_args { const hipMemAllocationProp *prop; unsigned long long flags; };
 
@@ -688,11 +909,60 @@ static hipError_t w_hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t
 	return counted(dev, size, K_HANDLE, (void **)handle, call_mem_create, &a, 0);
 }
 
+/* Drop one reference of a counted handle; the last one gives its bytes back. */
+static void handle_unref(uintptr_t handle)
+{
+	struct entry *e = process_g ? table_entry(handle, K_HANDLE) : NULL;
+	uint64_t bytes = 0;
+	int dev = 0;
+	if (!e || __atomic_sub_fetch(&e->link, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+	if (table_remove(handle, K_HANDLE, &bytes, &dev))
+		account_release(__atomic_load_n(&process_get()->slot, __ATOMIC_ACQUIRE), dev, bytes);
+}
+
 static hipError_t w_hipMemRelease(hipMemGenericAllocationHandle_t handle)
 {
-	uint64_t bytes = 0;
-	int dev = 0, counted = unrecord((uintptr_t)handle, K_HANDLE, &bytes, &dev);
-	return finish_free(REAL(&hip_map_g, hipMemRelease)(handle), counted, (uintptr_t)handle, K_HANDLE, bytes, dev);
+	hipError_t err = REAL(&hip_map_g, hipMemRelease)(handle);
+	if (err == hipSuccess && handle)
+		handle_unref((uintptr_t)handle);
+	return err;
+}
+
+static hipError_t w_hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+			      unsigned long long flags)
+{
+	hipError_t err = REAL(&hip_map_g, hipMemMap)(ptr, size, offset, handle, flags);
+	struct entry *e = err == hipSuccess && process_g ? table_entry((uintptr_t)handle, K_HANDLE) : NULL;
+	if (!e)
+		return err;
+	__atomic_add_fetch(&e->link, 1, __ATOMIC_ACQ_REL);
+	if (!table_insert_linked((uintptr_t)ptr, size, (uintptr_t)handle, 0, K_MAPPING))
+		__atomic_sub_fetch(&e->link, 1, __ATOMIC_ACQ_REL); /* table full: the handle stays counted */
+	return err;
+}
+
+/* Every mapping in [ptr, ptr + size) we recorded, back to back from ptr, lets go of its handle. */
+static void unmap_range(uintptr_t ptr, size_t size)
+{
+	for (uintptr_t at = ptr; at - ptr < size;) {
+		struct entry *m = table_entry(at, K_MAPPING);
+		uint64_t mapped_bytes = 0;
+		int unused = 0;
+		uintptr_t handle = m ? (uintptr_t)__atomic_load_n(&m->link, __ATOMIC_ACQUIRE) : 0;
+		if (!m || !table_remove(at, K_MAPPING, &mapped_bytes, &unused) || !mapped_bytes)
+			return;
+		handle_unref(handle);
+		at += mapped_bytes;
+	}
+}
+
+static hipError_t w_hipMemUnmap(void *ptr, size_t size)
+{
+	hipError_t err = REAL(&hip_map_g, hipMemUnmap)(ptr, size);
+	if (err == hipSuccess && ptr && process_g)
+		unmap_range((uintptr_t)ptr, size);
+	return err;
 }
 
 /* ---- what frameworks size themselves by: the slice, not the GPU ---- */
@@ -861,7 +1131,10 @@ static const struct wrapper wrappers_g[] = {
 	W(&hip_map_g, hipArrayCreate), W(&hip_map_g, hipArray3DCreate), W(&hip_map_g, hipFreeArray),
 	W(&hip_map_g, hipMallocMipmappedArray), W(&hip_map_g, hipMipmappedArrayCreate),
 	W(&hip_map_g, hipFreeMipmappedArray), W(&hip_map_g, hipMipmappedArrayDestroy),
-	W(&hip_map_g, hipMemCreate), W(&hip_map_g, hipMemRelease), W(&hip_map_g, hipMemGetInfo),
+	W(&hip_map_g, hipArrayDestroy), W(&hip_map_g, hipMemPoolCreate), W(&hip_map_g, hipMemPoolDestroy),
+	W(&hip_map_g, hipDeviceGetDefaultMemPool), W(&hip_map_g, hipDeviceGetMemPool),
+	W(&hip_map_g, hipMemCreate), W(&hip_map_g, hipMemRelease), W(&hip_map_g, hipMemMap), W(&hip_map_g, hipMemUnmap),
+	W(&hip_map_g, hipMemGetInfo),
 	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipGetDevicePropertiesR0000),
 	W(&hip_map_g, hipGetDevicePropertiesR0600), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
 	W(&hsa_map_g, hsa_queue_create), W(&hsa_map_g, hsa_queue_destroy), W(&hsa_map_g, hsa_amd_queue_cu_set_mask),

@@ -3,14 +3,20 @@
 #ifndef ROCSHARE_HOOK_H
 #define ROCSHARE_HOOK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define HOOK_MAX_DEVICES 16
+#define ACCOUNT_SLOTS 256 /* live processes one container's account holds */
 
 struct slot;
 
-/* Map (or create) the container's account file and claim a slot for my_pid; never NULL. */
-struct slot *account_open(const char *dir_override, int my_pid);
+/* Map (or create) the container's account file once and claim a slot for my_pid. NULL, with the
+ * reason in *why, when there is no slot to be had (every slot held by a live process, or the
+ * account file exists but cannot be used): the caller then refuses limited allocations. */
+struct slot *account_open(const char *dir_override, int my_pid, const char **why);
+/* Give a slot back (it must hold nothing: a spare one a racing thread also claimed). */
+void account_close(struct slot *s);
 /* Add bytes to device's use if the container's total stays within limit_bytes; 1 if added. */
 int account_reserve(struct slot *s, int device, uint64_t bytes, uint64_t limit_bytes, int my_pid);
 void account_release(struct slot *s, int device, uint64_t bytes);
@@ -18,5 +24,9 @@ void account_release(struct slot *s, int device, uint64_t bytes);
 uint64_t account_used(int device);
 /* Give back what dead processes held. */
 void account_refresh(int my_pid);
+/* Leave text in the container's account (why a process was refused or runs unlimited). */
+void account_note(const char *text);
+/* Copy the last note to out; how many notes were written so far (0: none, or no account). */
+uint32_t account_read_note(char *out, size_t out_bytes);
 
 #endif

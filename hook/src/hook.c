@@ -365,12 +365,16 @@ static struct slot *slot_of(struct process *p)
 	return none;
 }
 
+/* The refusal's line: asked, held (when this process has a slot to read the account by), limit. */
 static void say_refused(struct process *p, int dev, uint64_t bytes, const char *why)
 {
-	say("refused %llu bytes on GPU %d: %s (the container holds %llu of its %llu-byte limit)",
-	    (unsigned long long)bytes, dev, why, (unsigned long long)account_used(dev),
-	    (unsigned long long)limit_of(dev));
-	(void)p;
+	if (__atomic_load_n(&p->slot, __ATOMIC_ACQUIRE))
+		say("refused %llu bytes on GPU %d: %s (the container holds %llu of its %llu-byte limit)",
+		    (unsigned long long)bytes, dev, why, (unsigned long long)account_used(dev),
+		    (unsigned long long)limit_of(dev));
+	else
+		say("refused %llu bytes on GPU %d: %s (what the container holds is unknown; its limit is %llu bytes)",
+		    (unsigned long long)bytes, dev, why, (unsigned long long)limit_of(dev));
 }
 
 /* Reserve bytes on dev before the runtime allocates; NULL when dev is unlimited (pass through).

@@ -33,7 +33,10 @@ static __thread int current_g;
 
 struct ihipStream_t { hsa_queue_t *queue; int device; };
 struct ihipMemPoolHandle_t { int device; };
-struct ihipMemGenericAllocationHandle { int device; };
+struct ihipMemGenericAllocationHandle { int device, maps, released; };
+#define MAPPING_SLOTS 1024
+struct mapping { uintptr_t ptr; size_t size; struct ihipMemGenericAllocationHandle *handle; };
+static struct mapping mappings_g[MAPPING_SLOTS];
 
 static uint64_t vram_bytes(void)
 {
@@ -88,17 +91,23 @@ static hipError_t record(uintptr_t *key, uint64_t bytes, int device, int kind)
 	return err;
 }
 
-static hipError_t forget(uintptr_t key, int kind)
+static hipError_t forget_locked(uintptr_t key, int kind)
 {
-	pthread_mutex_lock(&lock_g);
 	struct alloc *a = key ? find_locked(key, kind) : NULL;
 	if (a) {
 		if (a->kind != K_MANAGED)
 			used_g[a->device] -= a->bytes;
 		a->key = GONE;
 	}
-	pthread_mutex_unlock(&lock_g);
 	return a ? hipSuccess : hipErrorInvalidValue;
+}
+
+static hipError_t forget(uintptr_t key, int kind)
+{
+	pthread_mutex_lock(&lock_g);
+	hipError_t err = forget_locked(key, kind);
+	pthread_mutex_unlock(&lock_g);
+	return err;
 }
 
 static hipError_t device_alloc(void **ptr, uint64_t bytes, int device, int kind)
@@ -256,6 +265,8 @@ EXPORT hipError_t hipFreeArray(hipArray *array)
 	return err;
 }
 
+EXPORT hipError_t hipArrayDestroy(hipArray *array) { return hipFreeArray(array); }
+
 static uint64_t mipmap_span(size_t w, size_t h, size_t d, unsigned int levels)
 {
 	uint64_t sum = 0;
@@ -318,12 +329,81 @@ EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t s
 	return err;
 }
 
+/* As the real runtime (and CUDA's cuMemRelease): releasing a handle that is still mapped only
+ * defers the free; its memory stays in use until the last mapping is unmapped. */
 EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle)
 {
-	hipError_t err = forget((uintptr_t)handle, K_HANDLE);
+	pthread_mutex_lock(&lock_g);
+	hipError_t err = handle && find_locked((uintptr_t)handle, K_HANDLE) && !handle->released ? hipSuccess
+												  : hipErrorInvalidValue;
+	int free_now = err == hipSuccess && handle->maps == 0;
 	if (err == hipSuccess)
+		handle->released = 1;
+	if (free_now)
+		forget_locked((uintptr_t)handle, K_HANDLE);
+	pthread_mutex_unlock(&lock_g);
+	if (free_now)
 		free(handle);
 	return err;
+}
+
+EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr, unsigned long long flags)
+{
+	(void)alignment;
+	(void)addr;
+	(void)flags;
+	if (!ptr || !size)
+		return hipErrorInvalidValue;
+	pthread_mutex_lock(&lock_g);
+	*ptr = (void *)next_address_g;
+	next_address_g += (size + 4095) / 4096 * 4096 + 4096;
+	pthread_mutex_unlock(&lock_g);
+	return hipSuccess;
+}
+
+EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) { return ptr && size ? hipSuccess : hipErrorInvalidValue; }
+
+EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+			    unsigned long long flags)
+{
+	(void)offset;
+	(void)flags;
+	hipError_t err = hipErrorInvalidValue;
+	pthread_mutex_lock(&lock_g);
+	for (int i = 0; ptr && size && handle && !handle->released && find_locked((uintptr_t)handle, K_HANDLE) &&
+			i < MAPPING_SLOTS; i++) {
+		if (mappings_g[i].ptr)
+			continue;
+		mappings_g[i] = (struct mapping){(uintptr_t)ptr, size, handle};
+		handle->maps++;
+		err = hipSuccess;
+		break;
+	}
+	pthread_mutex_unlock(&lock_g);
+	return err;
+}
+
+/* Unmap every mapping inside [ptr, ptr + size); a released handle whose last mapping goes is freed. */
+EXPORT hipError_t hipMemUnmap(void *ptr, size_t size)
+{
+	struct ihipMemGenericAllocationHandle *gone[MAPPING_SLOTS];
+	int found = 0, n_gone = 0;
+	pthread_mutex_lock(&lock_g);
+	for (int i = 0; i < MAPPING_SLOTS; i++) {
+		struct mapping *m = &mappings_g[i];
+		if (!m->ptr || m->ptr < (uintptr_t)ptr || m->ptr - (uintptr_t)ptr >= size)
+			continue;
+		found = 1;
+		if (--m->handle->maps == 0 && m->handle->released) {
+			forget_locked((uintptr_t)m->handle, K_HANDLE);
+			gone[n_gone++] = m->handle;
+		}
+		m->ptr = 0;
+	}
+	pthread_mutex_unlock(&lock_g);
+	for (int i = 0; i < n_gone; i++)
+		free(gone[i]);
+	return found ? hipSuccess : hipErrorInvalidValue;
 }
 
 EXPORT hipError_t hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *props)
@@ -337,7 +417,27 @@ EXPORT hipError_t hipMemPoolCreate(hipMemPool_t *pool, const hipMemPoolProps *pr
 	return hipSuccess;
 }
 
-EXPORT hipError_t hipMemPoolDestroy(hipMemPool_t pool) { free(pool); return hipSuccess; }
+static struct ihipMemPoolHandle_t default_pools_g[MAX_DEVICES];
+
+EXPORT hipError_t hipMemPoolDestroy(hipMemPool_t pool)
+{
+	if (pool >= default_pools_g && pool < default_pools_g + MAX_DEVICES)
+		return hipErrorInvalidValue; /* a device's default pool is not the caller's to destroy */
+	free(pool);
+	return hipSuccess;
+}
+
+/* Each device's default pool (hipDeviceGetMemPool: the current pool, here always the default). */
+EXPORT hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int device)
+{
+	if (!pool || device < 0 || device >= devices())
+		return hipErrorInvalidValue;
+	default_pools_g[device].device = device;
+	*pool = &default_pools_g[device];
+	return hipSuccess;
+}
+
+EXPORT hipError_t hipDeviceGetMemPool(hipMemPool_t *pool, int device) { return hipDeviceGetDefaultMemPool(pool, device); }
 
 EXPORT hipError_t hipMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
@@ -435,6 +535,14 @@ EXPORT hipError_t hipStreamCreate(hipStream_t *stream) { return stream_create(st
 EXPORT hipError_t hipExtStreamCreateWithCUMask(hipStream_t *stream, uint32_t words, const uint32_t *mask)
 {
 	return mask && words ? stream_create(stream, words, mask) : hipErrorInvalidValue;
+}
+
+EXPORT hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)
+{
+	if (!device)
+		return hipErrorInvalidValue;
+	*device = stream ? stream->device : current_g;
+	return hipSuccess;
 }
 
 EXPORT hipError_t hipStreamDestroy(hipStream_t stream)

@@ -3,12 +3,17 @@
  * driven through the wrappers it hands back. An audit library cannot be sanitized in its own link
  * namespace, so this is where ASan and UBSan see the hook's code; test/run.sh runs it. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +28,17 @@ unsigned int la_objopen(struct link_map *map, Lmid_t lmid, uintptr_t *cookie);
 uintptr_t la_symbind64(ElfW(Sym) *sym, unsigned int ndx, uintptr_t *refcook, uintptr_t *defcook, unsigned int *flags,
 		       const char *symname);
 hsa_queue_t *rocshare_stub_stream_queue(hipStream_t stream);
+
+#ifndef ACCOUNT_SLOTS
+#define ACCOUNT_SLOTS 256 /* the hook of fea6fe5 had it in account.c */
+#endif
+/* fea6fe5's hook left no note: this stands in for it there (the hook's own wins when it has one). */
+__attribute__((weak)) uint32_t account_read_note(char *out, size_t out_bytes)
+{
+	if (out_bytes)
+		out[0] = 0;
+	return 0;
+}
 
 #define MIB (1ull << 20)
 static int failures_g;
@@ -185,15 +201,307 @@ static void test_cu_mask(void)
 	BIND(hsa_g, hsa_queue_destroy)(q);
 }
 
-int main(void)
+/* ---- the account: full, exec, zombies, uids (issue 39 part 4) ---- */
+
+static char self_g_path[4096];
+
+/* The hook's refusal leaves its reason in the container's account. */
+static void test_refusal_is_noted(void)
+{
+	void *p = NULL;
+	char note[256];
+	uint32_t before = account_read_note(note, sizeof note);
+	CHECK(BIND(hip_g, hipMalloc)(&p, 64 * MIB + 1) == hipErrorOutOfMemory);
+	CHECK(account_read_note(note, sizeof note) == before + 1);
+	CHECK(strstr(note, "refused 67108865 bytes on GPU 0: past the slice") != NULL);
+	CHECK(strstr(note, "of its 67108864-byte limit") != NULL);
+}
+
+/* Run this program again as a fresh process image (the hook opens the account anew), as uid when
+ * uid > 0; its exit status. stdin_fd/stdout_fd: -1 to keep the parent's. */
+static pid_t spawn_self(uid_t uid, const char *dir, const char *mode, const char *mib, int stdin_fd, int stdout_fd)
+{
+	pid_t child = fork();
+	if (child != 0)
+		return child;
+	if (stdin_fd >= 0)
+		dup2(stdin_fd, 0);
+	if (stdout_fd >= 0)
+		dup2(stdout_fd, 1);
+	if (dir)
+		setenv("ROCSHARE_HOOK_DIR", dir, 1);
+	if (uid > 0 && (setgid(uid) != 0 || setuid(uid) != 0))
+		_exit(3);
+	execl(self_g_path, self_g_path, mode, mib, (char *)NULL);
+	_exit(3);
+}
+
+static int exit_status(pid_t child)
+{
+	int status = 0;
+	waitpid(child, &status, 0);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+/* exec without fork: the new image finds the old image's slot (same pid, same start time) and must
+ * not be charged for what the old image held. */
+static void test_exec_releases_the_old_image(void)
+{
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	CHECK(account_used(0) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		void *p = NULL;
+		if (m(&p, 40 * MIB) != hipSuccess)
+			_exit(4);
+		execl(self_g_path, self_g_path, "alloc", "64", (char *)NULL); /* the whole slice is free again */
+		_exit(3);
+	}
+	CHECK(exit_status(child) == 0);
+}
+
+/* A zombie (exited, not yet reaped) holds no GPU memory. */
+static void test_zombie_is_dead(void)
+{
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	pid_t child = fork();
+	if (child == 0) {
+		void *p = NULL;
+		_exit(m(&p, 40 * MIB) == hipSuccess ? 0 : 1);
+	}
+	siginfo_t info;
+	memset(&info, 0, sizeof info);
+	CHECK(waitid(P_PID, child, &info, WEXITED | WNOWAIT) == 0 && info.si_status == 0); /* exited, still a zombie */
+	size_t free_bytes = 0, total = 0;
+	CHECK(BIND(hip_g, hipMemGetInfo)(&free_bytes, &total) == hipSuccess);
+	CHECK(free_bytes == 64 * MIB);
+	exit_status(child);
+}
+
+/* Every slot held by a live process and the container at its limit: one more process is refused,
+ * not handed a private account with a whole limit of its own. */
+static void test_full_account_refuses(void)
+{
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	int ready[2], release[2];
+	CHECK(pipe(ready) == 0 && pipe(release) == 0);
+	pid_t holders[ACCOUNT_SLOTS - 1]; /* this process holds the last slot */
+	for (int i = 0; i < ACCOUNT_SLOTS - 1; i++) {
+		holders[i] = fork();
+		if (holders[i] == 0) {
+			void *p = NULL;
+			char ok = m(&p, i == 0 ? 64 * MIB : 0) == hipSuccess ? '0' : '1', byte;
+			close(release[1]);
+			if (write(ready[1], &ok, 1) != 1 || read(release[0], &byte, 1) != 0)
+				_exit(5);
+			_exit(0);
+		}
+	}
+	close(release[0]);
+	int held = 0;
+	for (int i = 0; i < ACCOUNT_SLOTS - 1; i++) {
+		char ok = '1';
+		held += read(ready[0], &ok, 1) == 1 && ok == '0';
+	}
+	CHECK(held == ACCOUNT_SLOTS - 1);
+	pid_t extra = fork();
+	if (extra == 0) {
+		void *p = NULL;
+		hipError_t err = m(&p, 1 * MIB);
+		_exit(err == hipErrorOutOfMemory ? 0 : err == hipSuccess ? 1 : 2);
+	}
+	CHECK(exit_status(extra) == 0);
+	close(release[1]);
+	for (int i = 0; i < ACCOUNT_SLOTS - 1; i++)
+		CHECK(exit_status(holders[i]) == 0);
+	close(ready[0]);
+	close(ready[1]);
+	extra = fork(); /* the holders are gone: their slots come back */
+	if (extra == 0) {
+		void *p = NULL;
+		_exit(m(&p, 64 * MIB) == hipSuccess ? 0 : 1);
+	}
+	CHECK(exit_status(extra) == 0);
+}
+
+static int read_int_file(const char *path)
+{
+	char buf[16] = "";
+	int fd = open(path, O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+	if (fd >= 0)
+		close(fd);
+	return n > 0 ? atoi(buf) : -1;
+}
+
+static void chmod_account_files(const char *dir, mode_t mode)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char path[512];
+	int found = 0;
+	while (d && (e = readdir(d)))
+		if (strstr(e->d_name, ".acct")) {
+			snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+			found += chmod(path, mode) == 0;
+		}
+	if (d)
+		closedir(d);
+	CHECK(found == 1);
+}
+
+/* Two non-root uids of one container share one account: the second opens the first's file (no
+ * O_CREAT, which fs.protected_regular refuses in a sticky folder), and a file it cannot open is a
+ * refusal, never a new account of its own elsewhere. */
+static void test_uids_share_one_account(void)
+{
+	if (getuid() != 0) {
+		printf("skip test_uids_share_one_account: needs root to switch uids\n");
+		return;
+	}
+	char dir[] = "/tmp/rocshare-hook-uids-XXXXXX";
+	int hold_in[2], hold_out[2];
+	CHECK(mkdtemp(dir) && chmod(dir, 01777) == 0 && pipe2(hold_in, O_CLOEXEC) == 0 && pipe2(hold_out, O_CLOEXEC) == 0);
+	pid_t first = spawn_self(1001, dir, "hold", "40", hold_in[0], hold_out[1]);
+	close(hold_in[0]);
+	close(hold_out[1]);
+	char ok = '1';
+	CHECK(read(hold_out[0], &ok, 1) == 1 && ok == '0'); /* uid 1001 holds 40 MiB of the 64 */
+	if (read_int_file("/proc/sys/fs/protected_regular") >= 1)
+		CHECK(exit_status(spawn_self(1002, dir, "alloc", "40", -1, -1)) == 1);
+	else
+		printf("skip the fs.protected_regular half of test_uids_share_one_account: it is 0 on this machine\n");
+	CHECK(exit_status(spawn_self(1002, dir, "alloc", "24", -1, -1)) == 0); /* one account: 24 fit */
+	chmod_account_files(dir, 0600); /* the file exists; uid 1002 cannot open it */
+	CHECK(exit_status(spawn_self(1002, dir, "alloc", "1", -1, -1)) == 1);
+	close(hold_in[1]);
+	CHECK(exit_status(first) == 0);
+	close(hold_out[0]);
+}
+
+/* When the hook cannot set itself up it says so on stderr (the process then runs unlimited). */
+static void test_disabling_is_said(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+	printf("skip test_disabling_is_said under ASan: it limits the address space, ASan's shadow needs it all\n");
+#else
+	int err_pipe[2];
+	CHECK(pipe(err_pipe) == 0);
+	pid_t child = fork();
+	if (child == 0) {
+		dup2(err_pipe[1], 2);
+		long pages = 0, page_bytes = sysconf(_SC_PAGESIZE);
+		FILE *f = fopen("/proc/self/statm", "r");
+		if (!f || fscanf(f, "%ld", &pages) != 1)
+			_exit(2);
+		fclose(f);
+		struct rlimit r = {(rlim_t)pages * page_bytes + (1 << 20), (rlim_t)pages * page_bytes + (1 << 20)};
+		setrlimit(RLIMIT_AS, &r); /* room for the hook's first page, not for its 8 MiB table */
+		la_version(LAV_CURRENT);
+		_exit(0);
+	}
+	close(err_pipe[1]);
+	char text[512] = "";
+	ssize_t n = read(err_pipe[0], text, sizeof text - 1);
+	text[n > 0 ? n : 0] = 0;
+	close(err_pipe[0]);
+	CHECK(exit_status(child) == 0);
+	CHECK(strstr(text, "rocshare-hook[") && strstr(text, "]: disabled: cannot map its per-process memory"));
+	CHECK(strstr(text, "NOT limited\n") != NULL);
+#endif
+}
+
+/* ---- wrappers: the right GPU, the right moment ---- */
+
+static void test_array_destroy_gives_back(void)
+{
+	HIP_ARRAY_DESCRIPTOR d = {.Width = 8192, .Height = 1024, .Format = HIP_AD_FORMAT_FLOAT, .NumChannels = 1};
+	hipArray *a = NULL;
+	CHECK(BIND(hip_g, hipArrayCreate)(&a, &d) == hipSuccess); /* 32 MiB */
+	CHECK(account_used(0) == 32 * MIB);
+	CHECK(BIND(hip_g, hipArrayDestroy)(a) == hipSuccess);
+	CHECK(account_used(0) == 0);
+}
+
+/* GPU 0 has the 64 MiB slice, GPU 1 none: a stream's or a pool's allocation is charged to its GPU. */
+static void test_stream_and_pool_devices(void)
+{
+	__typeof__(&hipMallocAsync) async = BIND(hip_g, hipMallocAsync);
+	__typeof__(&hipMallocFromPoolAsync) from_pool = BIND(hip_g, hipMallocFromPoolAsync);
+	hipStream_t on0 = NULL, on1 = NULL;
+	void *p = NULL;
+	CHECK(hipStreamCreate(&on0) == hipSuccess);
+	hipSetDevice(1);
+	CHECK(hipStreamCreate(&on1) == hipSuccess);
+	CHECK(async(&p, 128 * MIB, on0) == hipErrorOutOfMemory); /* current GPU 1, stream on GPU 0 */
+	hipMemPoolProps props;
+	memset(&props, 0, sizeof props);
+	props.allocType = hipMemAllocationTypePinned;
+	props.location.type = hipMemLocationTypeDevice;
+	props.location.id = 0;
+	hipMemPool_t pool0 = NULL, default0 = NULL;
+	CHECK(BIND(hip_g, hipMemPoolCreate)(&pool0, &props) == hipSuccess);
+	CHECK(from_pool(&p, 128 * MIB, pool0, on1) == hipErrorOutOfMemory);
+	CHECK(BIND(hip_g, hipDeviceGetDefaultMemPool)(&default0, 0) == hipSuccess);
+	CHECK(from_pool(&p, 128 * MIB, default0, on1) == hipErrorOutOfMemory);
+	CHECK(from_pool(&p, 32 * MIB, pool0, on1) == hipSuccess && account_used(0) == 32 * MIB);
+	CHECK(BIND(hip_g, hipFree)(p) == hipSuccess && account_used(0) == 0);
+	CHECK(BIND(hip_g, hipMemPoolDestroy)(pool0) == hipSuccess);
+	hipSetDevice(0);
+	CHECK(async(&p, 128 * MIB, on1) == hipSuccess && account_used(0) == 0); /* GPU 1 has no limit */
+	CHECK(BIND(hip_g, hipFree)(p) == hipSuccess);
+	hipStreamDestroy(on0);
+	hipStreamDestroy(on1);
+}
+
+/* A released handle that is still mapped is still in use: counted until its last mapping goes. */
+static void test_release_waits_for_unmap(void)
+{
+	hipMemAllocationProp prop;
+	memset(&prop, 0, sizeof prop);
+	prop.location.type = hipMemLocationTypeDevice;
+	hipMemGenericAllocationHandle_t h = NULL, other = NULL;
+	void *va = NULL;
+	CHECK(BIND(hip_g, hipMemCreate)(&h, 48 * MIB, &prop, 0) == hipSuccess);
+	CHECK(hipMemAddressReserve(&va, 96 * MIB, 0, NULL, 0) == hipSuccess);
+	CHECK(BIND(hip_g, hipMemMap)(va, 48 * MIB, 0, h, 0) == hipSuccess);
+	CHECK(BIND(hip_g, hipMemMap)((char *)va + 48 * MIB, 48 * MIB, 0, h, 0) == hipSuccess);
+	CHECK(BIND(hip_g, hipMemRelease)(h) == hipSuccess);
+	CHECK(account_used(0) == 48 * MIB);
+	CHECK(BIND(hip_g, hipMemCreate)(&other, 32 * MIB, &prop, 0) == hipErrorOutOfMemory);
+	CHECK(BIND(hip_g, hipMemUnmap)(va, 48 * MIB) == hipSuccess && account_used(0) == 48 * MIB);
+	CHECK(BIND(hip_g, hipMemUnmap)((char *)va + 48 * MIB, 48 * MIB) == hipSuccess);
+	CHECK(account_used(0) == 0);
+	CHECK(hipMemAddressFree(va, 96 * MIB) == hipSuccess);
+}
+
+/* The modes this program runs in when spawn_self or an exec starts it again: its exit status says. */
+static int run_mode(const char *mode, const char *mib)
+{
+	void *p = NULL;
+	hipError_t err = BIND(hip_g, hipMalloc)(&p, (size_t)atoi(mib) * MIB);
+	int status = err == hipSuccess ? 0 : err == hipErrorOutOfMemory ? 1 : 2;
+	if (strcmp(mode, "hold") != 0)
+		return status;
+	char ok = (char)('0' + status), byte;
+	if (write(1, &ok, 1) != 1 || read(0, &byte, 1) != 0) /* held until the parent closes stdin */
+		return 2;
+	return status;
+}
+
+int main(int argc, char **argv)
 {
 	char dir[] = "/tmp/rocshare-hook-test-XXXXXX";
-	if (!mkdtemp(dir))
-		return 2;
-	setenv("ROCSHARE_HOOK_DIR", dir, 1);
-	setenv("HIP_DEVICE_MEMORY_LIMIT_0", "64m", 1);
-	setenv("HSA_CU_MASK", "0:16-35;1:40-47", 1);
-	setenv("ROCSHARE_STUB_DEVICES", "2", 1);
+	ssize_t n = readlink("/proc/self/exe", self_g_path, sizeof self_g_path - 1);
+	self_g_path[n > 0 ? n : 0] = 0;
+	if (argc == 1) { /* the test itself; else a mode of it, in the parent's environment */
+		if (!mkdtemp(dir))
+			return 2;
+		setenv("ROCSHARE_HOOK_DIR", dir, 1);
+		setenv("HIP_DEVICE_MEMORY_LIMIT_0", "64m", 1);
+		setenv("HSA_CU_MASK", "0:16-35;1:40-47", 1);
+		setenv("ROCSHARE_STUB_DEVICES", "2", 1);
+	}
 	la_version(LAV_CURRENT);
 	hip_g = map_of("libamdhip64.so.5");
 	hsa_g = map_of("libhsa-runtime64.so.1");
@@ -201,6 +509,8 @@ int main(void)
 	uintptr_t cookie = 0;
 	la_objopen(hip_g, LM_ID_BASE, &cookie);
 	la_objopen(hsa_g, LM_ID_BASE, &cookie);
+	if (argc == 3)
+		return run_mode(argv[1], argv[2]);
 	test_binding();
 	test_boundary();
 	test_unlimited_device();
@@ -208,6 +518,15 @@ int main(void)
 	test_threads();
 	test_fork();
 	test_cu_mask();
+	test_refusal_is_noted();
+	test_array_destroy_gives_back();
+	test_stream_and_pool_devices();
+	test_release_waits_for_unmap();
+	test_exec_releases_the_old_image();
+	test_zombie_is_dead();
+	test_full_account_refuses();
+	test_uids_share_one_account();
+	test_disabling_is_said();
 	printf("%s: %d failures\n", failures_g ? "FAIL" : "ok", failures_g);
 	return failures_g != 0;
 }

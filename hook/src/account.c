@@ -6,7 +6,9 @@
  * - A reservation adds to the caller's own slot first and then sums: two racing reservations can
  *   both be refused, never both granted past the limit (each sum sees the other's addition).
  * - A dead owner's slot is reclaimed by whoever finds it: pid is swapped for -(reclaimer's pid),
- *   the counters zeroed, then pid set to 0; a reclaimer that dies midway is itself reclaimed.
+ *   the counters zeroed, then pid set to 0; a reclaimer that dies midway is itself reclaimed. The
+ *   slot must still hold the owner found dead, by pid AND start time: a slot freed and claimed by a
+ *   new process under the same pid since the look is given back, not zeroed.
  *   Dead means: no such pid, another process under that pid (start time differs), or a zombie.
  * - A process image opens the account once. A slot already holding its own pid is a previous image
  *   of the same process (exec without fork): the driver freed that image's memory, so the slot is
@@ -219,6 +221,15 @@ static void free_slot(struct slot *s)
 	__atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
+/* Undo a reclaim's pid swap: the slot is a live process's again. */
+static void give_back(struct slot *s, int my_pid, int32_t owner_pid)
+{
+	int32_t parked = -my_pid;
+	__atomic_compare_exchange_n(&s->pid, &parked, owner_pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+/* A slot is reclaimed only if it still holds the very owner found dead: same pid (the swap) AND
+ * same start time (checked after the swap, as a new owner under a reused pid writes its own). */
 static void reclaim_dead_slots(int my_pid)
 {
 	uint32_t hw = __atomic_load_n(&account_g->high_water_slots, __ATOMIC_ACQUIRE);
@@ -230,7 +241,11 @@ static void reclaim_dead_slots(int my_pid)
 		uint64_t ticks = pid > 0 ? __atomic_load_n(&s->start_ticks, __ATOMIC_RELAXED) : 0;
 		if (pid_alive(pid > 0 ? pid : -pid, ticks))
 			continue;
-		if (__atomic_compare_exchange_n(&s->pid, &pid, -my_pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		if (!__atomic_compare_exchange_n(&s->pid, &pid, -my_pid, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+			continue;
+		if (pid > 0 && __atomic_load_n(&s->start_ticks, __ATOMIC_ACQUIRE) != ticks)
+			give_back(s, my_pid, pid); /* freed and claimed again under a reused pid since we looked */
+		else
 			free_slot(s);
 	}
 }

@@ -8,6 +8,7 @@ the hook."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -199,3 +200,23 @@ def test_bind_now_bindings_are_wrapped_too(hook_build: HookBuild, tmp_path):
     result = hook_build.probe_json(_slice_env(hook_build, tmp_path, LD_BIND_NOW="1"))
     assert result["hipMalloc"]["past_limit"] == "hipErrorOutOfMemory"
     assert result["memGetInfo"]["total"] == LIMIT_MIB * MIB
+
+
+def test_a_refusal_is_said_on_stderr_and_noted_in_the_account(hook_build: HookBuild, tmp_path):
+    """One line on stderr per refusal with the figures (asked, held, limit, GPU), and the same text
+    left in the container's account file, where whoever inspects the container finds it."""
+    env = _slice_env(hook_build, tmp_path)
+    holder = Holder(hook_build, env, LIMIT_MIB)
+    try:
+        assert holder.result == "hipSuccess"
+        out = subprocess.run([str(hook_build.probe), "alloc", str(MIB)], env=env, input="", capture_output=True,
+                             text=True, timeout=60, check=True)
+    finally:
+        holder.close()
+    limit = LIMIT_MIB * MIB
+    assert json.loads(out.stdout)["result"] == "hipErrorOutOfMemory"
+    said = (f"refused {MIB} bytes on GPU 0: past the slice (the container holds {limit} of its {limit}-byte limit)")
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"rocshare-hook\[\d+\]: " + re.escape(said), lines[0]), out.stderr
+    [account] = tmp_path.glob("rocshare-hook-v2-*.acct")
+    assert said.encode() in account.read_bytes()

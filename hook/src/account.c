@@ -307,6 +307,12 @@ static struct account_file *account_map_once(const char *dir_override, int my_pi
 	return cur;
 }
 
+int account_attach(const char *dir_override, int my_pid)
+{
+	const char *why = NULL;
+	return account_map_once(dir_override, my_pid, &why) != NULL;
+}
+
 struct slot *account_open(const char *dir_override, int my_pid, const char **why)
 {
 	if (!account_map_once(dir_override, my_pid, why))

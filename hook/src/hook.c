@@ -223,6 +223,7 @@ static void setup_process_memory(void)
 	if (process_g == MAP_FAILED || table_g == MAP_FAILED) {
 		int err = errno;
 		process_g = NULL; /* wrappers then pass everything through */
+		account_attach(config_g.account_dir, (int)getpid()); /* for the note; no slot */
 		say("disabled: cannot map its per-process memory (%s): this process's GPU memory is NOT limited",
 		    strerror(err));
 		return;

@@ -15,6 +15,8 @@ struct slot;
  * reason in *why, when there is no slot to be had (every slot held by a live process, or the
  * account file exists but cannot be used): the caller then refuses limited allocations. */
 struct slot *account_open(const char *dir_override, int my_pid, const char **why);
+/* Map the account without claiming a slot (to leave a note); 1 when mapped. */
+int account_attach(const char *dir_override, int my_pid);
 /* Give a slot back (it must hold nothing: a spare one a racing thread also claimed). */
 void account_close(struct slot *s);
 /* Add bytes to device's use if the container's total stays within limit_bytes; 1 if added. */

@@ -410,6 +410,8 @@ static void test_disabling_is_said(void)
 	CHECK(exit_status(child) == 0);
 	CHECK(strstr(text, "rocshare-hook[") && strstr(text, "]: disabled: cannot map its per-process memory"));
 	CHECK(strstr(text, "NOT limited\n") != NULL);
+	char note[256];
+	CHECK(account_read_note(note, sizeof note) > 0 && !strncmp(note, "disabled: cannot map", 20));
 #endif
 }
 

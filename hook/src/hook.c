@@ -47,6 +47,7 @@ EXPORT const char rocshare_hook_version[] = "rocshare-hook " HOOK_VERSION;
 
 struct config {
 	uint64_t limit_bytes[HOOK_MAX_DEVICES]; /* 0: no limit on that device */
+	int any_limit;
 	int oversubscribe;                       /* HIP_OVERSUBSCRIBE=true */
 	int cu_mask_set[HOOK_MAX_DEVICES];
 	uint32_t cu_mask[HOOK_MAX_DEVICES][CU_MASK_WORDS];
@@ -110,6 +111,7 @@ static void read_config(void)
 		const char *v = getenv(name);
 		if (v)
 			config_g.limit_bytes[d] = parse_size_bytes(v);
+		config_g.any_limit |= config_g.limit_bytes[d] != 0;
 	}
 	const char *o = getenv("HIP_OVERSUBSCRIBE");
 	config_g.oversubscribe = o && (!strcmp(o, "true") || !strcmp(o, "1"));
@@ -492,7 +494,7 @@ static hipError_t count_call(const struct request *r, void **out, alloc_call cal
 	if (!p)
 		return err;
 	uint64_t bytes = r->bytes;
-	if (err == hipSuccess && r->taken && *r->taken > bytes) {
+	if (err == hipSuccess && out && r->taken && *r->taken > bytes) {
 		err = top_up(p, r, *out, *r->taken);
 		bytes = err == hipSuccess ? *r->taken : bytes;
 	}
@@ -574,14 +576,14 @@ static int stream_device(hipStream_t stream)
  * never saw: the stream's GPU. */
 static int pool_device(hipMemPool_t pool, hipStream_t stream)
 {
-	struct entry *e = pool && process_get() ? table_entry((uintptr_t)pool, K_POOL) : NULL;
+	struct entry *e = pool && config_g.any_limit && process_get() ? table_entry((uintptr_t)pool, K_POOL) : NULL;
 	return e ? e->device : stream_device(stream);
 }
 
 static void remember_pool(hipError_t err, hipMemPool_t *pool, int dev)
 {
-	if (err == hipSuccess && pool && *pool && dev >= 0 && dev < HOOK_MAX_DEVICES && process_get() &&
-	    !table_entry((uintptr_t)*pool, K_POOL))
+	if (err == hipSuccess && pool && *pool && dev >= 0 && dev < HOOK_MAX_DEVICES && config_g.any_limit &&
+	    process_get() && !table_entry((uintptr_t)*pool, K_POOL))
 		table_insert((uintptr_t)*pool, 0, dev, K_POOL);
 }
 

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -415,6 +417,99 @@ static void test_disabling_is_said(void)
 #endif
 }
 
+/* ---- a reclaim matches pid AND start time ---- */
+
+/* The head of an account slot as account.c lays it out (the test reads the file as any reader would). */
+struct slot_head {
+	int32_t pid, pad;
+	uint64_t start_ticks;
+};
+#define SLOT_BYTES (sizeof(struct slot_head) + 16 * sizeof(uint64_t))
+#define ACCOUNT_HEAD_BYTES 8
+
+/* kill() as account.c's liveness check calls it: when armed, the watched slot is first given the
+ * start time of a new owner under the same pid (a process that claimed the slot, freed meanwhile,
+ * between the reclaimer's look and its pid swap). */
+static struct slot_head *race_slot_g;
+static uint64_t race_new_ticks_g;
+int kill(pid_t pid, int sig)
+{
+	if (race_slot_g) {
+		__atomic_store_n(&race_slot_g->start_ticks, race_new_ticks_g, __ATOMIC_RELEASE);
+		race_slot_g = NULL;
+	}
+	return (int)syscall(SYS_kill, pid, sig);
+}
+
+static struct slot_head *slot_of_pid(unsigned char *account, pid_t pid)
+{
+	for (int i = 0; i < ACCOUNT_SLOTS; i++) {
+		struct slot_head *s = (struct slot_head *)(account + ACCOUNT_HEAD_BYTES + (size_t)i * SLOT_BYTES);
+		if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == pid)
+			return s;
+	}
+	return NULL;
+}
+
+static unsigned char *map_account_file(size_t *bytes)
+{
+	DIR *d = opendir(getenv("ROCSHARE_HOOK_DIR"));
+	struct dirent *e;
+	char path[512] = "";
+	while (d && (e = readdir(d)))
+		if (strstr(e->d_name, ".acct") && !strstr(e->d_name, ".new"))
+			snprintf(path, sizeof path, "%s/%s", getenv("ROCSHARE_HOOK_DIR"), e->d_name);
+	if (d)
+		closedir(d);
+	int fd = open(path, O_RDWR);
+	if (fd < 0)
+		return NULL;
+	*bytes = (size_t)lseek(fd, 0, SEEK_END);
+	void *m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	return m == MAP_FAILED ? NULL : m;
+}
+
+/* A slot that looks dead (its start time is not its pid's) but is claimed by a new process under
+ * that pid before the reclaimer swaps the pid: the reclaim must leave it (and its 40 MiB) alone. */
+static void test_reclaim_matches_start_time(void)
+{
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	int ready[2], release[2];
+	CHECK(pipe(ready) == 0 && pipe(release) == 0);
+	pid_t owner = fork();
+	if (owner == 0) {
+		void *p = NULL;
+		char ok = m(&p, 40 * MIB) == hipSuccess ? '0' : '1', byte;
+		close(release[1]);
+		_exit(write(ready[1], &ok, 1) == 1 && read(release[0], &byte, 1) == 0 ? 0 : 5);
+	}
+	close(release[0]);
+	char ok = '1';
+	CHECK(read(ready[0], &ok, 1) == 1 && ok == '0');
+	size_t bytes = 0;
+	unsigned char *account = map_account_file(&bytes);
+	struct slot_head *s = account ? slot_of_pid(account, owner) : NULL;
+	CHECK(s != NULL);
+	if (s) {
+		race_new_ticks_g = s->start_ticks;
+		__atomic_store_n(&s->start_ticks, s->start_ticks + 1, __ATOMIC_RELEASE); /* an older owner's */
+		race_slot_g = s;
+		size_t free_bytes = 0, total = 0;
+		CHECK(BIND(hip_g, hipMemGetInfo)(&free_bytes, &total) == hipSuccess); /* reclaims what is dead */
+		CHECK(race_slot_g == NULL); /* the liveness check ran */
+		CHECK(__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == owner);
+		CHECK(free_bytes == 24 * MIB);
+	}
+	race_slot_g = NULL;
+	close(release[1]);
+	CHECK(exit_status(owner) == 0);
+	close(ready[0]);
+	close(ready[1]);
+	if (account)
+		munmap(account, bytes);
+}
+
 /* ---- wrappers: the right GPU, the right moment ---- */
 
 static void test_array_destroy_gives_back(void)
@@ -534,6 +629,7 @@ int main(int argc, char **argv)
 	RUN(test_exec_releases_the_old_image);
 	RUN(test_zombie_is_dead);
 	RUN(test_full_account_refuses);
+	RUN(test_reclaim_matches_start_time);
 	RUN(test_uids_share_one_account);
 	RUN(test_disabling_is_said);
 	printf("%s: %d failures\n", failures_g ? "FAIL" : "ok", failures_g);

@@ -15,6 +15,11 @@
  *   library has its own libc copy, and fork() runs only the application's handlers).
  * - Every wrapper is re-entrant and lock-free; errors are the runtime's own codes; a device with
  *   no limit is passed through untouched.
+ * - A limited allocation without an account slot (every slot held, or the account file unusable)
+ *   is refused, never counted privately; every refusal, and the hook disabling itself, prints one
+ *   line on stderr and leaves the same text in the account (say()).
+ * - An allocation is charged to the GPU it lands on (the stream's, the pool's, prop.location's),
+ *   and given back once: one free path (uncounted()); a VMM handle when released AND unmapped.
  * - We never dlopen the runtime (the audit namespace must not load a second copy): functions we
  *   call ourselves are found in the runtime's own dynamic symbol table.
  */

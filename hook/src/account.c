@@ -59,7 +59,7 @@ static uint64_t process_start_ticks(int pid)
 	for (; *p && field < 22; p++)
 		if (*p == ' ')
 			field++;
-	return strtoull(p, NULL, 10);
+	return parse_u64(p, NULL);
 }
 
 static int pid_alive(int pid, uint64_t start_ticks)

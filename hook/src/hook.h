@@ -19,4 +19,10 @@ uint64_t account_used(int device);
 /* Give back what dead processes held. */
 void account_refresh(int my_pid);
 
+/* Decimal numbers, without libc's strto* (parse.c says why). Like strtoull/strtol in base 10:
+ * leading blanks skipped, *end (if not NULL) after the last digit or s when none was read,
+ * saturating when out of range. parse_u64 takes no sign but '+'. */
+uint64_t parse_u64(const char *s, const char **end);
+long parse_long(const char *s, const char **end);
+
 #endif

@@ -185,6 +185,30 @@ static void test_cu_mask(void)
 	BIND(hsa_g, hsa_queue_destroy)(q);
 }
 
+/* The hook's own parsers (parse.c) answer as libc's strtol/strtoull in base 10 would, value and
+ * end alike, except that parse_u64 takes no '-' (strtoull negates: "-1" is 2^64-1). */
+static void test_parse(void)
+{
+	static const char *const inputs[] = {
+		"0", "4096m", "  12 ", "+7", "", "m", "-", "+", "18446744073709551615", "18446744073709551616",
+		"99999999999999999999999k", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+		"-9223372036854775809", "0:16-35;1:40-47", "-3:1", "007x",
+	};
+	for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++) {
+		const char *s = inputs[i], *end;
+		char *libc_end;
+		long l = parse_long(s, &end);
+		CHECK(l == strtol(s, &libc_end, 10) && end == libc_end);
+		if (strchr(s, '-') == NULL) {
+			uint64_t u = parse_u64(s, &end);
+			CHECK(u == strtoull(s, &libc_end, 10) && end == libc_end);
+		}
+	}
+	const char *end;
+	CHECK(parse_u64("-1", &end) == 0 && *end == '-');
+	CHECK(parse_u64(" 5", NULL) == 5);
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/rocshare-hook-test-XXXXXX";
@@ -201,6 +225,7 @@ int main(void)
 	uintptr_t cookie = 0;
 	la_objopen(hip_g, LM_ID_BASE, &cookie);
 	la_objopen(hsa_g, LM_ID_BASE, &cookie);
+	test_parse();
 	test_binding();
 	test_boundary();
 	test_unlimited_device();

@@ -6,8 +6,8 @@ NodePrepareResources and containerd 2 applies the CDI spec the agent wrote.
 
 The evidence is what the containers really received (`env` inside them) and what the API server
 stored: each sees HSA_CU_MASK and its memory limit; the two CU sets are disjoint and of the asked
-sizes (parsed here); in each, the memory hook is mapped and hook-probe is refused one MiB past
-its claim; a third claim that fits only once the first share is gone is refused, then
+sizes (parsed here); in each (one a glibc 2.36 image, one 2.41), the memory hook is mapped and
+hook-probe is refused one MiB past its claim; a third claim that fits only once the first share is gone is refused, then
 allocated and Running after the first pod and its claim are deleted. On 1.35 (the rig's default)
 the whole control plane and the kubelet run with `DRAConsumableCapacity=true` (rig.py); 1.36+ need
 nothing. The module puts the pool back to DevicePlugin and waits for `amd.com/gpu` again, so the
@@ -91,18 +91,19 @@ def claim(name: str, pci_bus_id: str, *, memory_mib: int, cus: int) -> dict:
                 "capacity": {"requests": {"memory": f"{memory_mib}Mi", "compute": str(cus)}}}}]}}}
 
 
-def pod(name: str, claim_name: str) -> dict:
+def pod(name: str, claim_name: str, image: str = deploy.WORKLOAD_IMAGE) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": WORKLOADS, "labels": {"rocshare-test": "dra"}},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-                     "containers": [{"name": "main", "image": deploy.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
                                      "command": ["sleep", "infinity"],
                                      "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
-def create_share(deployed: Deployed, name: str, pci_bus_id: str, *, memory_mib: int, cus: int) -> None:
-    manifests = [claim(name, pci_bus_id, memory_mib=memory_mib, cus=cus), pod(f"pod-{name}", name)]
+def create_share(deployed: Deployed, name: str, pci_bus_id: str, *, memory_mib: int, cus: int,
+                 image: str = deploy.WORKLOAD_IMAGE) -> None:
+    manifests = [claim(name, pci_bus_id, memory_mib=memory_mib, cus=cus), pod(f"pod-{name}", name, image)]
     deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(manifests))
 
 
@@ -182,7 +183,9 @@ def test_two_claims_share_one_gpu_on_the_real_kubelet_and_deleting_one_frees_its
     assert total_cus - FIRST_CUS - SECOND_CUS < third_cus <= total_cus - SECOND_CUS, total_cus
     assert FIRST_MIB + SECOND_MIB + THIRD_MIB <= total_mib
 
-    create_share(deployed, "share-a", pci, memory_mib=FIRST_MIB, cus=FIRST_CUS)
+    # The first share's container is Debian bookworm's (glibc 2.36), the others trixie's (2.41).
+    create_share(deployed, "share-a", pci, memory_mib=FIRST_MIB, cus=FIRST_CUS,
+                 image=deploy.WORKLOAD_IMAGES_BY_GLIBC["2.36"])
     create_share(deployed, "share-b", pci, memory_mib=SECOND_MIB, cus=SECOND_CUS)
     pods = {name: running(deployed, f"pod-{name}") for name in ("share-a", "share-b")}
     results = {name: allocation(deployed, name)["devices"]["results"][0] for name in pods}

@@ -3,6 +3,7 @@ checked on the library in the built image (test_hook_in_image.py), and by hook/M
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from tests.hook.conftest import HOOK_DIR, HookBuild
@@ -32,3 +33,13 @@ def test_version_symbol_names_hook_version(hook_build: HookBuild):
     data = hook_build.library.read_bytes()
     assert f"rocshare-hook {version}\0".encode() in data
 
+
+
+def test_the_hook_sources_call_no_libc_number_parser():
+    """glibc >= 2.38 headers turn strtol/strtoull/sscanf (and atoi's inline strtol) into
+    __isoc23_* (GLIBC_2.38): a build on such a system would pass here on an older glibc and fail
+    only in the image's trixie stage. The hook parses with hook/src/parse.c instead."""
+    pattern = re.compile(r"\b(strto\w+|v?f?sscanf|v?f?scanf|ato[il]l?)\s*\(")
+    calls = [f"{path.name}: {match.group(1)}" for path in sorted((HOOK_DIR / "src").glob("*.[ch]"))
+             for match in pattern.finditer(re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S))]
+    assert not calls, calls

@@ -39,6 +39,9 @@ WORKDIR /src
 COPY hook ./hook
 # Only the library (not the stub runtime or the tests). hook/deps.sh fetches the ROCm headers it
 # compiles against; ROCSHARE_HOOK_REAL_RUNTIME=0: the real HIP runtime is for the tests, not the build.
+# This stage's glibc is trixie's (2.41), yet the library must load in older images: the Makefile
+# fails the build if it needs any glibc symbol version above hook/GLIBC_FLOOR (readelf, from
+# the binutils gcc brings; docs/memory-hook.md).
 RUN ROCSHARE_HOOK_REAL_RUNTIME=0 make -C hook build/librocshare-hook.so \
  && install -D -m 0644 hook/build/librocshare-hook.so /opt/rocshare/hook/librocshare-hook.so
 

@@ -7,6 +7,8 @@
 #   localhost/rocshare/kube-scheduler:v<K8S_VERSION>   the control plane's own kube-scheduler binary
 #   localhost/rocshare/workload:dev       the local base + the hook's stub ROCm runtime and hook-probe
 #                                         (make -C hook install-probe), for the tests' slice pods
+#   localhost/rocshare/workload:bullseye  the same probe on Debian 11 (glibc 2.31) and 12 (2.36), each
+#   localhost/rocshare/workload:bookworm  compiled inside its own suite: the hook's glibc floor, proven
 # Each ends as a docker-archive in .cache/images/<name>.tar (what the rig imports into
 # containerd), cached by a content stamp: a second run with unchanged inputs does nothing.
 # buildah keeps its storage under .cache/containers, so the base image is cached there too.
@@ -94,6 +96,37 @@ if ! fresh workload "$workload_stamp"; then
   buildah commit --quiet --rm "$c" localhost/rocshare/workload:dev >/dev/null
   save localhost/rocshare/workload:dev workload "$workload_stamp"
 fi
+
+# ---- workload-<suite>: the same probe in images of older glibc generations ----------------
+# The hook must load under every glibc from hook/GLIBC_FLOOR on, so the real-node tests run the
+# probe in Debian bullseye (glibc 2.31) and bookworm (2.36) too, beside trixie's (2.41) above.
+# A binary linked against a newer glibc does not start under an older one (this machine's imports
+# __libc_start_main@GLIBC_2.34), so each suite's stub runtime and probe are compiled INSIDE a
+# rootfs of that suite (its own gcc and libc6-dev, the Makefile's install-probe), and the
+# compiler is purged before the rootfs becomes the image. No python: the probe needs none.
+rocm_include=
+for suite in bullseye bookworm; do
+  name=workload-$suite
+  suite_stamp=$( (echo "minbase $suite gcc make libc6-dev purge v1"; stamp $(hook_files)) | sha256sum | cut -c1-16)
+  fresh "$name" "$suite_stamp" && continue
+  start=$(date +%s)
+  rocm_include=${rocm_include:-$(hook/deps.sh)}
+  rm -f "$cache/$name-rootfs.tar"
+  mmdebstrap --quiet --variant=minbase --format=tar --include=gcc,make,libc6-dev \
+    --customize-hook="mkdir -p \"\$1/src/rocm\" && tar -C '$root' --exclude=hook/build -c hook | tar -x -C \"\$1/src\" && cp -a '$rocm_include/.' \"\$1/src/rocm/\"" \
+    --customize-hook='chroot "$1" make -s -C /src/hook install-probe BUILD=/tmp/probe-build DESTDIR=/ ROCM_INCLUDE=/src/rocm' \
+    --customize-hook='rm -rf "$1/src" "$1/tmp/probe-build"' \
+    --customize-hook='chroot "$1" apt-get purge -y -qq --autoremove gcc make libc6-dev >/dev/null' \
+    "$suite" "$cache/$name-rootfs.tar"
+  c=$(buildah from scratch)
+  buildah add --quiet "$c" "$cache/$name-rootfs.tar" / >/dev/null
+  buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd /bin/bash "$c"
+  buildah commit --quiet --rm "$c" "localhost/rocshare/workload:$suite" >/dev/null
+  rm -f "$cache/$name-rootfs.tar"
+  save "localhost/rocshare/workload:$suite" "$name" "$suite_stamp"
+  echo "images: $name in $(( $(date +%s) - start )) s"
+done
 
 # ---- operator and agent: the project's Dockerfiles, on the local base ---------------------
 # A machine whose HTTPS goes through an intercepting proxy trusts its CA through PIP_CERT (or

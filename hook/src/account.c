@@ -62,14 +62,6 @@ struct proc_stat {
 	uint64_t start_ticks; /* field 22 */
 };
 
-static uint32_t leading_digits(const char *s)
-{
-	uint32_t v = 0;
-	for (; *s >= '0' && *s <= '9' && v < 100000000u; s++)
-		v = v * 10 + (uint32_t)(*s - '0');
-	return v;
-}
-
 /* 1 and st filled when /proc/<pid>/stat was read. */
 static int read_proc_stat(int pid, struct proc_stat *st)
 {
@@ -95,9 +87,9 @@ static int read_proc_stat(int pid, struct proc_stat *st)
 		if (field == 3)
 			st->state = p[1];
 		else if (field == 20)
-			st->threads = leading_digits(p + 1);
+			st->threads = (uint32_t)parse_u64(p + 1, NULL);
 	}
-	st->start_ticks = strtoull(p, NULL, 10);
+	st->start_ticks = parse_u64(p, NULL);
 	return 1;
 }
 

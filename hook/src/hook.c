@@ -64,8 +64,8 @@ static struct config config_g;
 /* "4096m" MiB, "4g" GiB, "512k" KiB, digits only: bytes. 0 when malformed. */
 static uint64_t parse_size_bytes(const char *s)
 {
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
+	const char *end;
+	uint64_t v = parse_u64(s, &end);
 	if (end == s)
 		return 0;
 	switch (*end) {
@@ -81,19 +81,19 @@ static uint64_t parse_size_bytes(const char *s)
 static void parse_cu_masks(const char *s)
 {
 	while (s && *s) {
-		char *end;
-		long dev = strtol(s, &end, 10);
+		const char *end;
+		long dev = parse_long(s, &end);
 		if (end == s || *end != ':')
 			return;
 		s = end + 1;
 		int usable = dev >= 0 && dev < HOOK_MAX_DEVICES;
 		while (*s && *s != ';') {
-			long lo = strtol(s, &end, 10), hi = lo;
+			long lo = parse_long(s, &end), hi = lo;
 			if (end == s)
 				return;
 			s = end;
 			if (*s == '-') {
-				hi = strtol(s + 1, &end, 10);
+				hi = parse_long(s + 1, &end);
 				s = end;
 			}
 			for (long cu = lo; usable && cu <= hi && cu >= 0 && cu < 32 * CU_MASK_WORDS; cu++)

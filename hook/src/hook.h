@@ -31,4 +31,10 @@ void account_note(const char *text);
 /* Copy the last note to out; how many notes were written so far (0: none, or no account). */
 uint32_t account_read_note(char *out, size_t out_bytes);
 
+/* Decimal numbers, without libc's strto* (parse.c says why). Like strtoull/strtol in base 10:
+ * leading blanks skipped, *end (if not NULL) after the last digit or s when none was read,
+ * saturating when out of range. parse_u64 takes no sign but '+'. */
+uint64_t parse_u64(const char *s, const char **end);
+long parse_long(const char *s, const char **end);
+
 #endif

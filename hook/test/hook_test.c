@@ -588,6 +588,30 @@ static int run_mode(const char *mode, const char *mib)
 	return status;
 }
 
+/* The hook's own parsers (parse.c) answer as libc's strtol/strtoull in base 10 would, value and
+ * end alike, except that parse_u64 takes no '-' (strtoull negates: "-1" is 2^64-1). */
+static void test_parse(void)
+{
+	static const char *const inputs[] = {
+		"0", "4096m", "  12 ", "+7", "", "m", "-", "+", "18446744073709551615", "18446744073709551616",
+		"99999999999999999999999k", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+		"-9223372036854775809", "0:16-35;1:40-47", "-3:1", "007x",
+	};
+	for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++) {
+		const char *s = inputs[i], *end;
+		char *libc_end;
+		long l = parse_long(s, &end);
+		CHECK(l == strtol(s, &libc_end, 10) && end == libc_end);
+		if (strchr(s, '-') == NULL) {
+			uint64_t u = parse_u64(s, &end);
+			CHECK(u == strtoull(s, &libc_end, 10) && end == libc_end);
+		}
+	}
+	const char *end;
+	CHECK(parse_u64("-1", &end) == 0 && *end == '-');
+	CHECK(parse_u64(" 5", NULL) == 5);
+}
+
 /* HOOK_TEST_ONLY=<name>: that test alone (to show one door on an older hook without the others). */
 #define RUN(test) do { const char *only = getenv("HOOK_TEST_ONLY"); if (!only || !strcmp(only, #test)) test(); } while (0)
 
@@ -615,6 +639,7 @@ int main(int argc, char **argv)
 		return run_mode(argv[1], argv[2]);
 	void *none = NULL;
 	CHECK(BIND(hip_g, hipMalloc)(&none, 0) == hipSuccess); /* this process's slot: account_used() reads it */
+	RUN(test_parse);
 	RUN(test_binding);
 	RUN(test_boundary);
 	RUN(test_unlimited_device);

@@ -6,7 +6,8 @@ NodePrepareResources and containerd 2 applies the CDI spec the agent wrote.
 
 The evidence is what the containers really received (`env` inside them) and what the API server
 stored: each sees HSA_CU_MASK and its memory limit; the two CU sets are disjoint and of the asked
-sizes (parsed here); a third claim that fits only once the first share is gone is refused, then
+sizes (parsed here); in each (one a glibc 2.36 image, one 2.41), the memory hook is mapped and
+hook-probe is refused one MiB past its claim; a third claim that fits only once the first share is gone is refused, then
 allocated and Running after the first pod and its claim are deleted. On 1.35 (the rig's default)
 the whole control plane and the kubelet run with `DRAConsumableCapacity=true` (rig.py); 1.36+ need
 nothing. The module puts the pool back to DevicePlugin and waits for `amd.com/gpu` again, so the
@@ -32,6 +33,8 @@ RESOURCE = "resource.k8s.io/v1"
 FIRST_MIB, FIRST_CUS = 4096, 40
 SECOND_MIB, SECOND_CUS = 8192, 48
 THIRD_MIB = 2048
+PROBE = "/opt/rocm-stub/bin/hook-probe"  # the workload image's (make -C hook install-probe)
+MIB = 1024 * 1024
 
 
 def set_interface(deployed: Deployed, interface: str) -> None:
@@ -88,18 +91,19 @@ def claim(name: str, pci_bus_id: str, *, memory_mib: int, cus: int) -> dict:
                 "capacity": {"requests": {"memory": f"{memory_mib}Mi", "compute": str(cus)}}}}]}}}
 
 
-def pod(name: str, claim_name: str) -> dict:
+def pod(name: str, claim_name: str, image: str = deploy.WORKLOAD_IMAGE) -> dict:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": WORKLOADS, "labels": {"rocshare-test": "dra"}},
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
-                     "containers": [{"name": "main", "image": deploy.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
                                      "command": ["sleep", "infinity"],
                                      "resources": {"claims": [{"name": "gpu"}]}}]}}
 
 
-def create_share(deployed: Deployed, name: str, pci_bus_id: str, *, memory_mib: int, cus: int) -> None:
-    manifests = [claim(name, pci_bus_id, memory_mib=memory_mib, cus=cus), pod(f"pod-{name}", name)]
+def create_share(deployed: Deployed, name: str, pci_bus_id: str, *, memory_mib: int, cus: int,
+                 image: str = deploy.WORKLOAD_IMAGE) -> None:
+    manifests = [claim(name, pci_bus_id, memory_mib=memory_mib, cus=cus), pod(f"pod-{name}", name, image)]
     deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump_all(manifests))
 
 
@@ -138,6 +142,25 @@ def cu_set(mask: str) -> set[int]:
     return cus
 
 
+def probe_alloc(deployed: Deployed, name: str, size_bytes: int) -> str:
+    """hook-probe's answer to one hipMalloc of size_bytes in the pod (the stub runtime: 16 GiB by itself)."""
+    done = deployed.kubectl("exec", "-n", WORKLOADS, name, "--", PROBE, "alloc", str(size_bytes), check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "cannot be loaded as audit interface" not in done.stderr, done.stderr
+    return json.loads(done.stdout)["result"]
+
+
+def assert_the_hook_caps(deployed: Deployed, name: str, claim_mib: int) -> None:
+    """Issue 39 item 5: in a DRA container the memory hook the CDI spec hands over is mapped (a
+    process's own maps), the claim's memory fits and one MiB past it is refused. The stub runtime
+    alone grants 16 GiB, more than either claim."""
+    hook = container_env(deployed, name)["LD_AUDIT"]
+    maps = deployed.kubectl("exec", "-n", WORKLOADS, name, "--", "cat", "/proc/self/maps", check=False)
+    assert hook and hook in maps.stdout, (hook, maps.stderr)
+    assert probe_alloc(deployed, name, claim_mib * MIB) == "hipSuccess"
+    assert probe_alloc(deployed, name, claim_mib * MIB + MIB) == "hipErrorOutOfMemory"
+
+
 def unschedulable(deployed: Deployed, name: str) -> str | None:
     body = deployed.json("get", "pod", "-n", WORKLOADS, name)
     for condition in body["status"].get("conditions", []):
@@ -160,7 +183,9 @@ def test_two_claims_share_one_gpu_on_the_real_kubelet_and_deleting_one_frees_its
     assert total_cus - FIRST_CUS - SECOND_CUS < third_cus <= total_cus - SECOND_CUS, total_cus
     assert FIRST_MIB + SECOND_MIB + THIRD_MIB <= total_mib
 
-    create_share(deployed, "share-a", pci, memory_mib=FIRST_MIB, cus=FIRST_CUS)
+    # The first share's container is Debian bookworm's (glibc 2.36), the others trixie's (2.41).
+    create_share(deployed, "share-a", pci, memory_mib=FIRST_MIB, cus=FIRST_CUS,
+                 image=deploy.WORKLOAD_IMAGES_BY_GLIBC["2.36"])
     create_share(deployed, "share-b", pci, memory_mib=SECOND_MIB, cus=SECOND_CUS)
     pods = {name: running(deployed, f"pod-{name}") for name in ("share-a", "share-b")}
     results = {name: allocation(deployed, name)["devices"]["results"][0] for name in pods}
@@ -174,6 +199,8 @@ def test_two_claims_share_one_gpu_on_the_real_kubelet_and_deleting_one_frees_its
     assert not cus_a & cus_b and cus_a | cus_b <= set(range(total_cus))
     assert env_a["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{FIRST_MIB}m"
     assert env_b["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{SECOND_MIB}m"
+    for name, mib in (("pod-share-a", FIRST_MIB), ("pod-share-b", SECOND_MIB)):
+        assert_the_hook_caps(deployed, name, mib)
     listing = deployed.kubectl("exec", "-n", WORKLOADS, "pod-share-a", "--", "ls", "/dev/kfd", "/dev/dri").stdout
     assert "/dev/kfd" in listing and "renderD" in listing, listing
 

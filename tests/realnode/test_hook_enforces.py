@@ -87,8 +87,8 @@ def stub_env(deployed: Deployed) -> list[dict[str, str]]:
             {"name": "ROCSHARE_STUB_CUS", "value": str(gpu["simd_count"] // gpu["simd_per_cu"])}]
 
 
-def run_pod(deployed: Deployed, name: str, limits: dict[str, str]) -> dict:
-    pod = deploy.slice_pod(name, WORKLOADS, memory_mib=SLICE_MIB, cores_pct=CORES_PCT)
+def run_pod(deployed: Deployed, name: str, limits: dict[str, str], image: str = deploy.WORKLOAD_IMAGE) -> dict:
+    pod = deploy.slice_pod(name, WORKLOADS, memory_mib=SLICE_MIB, cores_pct=CORES_PCT, image=image)
     container = pod["spec"]["containers"][0]
     container["resources"]["limits"] = limits
     container["env"] = stub_env(deployed)
@@ -98,17 +98,26 @@ def run_pod(deployed: Deployed, name: str, limits: dict[str, str]) -> dict:
         explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} {name}"))
 
 
+SLICE_LIMITS = {"amd.com/gpu": "1", "amd.com/gpumem": str(SLICE_MIB), "amd.com/gpucores": str(CORES_PCT)}
+# The slice pod of each glibc generation's workload image (deploy.WORKLOAD_IMAGES_BY_GLIBC);
+# trixie's is probe-slice itself.
+SLICE_PODS = {glibc: "probe-slice" if image == deploy.WORKLOAD_IMAGE else f"probe-slice-{image.rpartition(':')[2]}"
+              for glibc, image in deploy.WORKLOAD_IMAGES_BY_GLIBC.items()}
+
+
 @pytest.fixture(scope="module")
 def pods(deployed: Deployed) -> Iterator[dict[str, dict]]:
     running = {}
     try:
-        running["slice"] = run_pod(deployed, "probe-slice", {"amd.com/gpu": "1", "amd.com/gpumem": str(SLICE_MIB),
-                                                             "amd.com/gpucores": str(CORES_PCT)})
+        running["slice"] = run_pod(deployed, "probe-slice", SLICE_LIMITS)
         running["whole"] = run_pod(deployed, "probe-whole", {"amd.com/gpu": "1"})
+        for glibc, name in SLICE_PODS.items():
+            if name != "probe-slice":
+                running[name] = run_pod(deployed, name, SLICE_LIMITS, image=deploy.WORKLOAD_IMAGES_BY_GLIBC[glibc])
         yield running
     finally:
-        deployed.kubectl("delete", "pod", "-n", WORKLOADS, "probe-slice", "probe-whole", "--wait=true",
-                         "--timeout=120s", "--ignore-not-found", check=False)
+        deployed.kubectl("delete", "pod", "-n", WORKLOADS, "probe-whole", *sorted(set(SLICE_PODS.values())),
+                         "--wait=true", "--timeout=120s", "--ignore-not-found", check=False)
 
 
 def probe(deployed: Deployed, pod: str, *args: str) -> dict:
@@ -150,6 +159,31 @@ def test_the_slice_sees_its_mib_and_cannot_allocate_past_them(deployed: Deployed
         assert (outcome["at_limit"], outcome["past_limit"]) == ("hipSuccess", "hipErrorOutOfMemory"), (name, outcome)
     one_more = probe(deployed, "probe-slice", "alloc", str(slice_bytes + MIB))
     assert one_more["result"] == "hipErrorOutOfMemory", one_more
+
+
+@pytest.mark.parametrize("glibc", sorted(SLICE_PODS, key=lambda v: tuple(map(int, v.split(".")))))
+def test_the_installed_hook_loads_and_limits_under_every_glibc_generation(deployed: Deployed, pods: dict,
+                                                                           glibc: str) -> None:
+    """Issue 39 item 1: the library the agent installed from its image, loaded by the loader of
+    images of three glibc generations (Debian bullseye, bookworm, trixie; hook/GLIBC_FLOOR is
+    below them all): it is mapped, hook-probe sees the slice, and one MiB past it is refused.
+    A library needing a newer glibc is ignored by the loader ("cannot be loaded as audit
+    interface") and the stub then grants the whole GPU's memory."""
+    pod = SLICE_PODS[glibc]
+    assert exec_in(deployed, pod, "getconf", "GNU_LIBC_VERSION").stdout.split() == ["glibc", glibc]
+    env = container_env(deployed, pod)
+    assert env["LD_AUDIT"] == HOOK and env["HIP_DEVICE_MEMORY_LIMIT_0"] == f"{SLICE_MIB}m", env
+    slice_bytes = SLICE_MIB * MIB
+    assert probe(deployed, pod, "alloc", str(slice_bytes))["result"] == "hipSuccess"  # the slice itself fits
+    past = exec_in(deployed, pod, PROBE, "alloc", str(slice_bytes + MIB), check=False)
+    assert past.returncode == 0, (past.stdout, past.stderr)
+    # Refused by the hook; the stderr shows the loader's complaint when it ignored the library.
+    assert json.loads(past.stdout)["result"] == "hipErrorOutOfMemory", (past.stdout, past.stderr)
+    assert "cannot be loaded as audit interface" not in past.stderr, past.stderr
+    maps = exec_in(deployed, pod, "cat", "/proc/self/maps")
+    assert HOOK in maps.stdout, maps.stderr
+    info = probe(deployed, pod, "info")["memGetInfo"]
+    assert info["result"] == "hipSuccess" and info["total"] == slice_bytes, info
 
 
 def test_a_stream_cu_mask_is_narrowed_to_the_slice(deployed: Deployed, pods: dict) -> None:

@@ -33,6 +33,11 @@ IMAGES = {
 }
 AGENT_IMAGE = "localhost/rocshare/node-agent:dev"
 WORKLOAD_IMAGE = "localhost/rocshare/workload:dev"
+WORKLOAD_IMAGES_BY_GLIBC = {  # `make images`: the same stub runtime and hook-probe, compiled in each suite
+    "2.31": "localhost/rocshare/workload:bullseye",
+    "2.36": "localhost/rocshare/workload:bookworm",
+    "2.41": WORKLOAD_IMAGE,  # trixie
+}
 VIDEO_GID, RENDER_GID = 44, 993
 """The node's video and render group ids (Debian's video is 44; render varies between hosts)."""
 NODE_CLASS_LABEL = "rocshare.io/node-class"
@@ -108,12 +113,12 @@ def pool_manifest(host: HostPaths) -> dict:
     }
 
 
-def slice_pod(name: str, namespace: str, *, memory_mib: int, cores_pct: int) -> dict:
-    """The sample slice (samples/30-pod-gpumem-gpucores.yaml) on the image built here."""
+def slice_pod(name: str, namespace: str, *, memory_mib: int, cores_pct: int, image: str = WORKLOAD_IMAGE) -> dict:
+    """The sample slice (samples/30-pod-gpumem-gpucores.yaml) on an image built here."""
     sample = yaml.safe_load((PROJECT_ROOT / "samples" / "30-pod-gpumem-gpucores.yaml").read_text())
     sample["metadata"] = {"name": name, "namespace": namespace}
     container = sample["spec"]["containers"][0]
-    container["image"] = WORKLOAD_IMAGE
+    container["image"] = image
     container["imagePullPolicy"] = "Never"
     container["resources"]["limits"].update({"amd.com/gpumem": str(memory_mib), "amd.com/gpucores": str(cores_pct)})
     sample["spec"]["terminationGracePeriodSeconds"] = 1

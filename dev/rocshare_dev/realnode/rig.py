@@ -31,7 +31,9 @@ from rocshare_dev.realnode.kubelet import (DEVICE_PLUGIN_DIR, DRA_PLUGINS_DIR, P
 from rocshare_dev.realnode.netns import NetNamespace, RigError
 
 IMAGES_DIR = PROJECT_ROOT / ".cache" / "images"
-IMAGE_ARCHIVES = ("pause", "operator", "node-agent", "kube-scheduler", "workload")
+# workload-bullseye/-bookworm: the probe on older glibc generations (the hook's floor, test_hook_enforces.py).
+IMAGE_ARCHIVES = ("pause", "operator", "node-agent", "kube-scheduler", "workload", "workload-bullseye",
+                  "workload-bookworm")
 # Pods here reach the API server through the DNAT (no kube-proxy); webhooks are called on their
 # endpoints, and the API server reaches the kubelet (logs, exec) on the node's InternalIP.
 APISERVER_FLAGS = ("--enable-aggregator-routing=true", "--kubelet-preferred-address-types=InternalIP")

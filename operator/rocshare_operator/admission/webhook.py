@@ -136,7 +136,8 @@ async def rocshare_claims_of(kube: Kube, namespace: str, pod: dict) -> frozenset
     return frozenset(found)
 
 
-_CLAIM_SOURCES = (("resourceClaimName", "resourceclaims", 1), ("resourceClaimTemplateName", "resourceclaimtemplates", 2))
+_CLAIM_SOURCES = (("resourceClaimName", "resourceclaims", 1),
+                  ("resourceClaimTemplateName", "resourceclaimtemplates", 2))
 """A pod claim's source: (its field, the resource it names, how deep the claim spec is in that object)."""
 
 

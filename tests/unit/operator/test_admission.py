@@ -146,8 +146,11 @@ def test_containers_naming_a_rocshare_claim_are_held_to_a_slice() -> None:
 def test_claim_asks_rocshare_reads_exactly_and_first_available() -> None:
     from rocshare_operator.admission.pods import claim_asks_rocshare
 
-    assert claim_asks_rocshare({"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.rocshare.io"}}]}})
+    def exactly(device_class: str) -> dict:
+        return {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": device_class}}]}}
+
+    assert claim_asks_rocshare(exactly("gpu.rocshare.io"))
     assert claim_asks_rocshare({"devices": {"requests": [{"name": "g", "firstAvailable": [
         {"name": "a", "deviceClassName": "gpu.nvidia.com"}, {"name": "b", "deviceClassName": "gpu.rocshare.io"}]}]}})
-    assert not claim_asks_rocshare({"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.amd.com"}}]}})
+    assert not claim_asks_rocshare(exactly("gpu.amd.com"))
     assert not claim_asks_rocshare({})

@@ -23,7 +23,8 @@ import yaml
 
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
 from rocshare_dev.realnode import deploy
-from tests.realnode.conftest import AGENT_LABEL, NAMESPACE, WORKLOADS, Deployed, describe, wait_for
+from tests.realnode.conftest import (AGENT_LABEL, ISSUE_39_ENV, NAMESPACE, WORKLOADS, Deployed, attempt_widening,
+                                    describe, wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 DRIVER = "gpu.rocshare.io"
@@ -205,6 +206,22 @@ def hami_pod(name: str, gpu_uuid: str) -> dict:
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "main", "image": deploy.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
                                      "command": ["sleep", "infinity"], "resources": {"limits": dict(HAMI_LIMITS)}}]}}
+
+
+def test_a_slice_pod_cannot_widen_itself_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
+    """Issue 39, DRA mode: the webhook checked the pod after its amd.com/* limits became a claim, so
+    nothing said it held a slice. Before the fix both pods ran (the failure message shows what the
+    container got: the env's 64 GiB, every CU, no hook; a privileged container's full CapEff); now
+    each is refused with its reason before any claim is written."""
+    gpu_uuid = dra_slice["spec"]["devices"][-1]["attributes"]["uuid"]["string"]
+    env_pod = hami_pod("widen-dra-env", gpu_uuid)
+    env_pod["spec"]["containers"][0]["env"] = [{"name": key, "value": value} for key, value in ISSUE_39_ENV.items()]
+    refused = attempt_widening(deployed, env_pod)
+    assert 'admission webhook "pods.mutate.rocshare.io" denied the request: ProtectedEnvVar' in refused, refused
+    privileged = hami_pod("widen-dra-privileged", gpu_uuid)
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    refused = attempt_widening(deployed, privileged)
+    assert "PrivilegedSlice: containers[0] (main): a privileged container sees every GPU" in refused, refused
 
 
 def test_a_hami_style_pod_gets_the_same_environment_in_a_dra_pool_as_in_a_device_plugin_pool(

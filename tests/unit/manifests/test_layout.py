@@ -307,3 +307,10 @@ def test_pod_policy_protects_the_names_the_agent_hands_over() -> None:
         refused = container_path(path) == "/" or any(
             container_path(path) == root or container_path(path).startswith(root + "/") for root in HOST_PATHS_REFUSED)
         assert bool(re.search(host, path)) == refused, path
+    # The mutating webhook's matchCondition sends a pod naming DRA claims only when it carries what
+    # these rules judge, with the same patterns.
+    webhooks = list(yaml.safe_load_all((ROOT / "manifests/base/webhook/webhooks.yaml").read_text()))
+    mutating = find(webhooks, "MutatingWebhookConfiguration", "rocshare-pods")["webhooks"][0]
+    condition = next(c["expression"] for c in mutating["matchConditions"] if c["name"] == "asks-for-amd-gpus")
+    for pattern in (variables["handedOver"], variables["hookCover"], f"'{host}'"):
+        assert f".matches({pattern})" in condition, pattern

@@ -182,11 +182,12 @@ SPEC_ATTACKS = [
 ]
 
 
-@pytest.mark.parametrize(("container", "spec", "message"), [case[1:] for case in SPEC_ATTACKS],
+@pytest.mark.parametrize(("index", "container", "spec", "message"),
+                         [(index, *case[1:]) for index, case in enumerate(SPEC_ATTACKS)],
                          ids=[case[0] for case in SPEC_ATTACKS])
-async def test_a_tenant_cannot_widen_its_slice_through_its_pod_spec(ready, mallory: Kube, container: dict, spec: dict,
-                                                                   message: str) -> None:
-    pod = gpu_pod("widen", namespace=NAMESPACE, gpu="1", gpumem="2048", gpucores="25", node_selector=HERE)
+async def test_a_tenant_cannot_widen_its_slice_through_its_pod_spec(ready, mallory: Kube, index: int, container: dict,
+                                                                   spec: dict, message: str) -> None:
+    pod = gpu_pod(f"widen-{index}", namespace=NAMESPACE, gpu="1", gpumem="2048", gpucores="25", node_selector=HERE)
     pod["spec"]["containers"][0].update(container)
     pod["spec"].update(spec)
     with pytest.raises((Invalid, Forbidden)) as refused:

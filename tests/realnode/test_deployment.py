@@ -224,11 +224,16 @@ def test_the_agent_installed_its_hook_into_the_empty_hook_path(deployed: Deploye
 def test_a_slice_pod_cannot_set_its_own_limit_cu_mask_or_hook(deployed: Deployed, slice_pod: dict) -> None:
     """Issue 39, device-plugin mode: the kubelet applies the pod's env after the device plugin's, so
     before the fix this pod ran with a 64 GiB limit, every CU and no hook (the failure message shows
-    `env` from inside it). Now the webhook refuses it, and its ConfigMap form, naming the reason."""
+    `env` from inside it). Now the webhook refuses it, naming the reason."""
     attack = deploy.slice_pod("widen-env", WORKLOADS, memory_mib=2048, cores_pct=25)
     attack["spec"]["containers"][0]["env"] = [{"name": key, "value": value} for key, value in ISSUE_39_ENV.items()]
     refused = attempt_widening(deployed, attack)
     assert 'admission webhook "pods.mutate.rocshare.io" denied the request: ProtectedEnvVar' in refused, refused
+
+
+def test_a_slice_pod_cannot_take_them_from_a_config_map(deployed: Deployed, slice_pod: dict) -> None:
+    """The same values from a ConfigMap through envFrom (no prefix): admission cannot see them, so
+    the source is refused by its prefix; before the fix the pod ran with them."""
     deployed.kubectl("create", "configmap", "widen", "-n", WORKLOADS, *(f"--from-literal={key}={value}"
                                                                        for key, value in ISSUE_39_ENV.items()))
     try:

@@ -11,9 +11,9 @@ Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocsh
 The mutating handler also refuses bad GPU pods (checking the pod as mutated; in a DRA pool, the
 pod as asked, before its amd.com/* limits become a claim), so creating a GPU pod costs one webhook
 call. A pod naming DRA claims is checked too when it carries what core/tenant_spec.py judges: the
-handler reads each claim's class (rocshare_claims_of); the validating handler is called only for writes that carry
-or change an allocation annotation and come from someone other than rocshare's own service
-accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
+handler reads each claim's class (rocshare_claims_of). The validating handler is called only for
+writes that carry or change an allocation annotation and come from someone other than rocshare's
+own service accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
 """
 
 from __future__ import annotations

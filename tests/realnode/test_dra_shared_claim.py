@@ -208,16 +208,23 @@ def hami_pod(name: str, gpu_uuid: str) -> dict:
                                      "command": ["sleep", "infinity"], "resources": {"limits": dict(HAMI_LIMITS)}}]}}
 
 
-def test_a_slice_pod_cannot_widen_itself_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
-    """Issue 39, DRA mode: the webhook checked the pod after its amd.com/* limits became a claim, so
-    nothing said it held a slice. Before the fix both pods ran (the failure message shows what the
-    container got: the env's 64 GiB, every CU, no hook; a privileged container's full CapEff); now
-    each is refused with its reason before any claim is written."""
+def test_a_slice_pod_cannot_set_its_own_limit_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
+    """Issue 39, DRA mode: the webhook checked the pod after its amd.com/* limits became a claim, where
+    nothing says it holds a slice. On the code before the fix this pod was admitted; containerd 2
+    applies the CDI spec's env after the pod's, so the container still got its own limit, CU mask
+    and hook there (measured: 32768m, 0:0-25, the hook). It is refused now, as in a device-plugin
+    pool, whatever order a runtime applies them in."""
     gpu_uuid = dra_slice["spec"]["devices"][-1]["attributes"]["uuid"]["string"]
     env_pod = hami_pod("widen-dra-env", gpu_uuid)
     env_pod["spec"]["containers"][0]["env"] = [{"name": key, "value": value} for key, value in ISSUE_39_ENV.items()]
     refused = attempt_widening(deployed, env_pod)
     assert 'admission webhook "pods.mutate.rocshare.io" denied the request: ProtectedEnvVar' in refused, refused
+
+
+def test_a_privileged_slice_is_refused_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
+    """Before the fix a privileged HAMi-style slice was admitted in a DRA pool and ran privileged
+    (every capability, every device of the node: no slice holds); now it is refused by name."""
+    gpu_uuid = dra_slice["spec"]["devices"][-1]["attributes"]["uuid"]["string"]
     privileged = hami_pod("widen-dra-privileged", gpu_uuid)
     privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     refused = attempt_widening(deployed, privileged)

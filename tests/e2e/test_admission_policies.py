@@ -1,5 +1,7 @@
 """Pod admission without the webhook (issue 18), on the real API server: the ValidatingAdmissionPolicy
-(manifests/base/policy/pods.yaml) refuses what the webhook refused, with the same reasons, and the
+(manifests/base/policy/pods.yaml) refuses what the webhook refused, with the same reasons (issue 39's
+pod-spec doors too: env, envFrom, mounts over the hook, hostPath /dev, privileged in a DRA-translated
+container), and the
 pod-defaults MutatingAdmissionPolicy (manifests/components/pod-defaults-policy; the dev control plane
 serves it, see controlplane.py) sets the scheduler name and the pool's RuntimeClass from the
 operator's parameters (admission/policy_params.py), and amd.com/gpu: 1 where a container asks for
@@ -129,6 +131,24 @@ def test_with_the_policy_no_webhook_is_installed(operator, cluster) -> None:
         assert cluster.kubectl("get", kind, "rocshare-pods", check=False).returncode != 0, kind
 
 
+def slice_with(name: str, container: dict, **spec: object) -> dict:
+    """A 2048 MiB / 25 % slice pod whose container (and pod spec) also carry what a tenant wrote."""
+    pod = gpu_pod(name, namespace=NAMESPACE, gpu="1", gpumem="2048", gpucores="25")
+    pod["spec"]["containers"][0].update(container)
+    pod["spec"].update(spec)
+    return pod
+
+
+def translated(name: str, **container: object) -> dict:
+    """A pod as the webhook leaves it in a DRA pool (admission/dra_pods.py): no amd.com/*, a pod claim
+    rocshare-gpu-0 from a rocshare-gpu-<hash> template, named by the container."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {
+        "resourceClaims": [{"name": "rocshare-gpu-0", "resourceClaimTemplateName": "rocshare-gpu-0123456789abcdef"}],
+        "containers": [{"name": "c0", "image": "x", "resources": {"claims": [{"name": "rocshare-gpu-0"}]}, **container}]}}
+
+
+ISSUE_ENV = [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"}, {"name": "HSA_CU_MASK", "value": "0:0-103"},
+             {"name": "LD_AUDIT", "value": "/nonexistent.so"}]
 BAD_PODS = [
     ("cores 150", gpu_pod("b1", namespace=NAMESPACE, gpu="1", gpucores="150"),
      "container 'c0': amd.com/gpucores is 150, must be 1-100"),
@@ -151,6 +171,28 @@ BAD_PODS = [
      "would bypass the rocshare scheduler"),
     ("privileged slice", privileged(gpu_pod("b12", namespace=NAMESPACE, gpu="1", gpumem="1024")),
      "a privileged container sees every GPU"),
+    ("env over the slice (issue 39)", slice_with("t1", {"env": ISSUE_ENV}),
+     "ProtectedEnvVar: container 'c0': env HIP_DEVICE_MEMORY_LIMIT_0 is set by rocshare"),
+    ("valueFrom", slice_with("t2", {"env": [{"name": "ROCSHARE_HOOK_DIR", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.name"}}}]}), "ProtectedEnvVar: container 'c0': env ROCSHARE_HOOK_DIR"),
+    ("envFrom without a prefix", slice_with("t3", {"envFrom": [{"configMapRef": {"name": "tuning"}}]}),
+     "ProtectedEnvFrom: container 'c0': an envFrom without a prefix"),
+    ("envFrom prefix LD_", slice_with("t4", {"envFrom": [{"secretRef": {"name": "s"}, "prefix": "LD_"}]}),
+     "ProtectedEnvFrom: container 'c0'"),
+    ("hook mount, subPath", slice_with("t5", {"volumeMounts": [{"name": "fake", "subPath": "noop.so",
+                                                                 "mountPath": "/usr/local/vgpu/libamvgpu.so"}]},
+                                        volumes=[{"name": "fake", "emptyDir": {}}]),
+     "HookPathMount: container 'c0': a volume mounted at /usr/local/vgpu/libamvgpu.so would cover /usr/local/vgpu"),
+    ("mount above the hook", slice_with("t6", {"volumeMounts": [{"name": "fake", "mountPath": "/usr/local"}]},
+                                        volumes=[{"name": "fake", "emptyDir": {}}]), "HookPathMount"),
+    ("hostPath /dev/dri", slice_with("t7", {}, volumes=[{"name": "dri", "hostPath": {"path": "/dev/dri"}}]),
+     "HostDeviceVolume: volume dri is the host's /dev/dri"),
+    ("hostPath /", slice_with("t8", {}, volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
+     "HostDeviceVolume: volume root is the host's /"),
+    ("DRA-translated, privileged", translated("t9", securityContext={"privileged": True}),
+     "PrivilegedSlice: container 'c0': a privileged container sees every GPU"),
+    ("DRA-translated, env", translated("t10", env=[{"name": "HSA_CU_MASK", "value": "0:0-103"}]),
+     "ProtectedEnvVar: container 'c0': env HSA_CU_MASK"),
     ("forged record", gpu_pod("b13", namespace=NAMESPACE, gpu="1", annotations={"rocshare.io/allocation": "{}"}),
      "annotation rocshare.io/allocation is written only by the rocshare scheduler and node agent; remove it"),
     ("forged record, no GPU asked", {"apiVersion": "v1", "kind": "Pod", "metadata": {
@@ -167,6 +209,20 @@ async def test_bad_pods_are_refused_by_the_api_server_alone(operator_down, carol
         await carol.create(PODS, pod)
     assert message in refused.value.message, refused.value.message
     assert "ValidatingAdmissionPolicy 'rocshare-pods'" in refused.value.message
+
+
+async def test_the_pod_spec_rules_leave_ordinary_pods_alone(operator_down, carol: Kube) -> None:
+    """What the issue-39 rules must not refuse: a prefixed envFrom, the app's own variables, a mount
+    beside the hook, whole GPUs privileged, and the same variables in a pod without GPUs."""
+    ok = slice_with("ok-slice", {"envFrom": [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}],
+                                 "env": [{"name": "HIP_LAUNCH_BLOCKING", "value": "1"}],
+                                 "volumeMounts": [{"name": "data", "mountPath": "/usr/local/vgpu-data"}]},
+                    volumes=[{"name": "data", "emptyDir": {}}])
+    assert (await carol.create(PODS, ok))["metadata"]["name"] == "ok-slice"
+    assert (await carol.create(PODS, privileged(gpu_pod("ok-whole", namespace=NAMESPACE, gpu="1"))))
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ok-plain"}, "spec": {"containers": [
+        {"name": "c", "image": "busybox", "env": ISSUE_ENV, "envFrom": [{"configMapRef": {"name": "m"}}]}]}}
+    assert (await carol.create(PODS, plain))["metadata"]["name"] == "ok-plain"
 
 
 async def test_forged_updates_are_refused_by_the_api_server_alone(operator_down, carol: Kube, kube: Kube) -> None:

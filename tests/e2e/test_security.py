@@ -8,6 +8,9 @@
   tests) cannot obtain another pod's slice or an unallocated GPU by writing annotations: not on
   create, not on her own pod, not on the victim's; nor bypass the scheduler with nodeName or
   with schedulerName;
+* a tenant cannot widen its slice through its own pod spec (issue 39): env or envFrom setting what
+  rocshare hands over, a mount over the memory hook, a hostPath of /dev beside a slice, privileged
+  in a container naming a gpu.rocshare.io claim -- each refused by the webhook with its reason;
 * the agent's device plugin socket on the node is not writable by group or others;
 * the extender serves TLS with a certificate from the cluster CA, and kube-scheduler (config
   `enableHTTPS: true`, `tlsConfig.caData`) schedules and binds through it; plain HTTP and an
@@ -159,6 +162,77 @@ def test_agent_socket_is_not_group_or_world_writable(ready) -> None:
     for path in sockets:
         mode = path.stat().st_mode
         assert not mode & (stat.S_IWOTH | stat.S_IWGRP | stat.S_IROTH), f"{path} mode {oct(mode)}"
+
+
+# ---- a pod's own spec cannot widen its slice (issue 39) ---------------------------------------------------
+
+ISSUE_ENV = [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"}, {"name": "HSA_CU_MASK", "value": "0:0-103"},
+             {"name": "LD_AUDIT", "value": "/nonexistent.so"}]
+SPEC_ATTACKS = [
+    ("the issue's env", {"env": ISSUE_ENV}, {}, "ProtectedEnvVar: containers[0] (c0): env HIP_DEVICE_MEMORY_LIMIT_0"),
+    ("valueFrom", {"env": [{"name": "LD_AUDIT", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]}, {},
+     "ProtectedEnvVar: containers[0] (c0): env LD_AUDIT"),
+    ("envFrom, no prefix", {"envFrom": [{"configMapRef": {"name": "tuning"}}]}, {},
+     "ProtectedEnvFrom: containers[0] (c0): envFrom configMapRef tuning without a prefix"),
+    ("hook mount, subPath", {"volumeMounts": [{"name": "fake", "mountPath": "/usr/local/vgpu/libamvgpu.so",
+                                               "subPath": "noop.so"}]},
+     {"volumes": [{"name": "fake", "emptyDir": {}}]}, "HookPathMount: containers[0] (c0): volume fake"),
+    ("hostPath /dev", {"volumeMounts": [{"name": "dev", "mountPath": "/host-dev"}]},
+     {"volumes": [{"name": "dev", "hostPath": {"path": "/dev"}}]}, "HostDeviceVolume: volume dev is the host's /dev"),
+]
+
+
+@pytest.mark.parametrize(("index", "container", "spec", "message"),
+                         [(index, *case[1:]) for index, case in enumerate(SPEC_ATTACKS)],
+                         ids=[case[0] for case in SPEC_ATTACKS])
+async def test_a_tenant_cannot_widen_its_slice_through_its_pod_spec(ready, mallory: Kube, index: int, container: dict,
+                                                                   spec: dict, message: str) -> None:
+    pod = gpu_pod(f"widen-{index}", namespace=NAMESPACE, gpu="1", gpumem="2048", gpucores="25", node_selector=HERE)
+    pod["spec"]["containers"][0].update(container)
+    pod["spec"].update(spec)
+    with pytest.raises((Invalid, Forbidden)) as refused:
+        await mallory.create(object_path("v1", "pods", namespace=NAMESPACE), pod)
+    assert 'admission webhook "pods.mutate.rocshare.io" denied the request' in refused.value.message
+    assert message in refused.value.message, refused.value.message
+
+
+async def test_a_prefixed_env_from_is_admitted(ready, mallory: Kube, cluster) -> None:
+    """The fix the refusal names works: the same source behind prefix APP_ is admitted."""
+    pod = gpu_pod("prefixed", namespace=NAMESPACE, gpu="1", gpumem="2048", node_selector=HERE)
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]
+    created = await mallory.create(object_path("v1", "pods", namespace=NAMESPACE), pod)
+    assert created["spec"]["containers"][0]["envFrom"][0]["prefix"] == "APP_"
+    cluster.kubectl("delete", "pod", "prefixed", "-n", NAMESPACE, "--force", "--grace-period=0", "--wait=false")
+
+
+async def test_a_container_naming_a_rocshare_claim_is_held_to_a_slice(ready, kube: Kube, mallory: Kube,
+                                                                      cluster) -> None:
+    """No amd.com/* limits, a gpu.rocshare.io claim named directly: privileged is refused as for a
+    slice, also when the claim is not written yet; another driver's claim is not judged."""
+    claims = object_path("resource.k8s.io/v1", "resourceclaims", namespace=NAMESPACE)
+    for name, device_class in (("mine", "gpu.rocshare.io"), ("other", "gpu.example.com")):
+        await kube.create(claims, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                   "metadata": {"name": name}, "spec": {"devices": {"requests": [
+                                       {"name": "g", "exactly": {"deviceClassName": device_class}}]}}})
+
+    def claiming(pod_name: str, claim: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": NAMESPACE}, "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True},
+                            "resources": {"claims": [{"name": "gpu"}]}}]}}
+
+    pods = object_path("v1", "pods", namespace=NAMESPACE)
+    try:
+        for pod_name, claim in (("claims-mine", "mine"), ("claims-later", "not-yet")):
+            with pytest.raises((Invalid, Forbidden)) as refused:
+                await mallory.create(pods, claiming(pod_name, claim))
+            assert "PrivilegedSlice: containers[0] (c): a privileged container sees every GPU" in refused.value.message
+        assert (await mallory.create(pods, claiming("claims-other", "other")))["metadata"]["name"] == "claims-other"
+    finally:
+        cluster.kubectl("delete", "pod", "claims-other", "-n", NAMESPACE, "--force", "--grace-period=0",
+                        "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "resourceclaims", "mine", "other", "-n", NAMESPACE, "--ignore-not-found",
+                        "--wait=false", check=False)
 
 
 # ---- fail closed ------------------------------------------------------------------------------------------

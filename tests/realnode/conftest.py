@@ -65,6 +65,34 @@ class Deployed:
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
 
 
+ISSUE_39_ENV = {"HIP_DEVICE_MEMORY_LIMIT_0": "65536m", "HSA_CU_MASK": "0:0-103", "LD_AUDIT": "/nonexistent.so"}
+"""Issue 39's attack: a slice pod's own env giving it 64 GiB, every CU of an MI210 and no hook."""
+
+
+def attempt_widening(deployed: Deployed, pod: dict) -> str:
+    """Create `pod` (a slice pod carrying what a tenant wrote to widen it) and return the refusal
+    kubectl printed. Where it is admitted (the code before issue 39), fail with what its container
+    really received: the variables from `env` inside it, and whether it is privileged."""
+    created = deployed.kubectl("create", "-f", "-", input_text=json.dumps(pod), check=False)
+    if created.returncode != 0:
+        return created.stderr
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    try:
+        def phase() -> str | None:
+            return deployed.json("get", "pod", "-n", namespace, name)["status"].get("phase")
+
+        wait_for(f"{name} Running", lambda: phase() == "Running", timeout_s=180,
+                 explain=lambda: describe(deployed.cluster, f"pod -n {namespace} {name}"))
+        out = deployed.kubectl("exec", "-n", namespace, name, "--", "env").stdout
+        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        shown = {key: env.get(key) for key in (*ISSUE_39_ENV, "ROCR_VISIBLE_DEVICES")}
+        status = deployed.kubectl("exec", "-n", namespace, name, "--", "grep", "CapEff", "/proc/self/status").stdout
+        pytest.fail(f"{name} was admitted and runs; inside it: {shown}, {status.strip()}")
+    finally:
+        deployed.kubectl("delete", "pod", "-n", namespace, name, "--ignore-not-found", "--wait=true", "--timeout=120s",
+                         check=False)
+
+
 def wait_for(what: str, probe, *, timeout_s: float, interval_s: float = 1.0, explain=None):
     deadline = time.monotonic() + timeout_s
     while True:

@@ -25,8 +25,8 @@ from rocshare_dev.realnode import deploy
 from rocshare_operator.leadership import LEADER_PRIORITY
 from rocshare_dev.realnode.kubelet import DEVICE_PLUGIN_DIR
 from rocshare_agent.discovery.names import SOURCE_BUILTIN, SOURCE_IDS_DEVICE
-from tests.realnode.conftest import (AGENT_LABEL, NAMESPACE, TIMINGS, WORKLOADS, Deployed, describe, hook_version,
-                                    wait_for)
+from tests.realnode.conftest import (AGENT_LABEL, ISSUE_39_ENV, NAMESPACE, TIMINGS, WORKLOADS, Deployed,
+                                    attempt_widening, describe, hook_version, wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 HOOK = "/usr/local/vgpu/libamvgpu.so"
@@ -219,6 +219,30 @@ def test_the_agent_installed_its_hook_into_the_empty_hook_path(deployed: Deploye
     assert (condition["status"], condition["reason"]) == ("True", "MemoryHookFound"), condition
     assert condition["message"] == (f"{deployed.host.hook_library} is {hook_version()}, an audit library for this "
                                     "node: memory slices get their limit")
+
+
+def test_a_slice_pod_cannot_set_its_own_limit_cu_mask_or_hook(deployed: Deployed, slice_pod: dict) -> None:
+    """Issue 39, device-plugin mode: the kubelet applies the pod's env after the device plugin's, so
+    before the fix this pod ran with a 64 GiB limit, every CU and no hook (the failure message shows
+    `env` from inside it). Now the webhook refuses it, naming the reason."""
+    attack = deploy.slice_pod("widen-env", WORKLOADS, memory_mib=2048, cores_pct=25)
+    attack["spec"]["containers"][0]["env"] = [{"name": key, "value": value} for key, value in ISSUE_39_ENV.items()]
+    refused = attempt_widening(deployed, attack)
+    assert 'admission webhook "pods.mutate.rocshare.io" denied the request: ProtectedEnvVar' in refused, refused
+
+
+def test_a_slice_pod_cannot_take_them_from_a_config_map(deployed: Deployed, slice_pod: dict) -> None:
+    """The same values from a ConfigMap through envFrom (no prefix): admission cannot see them, so
+    the source is refused by its prefix; before the fix the pod ran with them."""
+    deployed.kubectl("create", "configmap", "widen", "-n", WORKLOADS, *(f"--from-literal={key}={value}"
+                                                                       for key, value in ISSUE_39_ENV.items()))
+    try:
+        attack = deploy.slice_pod("widen-envfrom", WORKLOADS, memory_mib=2048, cores_pct=25)
+        attack["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "widen"}}]
+        refused = attempt_widening(deployed, attack)
+        assert "ProtectedEnvFrom" in refused and "configMapRef widen without a prefix" in refused, refused
+    finally:
+        deployed.kubectl("delete", "configmap", "widen", "-n", WORKLOADS, "--ignore-not-found")
 
 
 def test_deleting_the_pod_frees_its_slice(deployed: Deployed, slice_pod: dict) -> None:

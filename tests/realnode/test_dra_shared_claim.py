@@ -24,7 +24,8 @@ import yaml
 
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
 from rocshare_dev.realnode import deploy
-from tests.realnode.conftest import AGENT_LABEL, NAMESPACE, WORKLOADS, Deployed, describe, wait_for
+from tests.realnode.conftest import (AGENT_LABEL, ISSUE_39_ENV, NAMESPACE, WORKLOADS, Deployed, attempt_widening,
+                                    describe, wait_for)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 DRIVER = "gpu.rocshare.io"
@@ -232,6 +233,29 @@ def hami_pod(name: str, gpu_uuid: str) -> dict:
             "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                      "containers": [{"name": "main", "image": deploy.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
                                      "command": ["sleep", "infinity"], "resources": {"limits": dict(HAMI_LIMITS)}}]}}
+
+
+def test_a_slice_pod_cannot_set_its_own_limit_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
+    """Issue 39, DRA mode: the webhook checked the pod after its amd.com/* limits became a claim, where
+    nothing says it holds a slice. On the code before the fix this pod was admitted; containerd 2
+    applies the CDI spec's env after the pod's, so the container still got its own limit, CU mask
+    and hook there (measured: 32768m, 0:0-25, the hook). It is refused now, as in a device-plugin
+    pool, whatever order a runtime applies them in."""
+    gpu_uuid = dra_slice["spec"]["devices"][-1]["attributes"]["uuid"]["string"]
+    env_pod = hami_pod("widen-dra-env", gpu_uuid)
+    env_pod["spec"]["containers"][0]["env"] = [{"name": key, "value": value} for key, value in ISSUE_39_ENV.items()]
+    refused = attempt_widening(deployed, env_pod)
+    assert 'admission webhook "pods.mutate.rocshare.io" denied the request: ProtectedEnvVar' in refused, refused
+
+
+def test_a_privileged_slice_is_refused_in_a_dra_pool(deployed: Deployed, dra_slice: dict) -> None:
+    """Before the fix a privileged HAMi-style slice was admitted in a DRA pool and ran privileged
+    (every capability, every device of the node: no slice holds); now it is refused by name."""
+    gpu_uuid = dra_slice["spec"]["devices"][-1]["attributes"]["uuid"]["string"]
+    privileged = hami_pod("widen-dra-privileged", gpu_uuid)
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    refused = attempt_widening(deployed, privileged)
+    assert "PrivilegedSlice: containers[0] (main): a privileged container sees every GPU" in refused, refused
 
 
 def test_a_hami_style_pod_gets_the_same_environment_in_a_dra_pool_as_in_a_device_plugin_pool(

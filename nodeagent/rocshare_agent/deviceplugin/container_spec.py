@@ -30,13 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocshare.api.allocation import ContainerAllocation, DeviceSlice
+from rocshare.api.container_env import (
+    HIP_OVERSUBSCRIBE,
+    HIP_VISIBLE_DEVICES,
+    HOOK_CONTAINER_DIR,
+    HOOK_CONTAINER_PATH,
+    HOOK_LIBRARY,
+    HSA_CU_MASK,
+    HSA_XNACK,
+    LD_AUDIT,
+    ROCR_VISIBLE_DEVICES,
+    memory_limit_name,
+)
 from rocshare.api.gfx import xnack_capable
 from rocshare.api.models import GpuInfo
 from rocshare.core.cumask import render_hsa_cu_mask
 
-HOOK_CONTAINER_DIR = "/usr/local/vgpu"
-HOOK_LIBRARY = "libamvgpu.so"
-HOOK_CONTAINER_PATH = f"{HOOK_CONTAINER_DIR}/{HOOK_LIBRARY}"
+__all__ = ["HOOK_CONTAINER_DIR", "HOOK_CONTAINER_PATH", "HOOK_LIBRARY", "ContainerSpec", "DeviceNode", "Mount",
+           "SpecError", "render_container"]
 ROCR_UUID = re.compile(r"^GPU-[0-9a-fA-F]{16}$")
 
 
@@ -71,21 +82,21 @@ def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, Gp
     gpus = [_gpu_for(device, gpus_by_id, container.name) for device in container.devices]
     has_slice = any(not device.whole for device in container.devices)
     envs = {
-        "ROCR_VISIBLE_DEVICES": ",".join(_rocr_names(gpus)),
-        "HIP_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpus))),
+        ROCR_VISIBLE_DEVICES: ",".join(_rocr_names(gpus)),
+        HIP_VISIBLE_DEVICES: ",".join(str(i) for i in range(len(gpus))),
     }
     cu_mask = render_hsa_cu_mask(container.devices)
     if cu_mask:
-        envs["HSA_CU_MASK"] = cu_mask
+        envs[HSA_CU_MASK] = cu_mask
     mounts: list[Mount] = []
     if has_slice:
         if memory_hook:
             envs.update(_memory_limits(container.devices))
-            envs["LD_AUDIT"] = HOOK_CONTAINER_PATH
+            envs[LD_AUDIT] = HOOK_CONTAINER_PATH
             mounts.append(Mount(str(PurePosixPath(hook_host_dir) / HOOK_LIBRARY), HOOK_CONTAINER_PATH))
         if oversubscribed and all(xnack_capable(gpu.gfx_target_version) for gpu in gpus):
-            envs["HIP_OVERSUBSCRIBE"] = "true"
-            envs["HSA_XNACK"] = "1"
+            envs[HIP_OVERSUBSCRIBE] = "true"
+            envs[HSA_XNACK] = "1"
     return ContainerSpec(envs=envs, devices=_device_nodes(gpus, dev_root), mounts=mounts)
 
 
@@ -99,7 +110,7 @@ def _gpu_for(device: DeviceSlice, gpus_by_id: Mapping[str, GpuInfo], container_n
 
 
 def _memory_limits(devices: list[DeviceSlice]) -> dict[str, str]:
-    return {f"HIP_DEVICE_MEMORY_LIMIT_{i}": f"{device.memory_mib}m"
+    return {memory_limit_name(i): f"{device.memory_mib}m"
             for i, device in enumerate(devices) if not device.whole}
 
 

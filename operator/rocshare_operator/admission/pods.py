@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, ALLOCATION_ERROR_ANNOTATION
+from rocshare.api.dra import DEVICE_CLASS_NAME
 from rocshare.api.node_settings import HAMI_POD_DEVICES_ANNOTATION, POOL_LABEL
 from rocshare.api.resource_names import is_partition_resource
 from rocshare.core.request import RequestError, parse_pod
+from rocshare.core.tenant_spec import GpuContainer, pod_refusal
 
 GPU = "amd.com/gpu"
 GPU_MEMORY = "amd.com/gpumem"
@@ -99,20 +101,26 @@ def apply_mutation(pod: dict[str, Any], plan: MutationPlan) -> dict[str, Any]:
     return {**pod, "spec": spec}
 
 
-def validate_create(pod: Mapping[str, Any], *, trusted: bool) -> None:
-    """Raise Refused naming the first problem of a GPU pod being created."""
+def validate_create(pod: Mapping[str, Any], *, trusted: bool, rocshare_claims: frozenset[str] = frozenset()) -> None:
+    """Raise Refused naming the first problem of a GPU pod being created. `rocshare_claims`: the
+    pod's claims (spec.resourceClaims names) that are, or may be, of rocshare's DRA class; a
+    container naming one is held to the rules of a container holding a slice."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     forged = sorted(key for key in SYSTEM_ANNOTATIONS if key in annotations)
     if forged and not trusted:
         raise Refused(f"annotation {forged[0]} is written only by the rocshare scheduler and node agent; remove it")
-    if not asks_for_gpus(pod):
-        return
+    asks = asks_for_gpus(pod)
     spec = pod.get("spec") or {}
-    if spec.get("nodeName"):
+    if asks and spec.get("nodeName"):
         raise Refused(f"spec.nodeName ({spec['nodeName']}) would bypass the rocshare scheduler for a pod asking "
                       "for AMD GPUs; use a nodeSelector instead")
     for kind, index, container in containers_of(pod):
         _check_container(kind, index, container)
+    why = pod_refusal(pod, gpu_containers(pod, rocshare_claims))
+    if why is not None:
+        raise Refused(why)
+    if not asks:
+        return
     try:
         parse_pod(pod)
     except RequestError as error:
@@ -130,11 +138,23 @@ def _check_container(kind: str, index: int, container: Mapping[str, Any]) -> Non
     for key in (GPU_MEMORY, GPU_CORES):
         if key in resources and not has_gpu:
             raise Refused(f"{where}: {key} needs {GPU} (how many GPUs the slice is on)")
-    privileged = bool((container.get("securityContext") or {}).get("privileged"))
-    is_slice = any(key in resources for key in (GPU_MEMORY, GPU_MEMORY_PCT, GPU_CORES))
-    if privileged and is_slice:
-        raise Refused(f"{where}: a privileged container sees every GPU and ignores CU masks and memory limits; "
-                      "it may only ask for whole GPUs")
+
+
+def gpu_containers(pod: Mapping[str, Any], rocshare_claims: frozenset[str] = frozenset()) -> list[GpuContainer]:
+    """The containers that receive rocshare's GPUs: asking amd.com/* resources (a slice unless only
+    whole GPUs or partitions), or naming one of `rocshare_claims` (held to a slice's rules: the claim
+    may be one)."""
+    found = []
+    for kind, index, container in containers_of(pod):
+        resources = amd_resources(container)
+        claims = {claim.get("name") for claim in (container.get("resources") or {}).get("claims") or ()}
+        names_claim = bool(claims & rocshare_claims)
+        if resources or names_claim:
+            asks_slice = any(key in resources for key in (GPU_MEMORY, GPU_MEMORY_PCT, GPU_CORES)) \
+                and not any(is_partition_resource(key) for key in resources)
+            found.append(GpuContainer(f"{kind}[{index}] ({container.get('name', '?')})", container,
+                                      holds_slice=asks_slice or names_claim))
+    return found
 
 
 def validate_update(old: Mapping[str, Any], new: Mapping[str, Any], *, trusted: bool) -> None:
@@ -146,6 +166,17 @@ def validate_update(old: Mapping[str, Any], new: Mapping[str, Any], *, trusted: 
     for key in SYSTEM_ANNOTATIONS:
         if before.get(key) != after.get(key):
             raise Refused(f"annotation {key} is written only by the rocshare scheduler and node agent")
+
+
+def claim_asks_rocshare(claim_spec: Mapping[str, Any]) -> bool:
+    """True when a ResourceClaim spec asks a device of rocshare's class (exactly, or among its
+    firstAvailable alternatives)."""
+    for request in (claim_spec.get("devices") or {}).get("requests") or ():
+        classes = [(request.get("exactly") or {}).get("deviceClassName"),
+                   *((choice or {}).get("deviceClassName") for choice in request.get("firstAvailable") or ())]
+        if DEVICE_CLASS_NAME in classes:
+            return True
+    return False
 
 
 def runtime_class_for(pod: Mapping[str, Any], pools: Mapping[str, Any]) -> str | None:

@@ -8,10 +8,12 @@ everywhere else (so a GPU pod is never admitted unchecked).
 
 Handler ids are the URL paths: /pods.mutate.rocshare.io and /pods.validate.rocshare.io, and
 /resourceclaims.validate.rocshare.io (claim_quota.py: AmdGpuShare quota for DRA claims).
-The mutating handler also refuses bad GPU pods (checking the pod as mutated), so creating a
-GPU pod costs one webhook call; the validating handler is called only for writes that carry
-or change an allocation annotation and come from someone other than rocshare's own service
-accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
+The mutating handler also refuses bad GPU pods (checking the pod as mutated; in a DRA pool, the
+pod as asked, before its amd.com/* limits become a claim), so creating a GPU pod costs one webhook
+call. A pod naming DRA claims is checked too when it carries what core/tenant_spec.py judges: the
+handler reads each claim's class (rocshare_claims_of). The validating handler is called only for
+writes that carry or change an allocation annotation and come from someone other than rocshare's
+own service accounts (matchConditions); it refuses them unless the user is one of `trusted_users`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rocshare_operator.admission.pods import (
     Refused,
     apply_mutation,
     asks_for_gpus,
+    claim_asks_rocshare,
     plan_mutation,
     validate_create,
     validate_update,
@@ -75,16 +78,19 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
         going to DRA pools gets its claims instead (and keeps kube-scheduler: DRA places it)."""
         pod = dict(body)
         plan = plan_mutation(pod, scheduler_name=settings.scheduler_name, runtime_class_name=runtime_class_for(pod))
+        claims = await rocshare_claims_of(memo.rocshare.kube, body.metadata.namespace, pod)
         if asks_for_gpus(pod):
             defaulted = apply_mutation(pod, replace(plan, scheduler_name=None, runtime_class_name=None))
             dra = _refuse_unless(lambda: dra_plan_for(defaulted))
             if dra is not None:
-                _refuse_unless(lambda: validate_create({**pod, "spec": dra.spec}, trusted=trusted(userinfo)))
+                # Every check of the device-plugin path, on the pod as asked: once its amd.com/*
+                # limits are a claim, nothing in it would say it holds a slice.
+                _refuse_unless(lambda: validate_create(defaulted, trusted=trusted(userinfo), rocshare_claims=claims))
                 await write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
                 _patch_dra(patch, pod, dra, plan.runtime_class_name)
                 return
         mutated = pod if plan.empty else apply_mutation(pod, plan)
-        _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo)))
+        _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo), rocshare_claims=claims))
         for key in ("schedulerName", "runtimeClassName", "containers", "initContainers"):
             if key in mutated["spec"] and mutated["spec"][key] != pod.get("spec", {}).get(key):
                 patch.spec[key] = mutated["spec"][key]
@@ -109,6 +115,32 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
         why = claim_quota.refusal(dict(body), ctx.accounts, ctx.feed.claims_in, dry_run=dryrun)
         if why is not None:
             raise kopf.AdmissionError(why, code=403)
+
+
+async def rocshare_claims_of(kube: Kube, namespace: str, pod: dict) -> frozenset[str]:
+    """The pod's claims (spec.resourceClaims names) that are, or may be, of rocshare's DRA class:
+    those whose ResourceClaim or ResourceClaimTemplate asks it, and those that cannot be read (not
+    written yet, or the read failed): a claim created after the pod must not escape the checks."""
+    found = set()
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        for field_name, resource, depth in _CLAIM_SOURCES:
+            if not entry.get(field_name):
+                continue
+            try:
+                body = await kube.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/{resource}/{entry[field_name]}")
+            except ApiError:
+                found.add(entry.get("name"))
+                continue
+            for _ in range(depth):
+                body = body.get("spec") or {}
+            if claim_asks_rocshare(body):
+                found.add(entry.get("name"))
+    return frozenset(found)
+
+
+_CLAIM_SOURCES = (("resourceClaimName", "resourceclaims", 1),
+                  ("resourceClaimTemplateName", "resourceclaimtemplates", 2))
+"""A pod claim's source: (its field, the resource it names, how deep the claim spec is in that object)."""
 
 
 async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...], *, dryrun: bool) -> None:

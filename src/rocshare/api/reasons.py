@@ -79,7 +79,8 @@ PREPARE_REASONS = _reasons(
 """Why the node agent refused to prepare a DRA claim (pools with agent.interface DRA): the first
 word of the error the kubelet reports (rocshare.core.dra_shares, rocshare_agent.dra.plugin)."""
 
-ADMISSION_REASONS = _reasons(Where.ADMISSION, "MixedPoolInterfaces", "DraRequestUnsatisfiable")
+ADMISSION_REASONS = _reasons(Where.ADMISSION, "MixedPoolInterfaces", "DraRequestUnsatisfiable", "ProtectedEnvVar",
+                             "ProtectedEnvFrom", "HookPathMount", "HostDeviceVolume", "PrivilegedSlice")
 """Why the webhook refused a pod with amd.com/* limits that would go to a DRA pool
 (rocshare_operator.admission.dra_pods): the first word of the refusal."""
 

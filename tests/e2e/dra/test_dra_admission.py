@@ -182,6 +182,26 @@ async def test_unsatisfiable_and_mixed_pool_pods_are_refused_with_the_reason(clu
         await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/unselected")
 
 
+async def test_the_translation_keeps_the_device_plugin_paths_checks(cluster, kube, operator, node):
+    """Issue 39: the webhook checked the pod after its amd.com/* limits became a claim, where nothing
+    says it holds a slice, so a privileged slice (every GPU, no limit) or one whose env replaces its
+    limit was admitted in a DRA pool. The plain slice is admitted as a claim first (the positive
+    signal that the webhook translates in this pool); each variant is then refused by name."""
+    plain = hami_pod("widen-plain", {"rocshare.io/pool": POOL}, gpu="1", gpumem="2048", gpucores="25")
+    await wait_for(lambda: _async(admitted_as_claim(cluster, plain)), timeout_s=60, what="the slice translated")
+    variants = (({"securityContext": {"privileged": True}}, "PrivilegedSlice: containers[0] (main)"),
+                ({"env": [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"}]},
+                 "ProtectedEnvVar: containers[0] (main): env HIP_DEVICE_MEMORY_LIMIT_0"))
+    for change, reason in variants:
+        attack = json.loads(json.dumps(plain))
+        attack["metadata"]["name"] = "widen"
+        attack["spec"]["containers"][0].update(change)
+        result = cluster.kubectl("create", "-f", "-", input_text=json.dumps(attack), check=False)
+        assert result.returncode != 0 and reason in result.stderr, result.stderr
+        with pytest.raises(NotFound):
+            await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/widen")
+
+
 async def _pool_known(kube: Kube) -> dict | None:
     try:
         return await kube.get(object_path(API_VERSION, "amdgpupools", POOL))

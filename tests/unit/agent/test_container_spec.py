@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rocshare.api.allocation import ContainerAllocation, DeviceSlice
+from rocshare.api.container_env import HANDED_OVER_NAMES, is_handed_over
 from rocshare.api.models import GpuInfo, Partition
 from rocshare_agent.deviceplugin.container_spec import (
     HOOK_CONTAINER_PATH,
@@ -103,3 +104,20 @@ def test_slices_mount_the_hook_read_only_and_whole_gpus_do_not():
 def test_unknown_gpu_is_an_error_naming_it():
     with pytest.raises(SpecError, match="GPU-ffffffffffffffff is not on this node"):
         render([slice_("GPU-ffffffffffffffff", 1)])
+
+
+def test_container_spec_env_is_all_handed_over() -> None:
+    """No drift: every variable the agent renders (both oversubscription branches, slices and whole
+    GPUs) is one admission protects, and every protected name is one the agent can set."""
+    gpus = {f"GPU-{i:016x}": GpuInfo(id=f"GPU-{i:016x}", index=i, render_minor=128 + i, card=None,
+                                    gfx_target_version=90010, cu_count=104, pci_bdf=f"0000:0{i}:00.0",
+                                    split_count=10, healthy=True) for i in range(2)}
+    rendered: set[str] = set()
+    for oversubscribed in (False, True):
+        devices = [DeviceSlice(gpu_id="GPU-0000000000000000", memory_mib=512, cu_ranges=[(0, 9)], cu_count=104),
+                   DeviceSlice(gpu_id="GPU-0000000000000001", memory_mib=512, cu_ranges=[], cu_count=104)]
+        spec = render_container(ContainerAllocation(name="c", devices=devices), gpus, oversubscribed=oversubscribed,
+                                hook_host_dir="/opt/vgpu")
+        rendered |= set(spec.envs)
+    assert all(is_handed_over(name) for name in rendered), rendered
+    assert set(HANDED_OVER_NAMES) <= rendered

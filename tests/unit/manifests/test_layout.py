@@ -276,3 +276,41 @@ def test_two_operator_replicas_with_one_decider_and_a_disruption_budget() -> Non
 
 def pod_labels(deployment: dict) -> dict[str, str]:
     return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_pod_policy_protects_the_names_the_agent_hands_over() -> None:
+    """Issue 39: the policy's lists of handed-over variables are rocshare.api.container_env's (the
+    agent renders from it), and its hook-path and host-path patterns refuse what the webhook's rule
+    (core/tenant_spec.py) refuses; it refuses more only where CEL cannot resolve a '..'."""
+    from rocshare.api.container_env import HANDED_OVER_NAMES, HANDED_OVER_PREFIXES, is_handed_over
+    from rocshare.core.tenant_spec import HOST_PATHS_REFUSED, container_path, covers_hook
+
+    written = list(yaml.safe_load_all((ROOT / "manifests/base/policy/pods.yaml").read_text()))
+    policy = find(written, "ValidatingAdmissionPolicy", "rocshare-pods")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    names = re.escape  # the names are plain words and underscores
+    assert variables["handedOver"] == (f"'^({'|'.join(map(names, HANDED_OVER_NAMES))})$"
+                                       f"|^({'|'.join(map(names, HANDED_OVER_PREFIXES))})'")
+    assert re.findall(r"'([^']+)'", variables["handedOverStarts"]) == [*HANDED_OVER_NAMES, *HANDED_OVER_PREFIXES]
+    handed_over = re.compile(variables["handedOver"].strip("'"))
+    for name in ("HIP_DEVICE_MEMORY_LIMIT_3", "ROCSHARE_HOOK_DIR", "LD_AUDIT", "LD_AUDITX", "HSA_CU_MASKS", "APP"):
+        assert bool(handed_over.search(name)) == is_handed_over(name), name
+    hook_cover = re.compile(variables["hookCover"].strip("'"))
+    for target in ("/", "/usr", "/usr/", "/usr/local", "//usr//local/vgpu/", "/usr/local/vgpu/libamvgpu.so",
+                   "usr/local/vgpu", "/usr/local/vgpu2", "/usr/lib", "/usrx", "/data", "/tmp", "/usr/local/vgpux/a"):
+        assert bool(hook_cover.search(target)) == covers_hook(target), target
+    assert hook_cover.search("/a/../usr") and hook_cover.search("/data/..")  # stricter: CEL does not resolve '..'
+    host = next(re.search(r"v\.hostPath\.path\.matches\('([^']+)'\)", v["expression"]).group(1)
+                for v in policy["spec"]["validations"] if "HostDeviceVolume" in v["messageExpression"])
+    for path in ("/", "/dev", "/dev/dri", "/dev/kfd", "/./dev", "//sys", "/sys/class/drm", "/proc", "/devices",
+                 "/var/lib", "/data/dev"):
+        refused = container_path(path) == "/" or any(
+            container_path(path) == root or container_path(path).startswith(root + "/") for root in HOST_PATHS_REFUSED)
+        assert bool(re.search(host, path)) == refused, path
+    # The mutating webhook's matchCondition sends a pod naming DRA claims only when it carries what
+    # these rules judge, with the same patterns.
+    webhooks = list(yaml.safe_load_all((ROOT / "manifests/base/webhook/webhooks.yaml").read_text()))
+    mutating = find(webhooks, "MutatingWebhookConfiguration", "rocshare-pods")["webhooks"][0]
+    condition = next(c["expression"] for c in mutating["matchConditions"] if c["name"] == "asks-for-amd-gpus")
+    for pattern in (variables["handedOver"], variables["hookCover"], f"'{host}'"):
+        assert f".matches({pattern})" in condition, pattern

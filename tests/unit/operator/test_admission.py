@@ -109,3 +109,48 @@ def test_runtime_class_comes_from_the_selected_or_only_pool() -> None:
     assert runtime_class_for(pod({}, nodeSelector={"rocshare.io/pool": "b"}), pools) == "rocm-b"
     assert runtime_class_for(pod({}), pools) is None
     assert runtime_class_for(pod({}), {"a": pools["a"]}) == "rocm-a"
+
+
+def test_a_gpu_container_may_not_set_what_rocshare_hands_over() -> None:
+    """The issue's pod: a 2048 MiB / 25 % slice whose own env gives it 64 GiB, every CU and no hook."""
+    attack = pod({"amd.com/gpu": "1", "amd.com/gpumem": "2048", "amd.com/gpucores": "25"})
+    attack["spec"]["containers"][0]["env"] = [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"},
+                                              {"name": "HSA_CU_MASK", "value": "0:0-103"},
+                                              {"name": "LD_AUDIT", "value": "/nonexistent.so"}]
+    with pytest.raises(Refused, match=r"^ProtectedEnvVar: containers\[0\] \(c0\): env HIP_DEVICE_MEMORY_LIMIT_0 "):
+        validate_create(attack, trusted=False)
+    # The same variables in a container without GPUs are the app's business.
+    plain = pod({"cpu": "1"})
+    plain["spec"]["containers"][0]["env"] = attack["spec"]["containers"][0]["env"]
+    validate_create(plain, trusted=False)
+
+
+def test_containers_naming_a_rocshare_claim_are_held_to_a_slice() -> None:
+    """A container naming a gpu.rocshare.io claim itself (no amd.com/* limits): privileged, env and
+    hostPath refused; a container naming another driver's claim is not judged."""
+    def claimed(claim: str, **container) -> dict:
+        return {"metadata": {"name": "p"}, "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "mine"}, {"name": "nic", "resourceClaimName": "n"}],
+            "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": claim}]}, **container}]}}
+
+    for attack, reason in ((claimed("gpu", securityContext={"privileged": True}), "PrivilegedSlice"),
+                           (claimed("gpu", env=[{"name": "ROCR_VISIBLE_DEVICES", "value": "0,1"}]), "ProtectedEnvVar"),
+                           (claimed("gpu", envFrom=[{"secretRef": {"name": "s"}}]), "ProtectedEnvFrom")):
+        with pytest.raises(Refused, match=f"^{reason}: "):
+            validate_create(attack, trusted=False, rocshare_claims=frozenset({"gpu"}))
+        validate_create(attack, trusted=False, rocshare_claims=frozenset())  # not rocshare's: not judged
+    validate_create(claimed("nic", securityContext={"privileged": True}), trusted=False,
+                    rocshare_claims=frozenset({"gpu"}))
+
+
+def test_claim_asks_rocshare_reads_exactly_and_first_available() -> None:
+    from rocshare_operator.admission.pods import claim_asks_rocshare
+
+    def exactly(device_class: str) -> dict:
+        return {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": device_class}}]}}
+
+    assert claim_asks_rocshare(exactly("gpu.rocshare.io"))
+    assert claim_asks_rocshare({"devices": {"requests": [{"name": "g", "firstAvailable": [
+        {"name": "a", "deviceClassName": "gpu.nvidia.com"}, {"name": "b", "deviceClassName": "gpu.rocshare.io"}]}]}})
+    assert not claim_asks_rocshare(exactly("gpu.amd.com"))
+    assert not claim_asks_rocshare({})

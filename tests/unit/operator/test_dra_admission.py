@@ -178,3 +178,43 @@ async def test_templates_are_written_once_never_on_a_dry_run_and_a_failure_refus
     assert store.created == [templates[0]["metadata"]["name"]]
     with pytest.raises(kopf.AdmissionError, match="cannot write ResourceClaimTemplate ns/rocshare-gpu-"):
         await write_templates(TemplateStore(Forbidden(403, "Forbidden", "no")), "ns", templates, dryrun=False)
+
+
+async def _mutate_in_dra_pool(body: dict) -> kopf.Patch:
+    """The operator's own mutating handler (webhook.register), called as Kopf calls it, with the
+    real DRA planner for the mi210 pool (a dry run: no template is written)."""
+    from types import SimpleNamespace
+
+    from rocshare_operator.admission.webhook import MUTATE_ID, WebhookSettings, register
+
+    registry = kopf.OperatorRegistry()
+    register(registry, WebhookSettings(), lambda _pod: None,
+             dra_plan_for=lambda defaulted: plan_dra(defaulted, ("dra",), SHAPES))
+    mutate = next(handler.fn for handler in registry._webhooks.get_all_handlers() if handler.id == MUTATE_ID)
+    patch = kopf.Patch()
+    await mutate(body=kopf.Body(body), patch=patch, userinfo={"username": "carol"}, dryrun=True,
+                 memo=SimpleNamespace(rocshare=SimpleNamespace(kube=None)))
+    return patch
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"securityContext": {"privileged": True}}, "PrivilegedSlice"),
+    ({"env": [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"}]}, "ProtectedEnvVar"),
+    ({"envFrom": [{"configMapRef": {"name": "m"}}]}, "ProtectedEnvFrom"),
+    ({"volumeMounts": [{"name": "v", "mountPath": "/usr/local/vgpu/libamvgpu.so", "subPath": "x"}]}, "HookPathMount"),
+], ids=["privileged", "env", "envFrom", "hook mount"])
+async def test_the_dra_translation_keeps_the_device_plugin_paths_checks(change: dict, reason: str) -> None:
+    """Issue 39: the webhook checked the pod after its amd.com/* limits became a claim, so it saw no
+    GPU request: privileged with amd.com/gpumem in a DRA pool was admitted and saw every GPU."""
+    body = pod({"amd.com/gpu": "1", "amd.com/gpumem": "4096"}, {"rocshare.io/pool": "dra"})
+    assert (await _mutate_in_dra_pool(body)).spec["resourceClaims"]  # the plain slice: translated
+    body["spec"]["containers"][0].update(change)
+    with pytest.raises(kopf.AdmissionError, match=f"^{reason}: containers\\[0\\] \\(main\\)"):
+        await _mutate_in_dra_pool(body)
+
+
+async def test_a_host_dev_volume_beside_a_dra_slice_is_refused() -> None:
+    body = pod({"amd.com/gpu": "1", "amd.com/gpumem-percentage": "25"}, {"rocshare.io/pool": "dra"})
+    body["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": "/dev"}}]
+    with pytest.raises(kopf.AdmissionError, match="^HostDeviceVolume: volume dev is the host's /dev"):
+        await _mutate_in_dra_pool(body)

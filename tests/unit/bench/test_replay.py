@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rocshare_dev.bench.replay import sample_nodes, sequence_for
-from rocshare_dev.bench.replay_cluster import pod_object
+from rocshare_dev.bench.replay_common import pod_object
 from rocshare_dev.bench.trace import TraceNode, TracePod
 
 

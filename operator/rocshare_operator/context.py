@@ -24,19 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rocshare.kube.client import Kube
 from rocshare_operator.extender.accounts import Accounts
-from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.leadership import DecisionGate
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import SliceIndex
 
+AGENT_NAME = "rocshare-node-agent"
+DEFAULT_AGENT_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 LoopKey = tuple[Hashable, ...]  # ("pool", name) or ("share", namespace, name)
 USAGE = "usage"
 """The wake reason of a slice bound, changed or released: the loop's status reports it."""
@@ -119,6 +120,15 @@ class Wakeups:
 
     def wake_shares_in(self, namespace: str, reason: str = "") -> None:
         self.wake_where("share", lambda key, _state: key[1] == namespace, reason)
+
+
+@dataclass(frozen=True)
+class AgentDeployment:
+    """Operator-level settings for every pool's agent DaemonSet (reconcilers/agent_daemonset.py)."""
+
+    namespace: str = "rocshare-system"
+    service_account: str = AGENT_NAME
+    resources: Mapping = field(default_factory=lambda: DEFAULT_AGENT_RESOURCES)
 
 
 @dataclass

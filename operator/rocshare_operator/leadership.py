@@ -28,6 +28,16 @@ loopback). This module lets the operator follow that one election instead of hol
 
 Without a Lease name (one replica, tests with a scheduler without leader election) the gate is
 always open: this replica is the only decider.
+
+Kopf peering is owned here too (it is how Kopf's reconcilers follow the Lease):
+
+* **Identity.** Kopf names a peer after `getpass.getuser()`, which raises KeyError in the image
+  (uid 65532 has no passwd entry). We give it one: the pod's name (`POD_NAME`, from the
+  downward API in the Deployment; Kopf's own `POD_ID` is honoured too), else
+  `rocshare-operator@<host>/<pid>/<start time>` -- never a user-name lookup.
+* **The ClusterKopfPeering `rocshare`.** Created at start when missing. The manifests ship only
+  its definition, because an object in the same apply as its CRD fails on the first run
+  ("no matches for kind ClusterKopfPeering").
 """
 
 from __future__ import annotations
@@ -36,20 +46,23 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 
-from rocshare.kube.client import ApiError, Kube, object_path
+from rocshare.kube.client import ApiError, Conflict, Kube, NotFound, object_path
 from rocshare.kube.informer import Informer
-from rocshare_operator.reconcilers.peering import PEERING_API, PEERING_NAME
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+PEERING_NAME = "rocshare"
+PEERING_API = "kopf.dev/v1"
 LEADER_PRIORITY = 100
 STANDBY_PRIORITY = 0
 TAKEOVER_WAIT_S = 2.0
@@ -205,6 +218,34 @@ def peering_status(peers: dict[str, Any], identity: str, *, leading: bool, lifet
             if other != identity and isinstance(entry, dict) and entry.get("priority", 0) >= LEADER_PRIORITY:
                 patch[other] = None
     return patch
+
+
+def own_identity(environ: Mapping[str, str], *, hostname: str, pid: int, started: datetime.datetime) -> str:
+    for variable in ("POD_NAME", "POD_ID"):
+        if environ.get(variable):
+            return environ[variable]
+    return f"rocshare-operator@{hostname}/{pid}/{started:%Y%m%d%H%M%S}"
+
+
+def this_process_identity() -> str:
+    return own_identity(os.environ, hostname=socket.gethostname(), pid=os.getpid(),
+                        started=datetime.datetime.now(datetime.UTC))
+
+
+async def ensure_peering_object(kube: Kube, name: str = PEERING_NAME) -> None:
+    path = object_path(PEERING_API, "clusterkopfpeerings", name)
+    try:
+        await kube.get(path)
+        return
+    except NotFound:
+        pass
+    body = {"apiVersion": PEERING_API, "kind": "ClusterKopfPeering",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "rocshare"}}}
+    try:
+        await kube.create(object_path(PEERING_API, "clusterkopfpeerings"), body)
+        log.info("created ClusterKopfPeering %s", name)
+    except Conflict:
+        pass  # another replica made it
 
 
 def stop_on_sigterm(gate: DecisionGate, stop: Callable[[], None]) -> None:

@@ -24,9 +24,8 @@ from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
 from rocshare_operator.extender.server import ExtenderSettings, run_extender, subscribe
 from rocshare_operator.extender.state import SchedulerState
-from rocshare_operator.leadership import DecisionGate, LeaseFollower
+from rocshare_operator.leadership import DecisionGate, LeaseFollower, this_process_identity
 from rocshare_operator.reconcilers import nodes_status
-from rocshare_operator.reconcilers.peering import this_process_identity
 
 
 def extender_task(settings: ExtenderSettings, state: SchedulerState, gate: DecisionGate | None = None):

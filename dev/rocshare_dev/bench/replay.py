@@ -34,23 +34,24 @@ against a fresh list of the pods. A chart of allocation against arrived demand g
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocshare_dev.bench import replay_cluster, replay_dra
 from rocshare_dev.bench.placement import DEFAULT_NODES, DEFAULT_PODS
-from rocshare_dev.bench.trace import TraceNode, TracePod
+from rocshare_dev.bench.replay_common import CU_COUNT, Outcome
+from rocshare_dev.bench.trace import TraceNode, TracePod, load_nodes, load_pods
 
-POOL = "replay"
-NAMESPACE = "replay"
-SIM_LABEL = {"rocshare.io/sim": "replay"}
-SCHEDULER = "rocshare-scheduler"
 REAL_POLICIES: dict[str, dict[str, str]] = {
     "fragmentation-aware": {"gpuPolicy": "fragmentation-aware"},
     "bestfit": {"nodePolicy": "bestfit", "gpuPolicy": "binpack"},
@@ -62,7 +63,6 @@ REAL_POLICIES: dict[str, dict[str, str]] = {
 fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
 MODES = ("extender", "dra")
-CU_COUNT = 100
 DEFAULT_CHART = "docs/replay-{policy}.png"
 RAW_OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
 
@@ -90,8 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rocshare_dev.bench.trace import load_nodes, load_pods
-
     if args.policy not in REAL_POLICIES:
         print(f"rocshare-dev bench replay: --policy {args.policy!r} is not a pool policy; an AmdGpuPool says "
               f"{', '.join(REAL_POLICIES)} (fgd runs in the simulator columns)", file=sys.stderr)
@@ -133,42 +131,6 @@ def sample_nodes(nodes: Sequence[TraceNode], scale: float, seed: int) -> list[Tr
         positions = by_model[model]
         chosen.update(rng.sample(positions, round(scale * len(positions))))
     return [node for position, node in enumerate(nodes) if position in chosen]
-
-
-@dataclass
-class Outcome:
-    """Allocation as arrivals proceed: the ratio read at 100 % and 130 %, and the curve."""
-
-    capacity_milli: int
-    arrived: int = 0
-    allocated: int = 0
-    placed: int = 0
-    failed: int = 0
-    ratios: dict[str, float] = field(default_factory=dict)
-    curve: list[tuple[float, float]] = field(default_factory=list)
-    choices: list[str | None] = field(default_factory=list)
-    """Per pod in sequence order: the trace node it went to, or None."""
-
-    def add(self, pod: TracePod, node: str | None) -> None:
-        placed = node is not None
-        self.choices.append(node)
-        self.arrived += pod.gpu_milli_total
-        if placed:
-            self.placed += 1
-            self.allocated += pod.gpu_milli_total
-        else:
-            self.failed += 1
-        arrived_pct, allocated_pct = 100.0 * self.arrived / self.capacity_milli, 100.0 * self.allocated / self.capacity_milli
-        self.curve.append((round(arrived_pct, 3), round(allocated_pct, 3)))
-        for label in ("100", "130"):
-            if label not in self.ratios and arrived_pct >= int(label):
-                self.ratios[label] = allocated_pct
-
-    def summary(self) -> dict[str, Any]:
-        final = 100.0 * self.allocated / self.capacity_milli
-        ratios = {label: round(self.ratios.get(label, final), 3) for label in ("100", "130")}
-        return {"allocation_ratio": ratios, "placed": self.placed, "failed": self.failed, "curve": self.curve,
-                "choices": self.choices}
 
 
 # ---- the simulator on the same subset and sequence ------------------------------------------
@@ -313,8 +275,6 @@ def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str
         report["simulated_as_extender"] = simulate_as_extender(subset, sequence, policy, seed)
         report["simulated_as_extender_host_cpu"] = simulate_as_extender(subset, sequence, policy, seed, host_cpu=True)
     if real:
-        from rocshare_dev.bench.replay_cluster import run_real
-
         report["real"] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
                                   decision_timeout_s=decision_timeout_s, work_dir=work_dir, keep=keep, mode=mode)
         real_130 = report["real"]["allocation_ratio"]["130"]
@@ -327,9 +287,6 @@ def real_modes(*, scale: float, seed: int, policy: str = "fragmentation-aware",
                decision_timeout_s: float = 120.0) -> dict[str, Any]:
     """The real run in both modes, one after the other, on the same node sample and pod sequence
     of the default trace (`make bench`'s dra section): {"extender": ..., "dra": ...} and the sample."""
-    from rocshare_dev.bench.replay_cluster import run_real
-    from rocshare_dev.bench.trace import load_nodes, load_pods
-
     subset = sample_nodes(load_nodes(DEFAULT_NODES), scale, seed)
     sequence = sequence_for(subset, load_pods(DEFAULT_PODS), seed)
     report: dict[str, Any] = {"scale": scale, "seed": seed, "policy": policy, "nodes": len(subset),
@@ -342,6 +299,36 @@ def real_modes(*, scale: float, seed: int, policy: str = "fragmentation-aware",
     full.parent.mkdir(parents=True, exist_ok=True)
     full.write_text(json.dumps(report) + "\n")
     return report
+
+
+def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, policy: str, scheduling: dict[str, str],
+             decision_timeout_s: float, work_dir: Path | None, keep: bool, mode: str = "extender") -> dict[str, Any]:
+    """The real run in `mode`: "extender" (replay_cluster.run_extender) or "dra" (replay_dra.run_dra:
+    DRA mode on a 1.37 control plane, the same nodes and pods); the same figures either way."""
+    root = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="rocshare-replay-"))
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops what the run started
+    try:
+        if mode == "dra":
+            result = asyncio.run(replay_dra.run_dra(root, subset, sequence, decision_timeout_s))
+            what = replay_dra.WHAT
+        else:
+            result = asyncio.run(replay_cluster.run_extender(root, subset, sequence, scheduling, decision_timeout_s))
+            what = replay_cluster.WHAT
+    except BaseException:
+        print(f"rocshare-dev bench replay: failed; logs kept in {root}", file=sys.stderr)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    result.update({"policy": policy, "mode": mode, "wall_s": round(time.monotonic() - started, 1), "what": what})
+    return result
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _without_curves(report: dict[str, Any]) -> dict[str, Any]:

@@ -5,18 +5,18 @@ The same node sample and pod sequence as extender mode (replay.py), on a 1.37 co
 (DRA_K8S_VERSION: consumable capacity is on by default from 1.36):
 
 * Nodes: bare Node objects (no kubelet: nothing here prepares claims or runs containers), named as
-  extender mode names them (replay_cluster.node_names), with the trace node's CPU and memory, and
+  extender mode names them (replay_common.node_names), with the trace node's CPU and memory, and
   each its ResourceSlice made by the product's codec (rocshare.core.resource_slices) from the same
   resized MI210 capture extender mode's agents read: the trace node's GPU count, 100 CUs per GPU
   and the trace model's VRAM, so every share is exact.
-* Pods: extender mode's pod (replay_cluster.pod_object, the same HAMi-style limits), turned into a
+* Pods: extender mode's pod (replay_common.pod_object, the same HAMi-style limits), turned into a
   claim by the admission webhook's own translation (rocshare_operator.admission.dra_pods.plan_dra,
   with the GPU shapes of the sample): the amd.com/* limits go, the container uses a claim from a
   ResourceClaimTemplate named by the claim spec's hash (created once per distinct spec before the
   run, as the webhook would write it). kube-controller-manager's resourceclaim controller makes each
   pod's claim; kube-scheduler with a plain profile (bench e2e's baseline, with extender mode's longer
   retry backoffs) allocates it. CPU-only pods go to the same scheduler with no claim.
-* Decisions: awaited one pod at a time by extender mode's own loop (replay_cluster._submit), so the
+* Decisions: awaited one pod at a time by extender mode's own loop (replay_common.submit), so the
   ratios at 100 % and 130 % come from the same computation, checked against a fresh list.
 
 Invariant: the pods differ from extender mode's only in what the webhook changes (plus the
@@ -37,8 +37,8 @@ from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.bench import e2e
 from rocshare_dev.bench.dra import allocated_claims, dra_node, publish_nodes
-from rocshare_dev.bench.replay import CU_COUNT, NAMESPACE, POOL, SIM_LABEL
-from rocshare_dev.bench.replay_cluster import REPLAY_BACKOFFS, _submit, node_names, pod_object
+from rocshare_dev.bench.replay_common import CU_COUNT, NAMESPACE, POOL, REPLAY_BACKOFFS, SIM_LABEL, node_names, \
+    pod_object, submit
 from rocshare_dev.bench.simulation import DEFAULT_VRAM_MIB, MODEL_VRAM_MIB
 from rocshare_dev.bench.trace import TraceNode, TracePod
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_resized
@@ -69,8 +69,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
                                        for name, node in fleet.nodes.items()})
             stack.baseline_scheduler = e2e.start_baseline_scheduler(cluster, **REPLAY_BACKOFFS)
             setup_s = time.monotonic() - setup_started
-            result = await _submit(kube, fleet, sequence, decision_timeout_s,
-                                   pod_of=lambda _pod, serial: bodies[serial])
+            result = await submit(kube, fleet, sequence, decision_timeout_s,
+                                  pod_of=lambda _pod, serial: bodies[serial])
             result.update(nodes_ready_s=round(setup_s, 1), claim_templates=len(templates),
                           allocated_claims=await allocated_claims(kube, NAMESPACE),
                           bound_gpu_pods=sum(1 for serial, node in enumerate(result["choices"])

@@ -1,7 +1,8 @@
-"""Filter and prioritize: pure functions over a `Snapshot` of the scheduler's state (the
-decision pass; the replies they return are replies.py's).
+"""Filter and prioritize over a `Snapshot` of the scheduler's state (the decision pass; the
+replies they return are replies.py's). Not pure: a decision fills the plan cache (plans.py, the
+memo below) as it goes; it writes nothing else.
 
-Nothing here writes or reserves: kube-scheduler may drop a pod between filter and
+Nothing here writes to the API server or reserves: kube-scheduler may drop a pod between filter and
 bind, and a reservation made here would leak (DESIGN.md section 2, rule 1).
 Rejections stay typed (reason words with GPU counts) until the reply is rendered
 as the extender API's `"<n>/<total> <Reason>"` strings.

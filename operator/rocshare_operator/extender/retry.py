@@ -6,6 +6,10 @@ up to five minutes before its next try. So the extender remembers the pods it fi
 out, and when room may have appeared — capacity released on a node, a quota of their
 namespace changed — it touches each such pod (annotation ``rocshare.io/retry``), which
 kube-scheduler treats as an update worth retrying. Touches are debounced and bounded.
+
+Who decides writes: every replica notes the waiting pods (from its own pod watch), but only the
+replica whose scheduler leads touches them -- the same decision gate the pool loops follow
+(leadership.py); a standby's round writes nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rocshare.core.ids import PodKey
 from rocshare.kube.client import ApiError, Kube, object_path
+from rocshare_operator.leadership import DecisionGate
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +32,8 @@ MAX_TOUCHES_PER_ROUND = 200
 @dataclass
 class Retrier:
     kube: Kube
+    gate: DecisionGate = field(default_factory=DecisionGate)
+    """Touches only while `gate.leading` (the pool loops' rule): a standby writes nothing."""
     waiting: dict[PodKey, str] = field(default_factory=dict)
     """Pods the extender found no room for -> their namespace."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -59,6 +66,9 @@ class Retrier:
             everyone, namespaces = self._everyone, self._namespaces
             self._everyone, self._namespaces = False, set()
             targets = [key for key, namespace in self.waiting.items() if everyone or namespace in namespaces]
+            if not self.gate.leading:
+                log.debug("standing by: the leader retries %d waiting pod(s)", len(targets))
+                continue
             await self._touch(targets[:MAX_TOUCHES_PER_ROUND])
 
     async def _touch(self, keys: list[PodKey]) -> None:

@@ -208,7 +208,8 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     """Serve until cancelled: caches from watches, the HTTP service, the metrics port. `feed`: the
     operator's cluster feed, `state` already subscribed to it; without one the extender runs its own."""
     state = state or SchedulerState()
-    state.retrier = Retrier(kube)
+    gate = gate or DecisionGate()  # one gate: the verbs, the retrier and the pod events follow it
+    state.retrier = Retrier(kube, gate)
     own_feed = feed is None
     if feed is None:
         feed = ClusterFeed(kube)
@@ -216,10 +217,10 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     watches = list(feed.informers())
     metrics = ExtenderMetrics(state)
     metrics.registry.register(FailureCollector(state.accounts, lambda: watches))
-    state.accounts.on_unaccountable.append(PodEvents(kube).unaccountable)
+    state.accounts.on_unaccountable.append(PodEvents(kube, gate).unaccountable)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
                               ready=lambda: feed.synced,
-                              problems=lambda: _failing(watches), gate=gate or DecisionGate())
+                              problems=lambda: _failing(watches), gate=gate)
     metrics.registry.register(service.gate)
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import cache, lru_cache
 
 import jinja2
@@ -20,21 +19,11 @@ import yaml
 
 from rocshare.api.models import API_VERSION, AmdGpuPoolSpec
 from rocshare.api.node_settings import POOL_LABEL
+from rocshare_operator.context import AGENT_NAME, AgentDeployment
 
-AGENT_NAME = "rocshare-node-agent"
 NAME_MAX_CHARS = 63  # DaemonSet names end up in pod names and labels
 METRICS_PORT = 9394
 GPU_TOLERATION = {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-DEFAULT_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
-
-
-@dataclass(frozen=True)
-class AgentDeployment:
-    """Operator-level settings for every pool's agent DaemonSet."""
-
-    namespace: str = "rocshare-system"
-    service_account: str = AGENT_NAME
-    resources: Mapping = field(default_factory=lambda: DEFAULT_RESOURCES)
 
 
 def daemonset_name(pool: str) -> str:

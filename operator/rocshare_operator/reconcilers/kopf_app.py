@@ -18,9 +18,9 @@ the callable itself runs before the feed starts, so it may subscribe). When any 
 ends, the rest are stopped; an error is raised.
 
 Kopf runs standalone in tests (``--standalone``); in a cluster it peers through the
-``ClusterKopfPeering`` named ``rocshare`` (created at start when missing, peering.py), so
+``ClusterKopfPeering`` named ``rocshare`` (created at start when missing), so
 that only one replica handles events at a time, under an identity of our own
-(peering.py). Kopf's own bookkeeping goes into ``rocshare.io/*`` annotations and the
+(both in leadership.py). Kopf's own bookkeeping goes into ``rocshare.io/*`` annotations and the
 finalizer ``rocshare.io/operator`` (the pool loops put the same one on pools); status
 belongs to rocshare alone.
 """
@@ -38,10 +38,9 @@ from rocshare.kube.client import Kube
 from rocshare_operator.reconcilers import login, nodes_status, shares  # noqa: F401  (registers handlers)
 from rocshare_operator.reconcilers.agent_daemonset import AgentDeployment
 from rocshare_operator.reconcilers.pool_loops import FINALIZER, PoolLoops
-from rocshare_operator.reconcilers.peering import PEERING_NAME, ensure_peering_object, this_process_identity
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.context import OperatorContext
-from rocshare_operator.leadership import stop_on_sigterm
+from rocshare_operator.leadership import PEERING_NAME, ensure_peering_object, stop_on_sigterm, this_process_identity
 
 ExtraTask = Callable[[OperatorContext], Awaitable[Any]]
 ANNOTATIONS_PREFIX = "rocshare.io"

@@ -1,4 +1,9 @@
-"""List+watch caches: the only way rocshare's processes learn cluster state.
+"""List+watch caches: how rocshare's processes keep cluster state they read again and again.
+
+Not the only way they learn it: kube-scheduler hands the extender each pod and node names in its
+requests, a few writers read one object fresh before they write (the binder's pod, the peering
+object, the agent's Node and ResourceSlices, its node's pods when the watch lags, the webhook's
+Secret), and Kopf watches the kinds whose handlers it runs (below).
 
 The product's one list+watch (STYLE.md 14): every cache in the operator (the cluster feed's
 Nodes, Pods, AmdGpuNodes, ResourceQuotas and AmdGpuPools; the scheduler Lease) and in the node

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rocshare_dev.bench.replay import sample_nodes, sequence_for
-from rocshare_dev.bench.replay_cluster import pod_object
+from rocshare_dev.bench.replay_common import pod_object
 from rocshare_dev.bench.trace import TraceNode, TracePod
 
 
@@ -45,3 +45,26 @@ def test_pod_object_maps_shares_and_whole_gpus() -> None:
     assert whole["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "8"}
     cpu_only = pod_object(TracePod("openb-pod-3", 8000, 1024, 0, 0), 9)
     assert "limits" not in cpu_only["spec"]["containers"][0]["resources"]
+
+
+def test_the_mode_picks_the_real_run_and_its_description(monkeypatch, tmp_path) -> None:
+    from rocshare_dev.bench import replay, replay_cluster, replay_dra
+
+    calls: list[str] = []
+
+    async def extender(root, subset, sequence, scheduling, timeout_s):
+        calls.append(f"extender {scheduling['gpuPolicy']}")
+        return {"allocation_ratio": {"100": 1.0, "130": 2.0}}
+
+    async def dra(root, subset, sequence, timeout_s):
+        calls.append("dra")
+        return {"allocation_ratio": {"100": 3.0, "130": 4.0}}
+
+    monkeypatch.setattr(replay_cluster, "run_extender", extender)
+    monkeypatch.setattr(replay_dra, "run_dra", dra)
+    results = {mode: replay.run_real([], [], policy="binpack", scheduling={"gpuPolicy": "binpack"},
+                                     decision_timeout_s=1, work_dir=tmp_path / mode, keep=True, mode=mode)
+               for mode in replay.MODES}
+    assert calls == ["extender binpack", "dra"]
+    assert results["extender"]["what"] == replay_cluster.WHAT and results["dra"]["what"] == replay_dra.WHAT
+    assert {mode: result["mode"] for mode, result in results.items()} == {"extender": "extender", "dra": "dra"}

@@ -12,8 +12,7 @@ import pytest
 from rocshare.api.models import Sharing
 from rocshare.core.resource_slices import resource_slice
 from rocshare_dev.bench import all as bench_all
-from rocshare_dev.bench.replay import Outcome
-from rocshare_dev.bench.replay_cluster import node_names
+from rocshare_dev.bench.replay_common import Outcome, node_names
 from rocshare_dev.bench.replay_dra import dra_pod_object, dra_pods, pool_shapes, trace_gpus, trace_node_object
 from rocshare_dev.bench.trace import TraceNode, TracePod
 

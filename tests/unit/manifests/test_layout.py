@@ -159,7 +159,7 @@ def test_operator_arguments_parse_with_the_real_cli(path: str) -> None:
     args = build_parser().parse_args(containers(render(path))["operator"]["args"])
     assert args.namespace == "rocshare-system"
     assert args.standalone is False  # peering through the ClusterKopfPeering `rocshare`
-    # ... which the operator creates (reconcilers/peering.py): an object beside its CRD in one
+    # ... which the operator creates (leadership.py): an object beside its CRD in one
     # apply fails the first run. Only the definition is shipped.
     objects = render(path)
     assert not [obj for obj in objects if obj["kind"] == "ClusterKopfPeering"]

@@ -1,4 +1,4 @@
-"""Kopf peering owned by the operator (reconcilers/peering.py): an identity that never asks for
+"""Kopf peering owned by the operator (leadership.py): an identity that never asks for
 a user name (uid 65532 has no passwd entry in the image), and the peering object made at start."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import getpass
 import pytest
 
 from rocshare.kube.client import Conflict, NotFound
-from rocshare_operator.reconcilers import peering
+from rocshare_operator import leadership as peering
 
 STARTED = datetime.datetime(2026, 12, 1, 15, 0, 7, tzinfo=datetime.UTC)
 

@@ -220,7 +220,7 @@ async def run_burst_with_kill(kube: Kube, pair: Pair, prefix: str, how: str) -> 
 async def _inventories_published(kube: Kube) -> bool:
     items = (await kube.list(object_path(API_VERSION, "amdgpunodes")))["items"]
     return sum(bool((obj.get("status") or {}).get("gpus")) for obj in items
-               if obj["metadata"]["name"].startswith("failover-")) == NODES
+               if obj["metadata"]["name"].startswith("failover-") and obj["metadata"]["name"] != GATE_NODE) == NODES
 
 
 async def _admitted(evidence: PodEvidence, names: list[str]) -> bool:

@@ -57,8 +57,8 @@ Short form by default (6 nodes, ~120 s of faults, part of `make test`); `ROCSHAR
 (`make chaos`) runs 20 nodes for 30 minutes of faults at a realistic rate (a fault every 10-20 s;
 `ROCSHARE_CHAOS_FAULT_S` overrides the length). Seeded (`ROCSHARE_CHAOS_SEED`, default 9).
 The figures are printed, written as JSON to `$ROCSHARE_CHAOS_REPORT` when set, and as a Markdown
-table to `$ROCSHARE_CHAOS_TABLE` when set (`make chaos` writes docs/reliability-chaos-long.md,
-which docs/reliability.md includes).
+table into `$ROCSHARE_CHAOS_TABLE` when set, between TABLE_BEGIN and TABLE_END (`make chaos`
+writes it into docs/reliability.md).
 """
 
 from __future__ import annotations

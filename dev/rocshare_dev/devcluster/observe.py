@@ -37,6 +37,9 @@ class LeaseSample:
     renewed: str | None
     acquired: str | None = None
     """spec.acquireTime: when the holder (a kube-scheduler run: a new one after a restart) took it."""
+    uid: str | None = None
+    """The Lease object's uid: a new one when it was deleted and created again (client-go's leader
+    may recreate it by its optimistic update, keeping the old acquireTime)."""
 
 
 def holder_host(identity: str | None) -> str | None:
@@ -62,7 +65,8 @@ class LeaseLog:
                 lease = await self.kube.get(path)
                 spec = lease.get("spec") or {}
                 self.samples.append(LeaseSample(time.time(), holder_host(spec.get("holderIdentity")),
-                                                spec.get("renewTime"), spec.get("acquireTime")))
+                                                spec.get("renewTime"), spec.get("acquireTime"),
+                                                lease["metadata"].get("uid")))
             except NotFound:
                 self.samples.append(LeaseSample(time.time(), None, None))
             except ApiError:
@@ -74,14 +78,18 @@ class LeaseLog:
                 if sample.holder and at_s - slack_s <= sample.at_s <= at_s + slack_s}
 
     def acquired_after(self, hosts: Callable[[], Iterable[str]], since_s: float) -> float | None:
-        """When (its acquireTime, wall clock) a host among `hosts()` took the Lease anew after
-        `since_s`, as a sample after `since_s` shows; None while no sample shows it."""
+        """When a host among `hosts()` took the Lease anew after `since_s` (wall clock): its
+        acquireTime when that is later, else the first sample showing the Lease object created
+        again (a new uid); None while no sample shows either."""
         live = set(hosts())
+        before = [sample.uid for sample in self.samples if sample.at_s < since_s and sample.uid]
         for sample in self.samples:
-            if sample.at_s >= since_s and sample.holder in live and sample.acquired:
-                acquired = _seconds(sample.acquired)
-                if acquired >= since_s:
-                    return acquired
+            if sample.at_s < since_s or sample.holder not in live:
+                continue
+            if sample.acquired and (acquired := _seconds(sample.acquired)) >= since_s:
+                return acquired
+            if before and sample.uid and sample.uid != before[-1]:
+                return sample.at_s
         return None
 
 

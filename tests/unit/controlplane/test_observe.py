@@ -73,3 +73,14 @@ def test_binds_are_checked_against_the_lease_holder_of_their_moment() -> None:
     assert deciders_against_lease([Binding("ns/p1", "a", 10.1), Binding("ns/p2", "b", 20.3)], lease) == []
     (problem,) = deciders_against_lease([Binding("ns/p3", "b", 10.1)], lease)
     assert "ns/p3 bound by b while the Lease named ['a']" == problem
+
+
+def test_the_lease_taken_anew_is_a_later_acquire_or_a_new_object() -> None:
+    lease = LeaseLog(kube=None, namespace="rocshare-system", name="rocshare-scheduler")
+    lease.samples = [LeaseSample(100.0, "a", None, "1970-01-01T00:01:00.000000Z", "uid-1"),
+                     LeaseSample(101.0, None, None),  # deleted by hand
+                     LeaseSample(101.4, "a", None, "1970-01-01T00:01:00.000000Z", "uid-2")]  # recreated, old acquire
+    assert lease.acquired_after(lambda: ["a", "b"], 100.5) == 101.4
+    lease.samples.append(LeaseSample(110.0, "b", None, "1970-01-01T00:01:48.500000Z", "uid-2"))  # b took it at 108.5
+    assert lease.acquired_after(lambda: ["a", "b"], 105.0) == 108.5
+    assert lease.acquired_after(lambda: ["a"], 105.0) is None  # b is not live

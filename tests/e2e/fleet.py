@@ -129,3 +129,21 @@ def one_pool_one_node(cluster, *, pool: str, sharing: dict, node: str, sysfs_roo
         cluster.kubectl("delete", "amdgpupool", pool, "--ignore-not-found", "--timeout=30s", check=False)
         sim.stop()
         operator.stop()
+
+
+async def add_kubeletless_node(kube: Kube, node: str, labels: dict[str, str], gpus: list[dict]) -> None:
+    """A Node and its AmdGpuNode inventory with no kubelet: a pod bound there is never admitted."""
+    await kube.create(object_path("v1", "nodes"), {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": node, "labels": {**labels, "kubernetes.io/hostname": node}}})
+    offered = {"amd.com/gpu": "10", "cpu": "8", "memory": "32Gi", "pods": "110"}
+    await kube.merge_patch(object_path("v1", "nodes", node) + "/status",
+                           {"status": {"capacity": offered, "allocatable": offered}})
+    gpu_node = object_path(API_VERSION, "amdgpunodes", node)
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": node}}
+    await kube.apply(gpu_node, body, field_manager="rocshare-agent")
+    await kube.apply(gpu_node + "/status", {**body, "status": {"gpus": gpus}}, field_manager="rocshare-agent")
+
+
+async def remove_kubeletless_node(kube: Kube, node: str) -> None:
+    await kube.delete(object_path(API_VERSION, "amdgpunodes", node))
+    await kube.delete(object_path("v1", "nodes", node))

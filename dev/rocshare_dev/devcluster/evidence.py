@@ -38,6 +38,9 @@ from rocshare_dev.devcluster.simnode import runtime_specs
 
 UUID = re.compile(r"^GPU-[0-9a-fA-F]{16}$")
 RENDER = re.compile(r"renderD(\d+)$")
+GPU_ENVS = frozenset({"HSA_CU_MASK", "HIP_VISIBLE_DEVICES"})
+MEMORY_LIMIT_PREFIX = "HIP_DEVICE_MEMORY_LIMIT_"
+"""A container with any of these, or a render node, was handed a GPU: it must say which."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,14 @@ def shares_of(pod: str, node: str, containers: dict[str, Any], gpus: list[Gpu]) 
     for name, received in sorted(containers.items()):
         envs = received.get("envs") or {}
         visible = [entry for entry in (envs.get("ROCR_VISIBLE_DEVICES") or "").split(",") if entry]
-        if not visible:
-            continue
         minors = [int(match.group(1)) for device in received.get("devices") or []
                   if (match := RENDER.search(device.get("containerPath", "")))]
+        if not visible:
+            gpu_envs = sorted(key for key in envs if key in GPU_ENVS or key.startswith(MEMORY_LIMIT_PREFIX))
+            if minors or gpu_envs:  # handed a GPU (or told of one) but not which: unreadable, never skipped
+                raise AssertionError(f"{pod}:{name}: render nodes {minors} and {gpu_envs} "
+                                     "but no ROCR_VISIBLE_DEVICES: cannot tell which GPU it got")
+            continue  # no GPU at all (a sidecar)
         unknown = [minor for minor in minors if minor not in by_minor]
         if unknown:
             raise AssertionError(f"{pod}:{name}: render minors {unknown} are not GPUs of {node}")

@@ -58,11 +58,31 @@ class OperatorReplica:
         config.write_text(yaml.safe_dump(scheduler_config(self.cluster, self.extender_port), sort_keys=False))
         command = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', self.name,
                    str(self.cluster.bin_dir / "kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
-                   f"--secure-port={self.scheduler_port}", "-v=1"]
+                   f"--secure-port={self.scheduler_port}", "-v=1",
+                   # its own /metrics readable without credentials, as /readyz is: the tests read
+                   # kube-scheduler's count of binds under way (scheduler_goroutines{operation="binding"})
+                   "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"]
         with open(self.cluster.logs / f"kube-scheduler-{self.name}.log", "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
         self.scheduler_pid = process.pid
+
+    def binds_under_way(self) -> int:
+        """kube-scheduler's own count of binding cycles running (its /metrics), -1 if it does not answer."""
+        context = ssl._create_unverified_context()  # noqa: S323 - self-signed serving certificate
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.scheduler_port}/metrics", timeout=2,
+                                        context=context) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return -1
+        for line in text.splitlines():
+            if line.startswith('scheduler_goroutines{operation="binding"}'):
+                return int(float(line.rsplit(" ", 1)[1]))
+        return 0
+
+    def alive(self) -> bool:
+        return bool(self.operator.pid and self.scheduler_pid)
 
     def leading(self) -> bool:
         """This replica decides: its scheduler holds the Lease and its extender knows it."""

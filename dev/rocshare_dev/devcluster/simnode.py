@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +125,13 @@ class SimulatedNode:
     def restart_agent(self) -> None:
         self.stop_agent()
         self.start_agent()
+
+    def kill_agent(self) -> None:
+        """SIGKILL the agent, as a crash or an OOM kill would (no clean-up of its socket)."""
+        process = self._processes.pop("agent", None)
+        if process is not None:
+            stop_process(process.pid, f"agent {self.name}", sig=signal.SIGKILL)
+            process.wait(timeout=5)
 
     # ---- simulated hardware ------------------------------------------------------------
 

@@ -47,3 +47,21 @@ def test_a_device_the_environment_does_not_match_is_an_error() -> None:
         assert "not a device it was handed" in str(error)
     else:
         raise AssertionError("a container told of a GPU it was not handed passed")
+
+
+def test_a_container_handed_a_gpu_without_saying_which_is_refused_by_name() -> None:
+    """Planted: render nodes (or a GPU's variables) but no ROCR_VISIBLE_DEVICES. The checker used to
+    skip such a container, so a pod holding a GPU nobody could place was never checked; now it
+    raises, naming the container (fails on fea6fe5's evidence.py: no error)."""
+    unreadable = {"render node only": received({}, 128),
+                  "a mask, no device list": received({"HSA_CU_MASK": "0:0-9"}, 128),
+                  "a memory limit, no device list": received({"HIP_DEVICE_MEMORY_LIMIT_0": "1024m"})}
+    for case, container in unreadable.items():
+        try:
+            shares_of("ns/a", "n1", {"sidecar": received({}), "worker": container}, [GPU0, GPU1])
+        except AssertionError as error:
+            assert "ns/a:worker" in str(error) and "ROCR_VISIBLE_DEVICES" in str(error), (case, error)
+        else:
+            raise AssertionError(f"{case}: a container handed a GPU it cannot be placed on was skipped")
+    # A container with no GPU at all (no render node, no GPU variable) is no share and no error.
+    assert shares_of("ns/a", "n1", {"sidecar": received({"PATH": "/bin"})}, [GPU0]) == []

@@ -3,6 +3,11 @@ the finalizer goes on before the first pass and comes off only after the nodes a
 both writes guarded by the pool's resourceVersion; a standby replica runs no loop until it
 leads; a pass that fails is retried, not the end of the loop.
 
+Every assert that nothing was written first waits for a positive signal that the writer would
+have acted by then (the loops hold the pool's newest body; a loop's task has ended cleanly), and
+checks that no task crashed: a crashed loop writes nothing either (`test_a_crashed_..._fails_the_mended_one`
+plant one and show that the old form -- a sleep, then gather(return_exceptions=True) -- passed it).
+
 The Kubernetes API is scripted here (tests/e2e/test_operator.py runs the same loops against the
 real kube-apiserver: pool lifecycle, deletion, restart).
 """
@@ -64,21 +69,47 @@ class WritingKube(ScriptedKube):
         return [body for _verb, path, body in self.writes if path == object_path("v1", "nodes", "n1")]
 
 
-async def running(kube: WritingKube, *, leading: bool = True):
+async def running(kube: WritingKube, *, leading: bool = True) -> tuple[Any, list[asyncio.Task], PoolLoops]:
     ctx = operator_context(kube)
     ctx.gate.leading = leading
     loops = PoolLoops(ctx)
     ctx.feed.subscribe(on_pool=loops.on_pool)
-    tasks = [asyncio.create_task(ctx.feed.run()), asyncio.create_task(loops.run())]
+    tasks = [asyncio.create_task(ctx.feed.run(), name="feed"), asyncio.create_task(loops.run(), name="loops")]
     await ctx.feed.wait_synced()
     await settle()
-    return ctx, tasks
+    return ctx, tasks, loops
+
+
+def alive(tasks: list[asyncio.Task]) -> None:
+    """The feed and the loops' driver still run (they end only when cancelled): raises what ended one."""
+    for task in tasks:
+        if task.done():
+            raise AssertionError(f"{task.get_name()} ended: {task.exception()!r}") from task.exception()
 
 
 async def stop(tasks: list[asyncio.Task]) -> None:
+    """Cancel, then raise the first exception a task had ended with (never swallowed)."""
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [result for result in results if isinstance(result, Exception)]
+    if failures:
+        raise failures[0]
+
+
+def holds(loops: PoolLoops, version: str) -> bool:
+    """The positive signal that the loops took an event: they hold the pool's body at `version`."""
+    return loops._bodies.get("p", {}).get("metadata", {}).get("resourceVersion") == version
+
+
+def loop_ended_cleanly(loops: PoolLoops) -> bool:
+    """The pool's loop ran and returned (raises what it crashed with)."""
+    running_loop = loops._loops.get("p")
+    if running_loop is None or not running_loop[0].done():
+        return False
+    if running_loop[0].exception() is not None:
+        raise AssertionError(f"the pool loop crashed: {running_loop[0].exception()!r}")
+    return True
 
 
 async def eventually(check, within_s: float = 3.0) -> None:
@@ -101,7 +132,7 @@ def test_the_finalizer_patch_adds_or_removes_only_ours_under_the_version_it_saw(
 async def test_a_pool_gets_the_finalizer_then_its_nodes_are_released_before_it_comes_off(monkeypatch) -> None:
     monkeypatch.setattr(pool_loops, "RESYNC_S", 60.0)
     kube = WritingKube({NODES: [node("n1", pool=None, gpu="amd")], POOLS: [pool()]})
-    ctx, tasks = await running(kube)
+    ctx, tasks, _loops = await running(kube)
     try:
         await eventually(lambda: kube.finalizer_writes() and kube.node_writes())
         assert kube.finalizer_writes()[0] == {"finalizers": [FINALIZER], "resourceVersion": "1"}
@@ -123,10 +154,9 @@ async def test_a_pool_gets_the_finalizer_then_its_nodes_are_released_before_it_c
 
 async def test_a_standby_replica_runs_no_loop_until_it_leads() -> None:
     kube = WritingKube({NODES: [node("n1", pool=None, gpu="amd")], POOLS: [pool()]})
-    ctx, tasks = await running(kube, leading=False)
+    ctx, tasks, loops = await running(kube, leading=False)
     try:
-        await asyncio.sleep(0.3)
-        assert kube.writes == []
+        await standby_wrote_nothing(kube, loops, tasks, version="1")
         ctx.gate.set_leading(True)
         await eventually(lambda: kube.finalizer_writes() and kube.node_writes())
         assert ctx.wakeups.get(("pool", "p")) is not None
@@ -134,8 +164,10 @@ async def test_a_standby_replica_runs_no_loop_until_it_leads() -> None:
         await eventually(lambda: ctx.wakeups.get(("pool", "p")) is None)
         writes = len(kube.writes)
         kube.push(POOLS, "MODIFIED", pool(version="2", finalizers=(FINALIZER,), deleting=True))
-        await asyncio.sleep(0.3)
-        assert len(kube.writes) == writes  # the leader releases it, not this standby
+        await eventually(lambda: holds(loops, "2"))  # the deletion reached the loops ...
+        await settle()
+        alive(tasks)
+        assert "p" not in loops._loops and len(kube.writes) == writes  # ... the leader releases it, not this standby
     finally:
         await stop(tasks)
 
@@ -144,7 +176,7 @@ async def test_a_failed_pass_is_retried_not_the_end_of_the_loop(monkeypatch) -> 
     monkeypatch.setattr(pool_loops, "ERROR_PAUSE_S", 0.05)
     kube = WritingKube({NODES: [node("n1", pool=None, gpu="amd")], POOLS: [pool()]})
     kube.fail_writes = 1  # the finalizer write meets a conflict (a newer version was on its way)
-    _ctx, tasks = await running(kube)
+    _ctx, tasks, _loops = await running(kube)
     try:
         await eventually(lambda: len(kube.finalizer_writes()) == 2 and kube.node_writes())
     finally:
@@ -154,9 +186,74 @@ async def test_a_failed_pass_is_retried_not_the_end_of_the_loop(monkeypatch) -> 
 @pytest.mark.parametrize("finalizers", [(), ("someone-else",)])
 async def test_a_deleted_pool_without_our_finalizer_is_left_alone(finalizers: tuple[str, ...]) -> None:
     kube = WritingKube({NODES: [node("n1", pool="p", gpu="amd")], POOLS: [pool(finalizers=finalizers, deleting=True)]})
-    _ctx, tasks = await running(kube)
+    _ctx, tasks, loops = await running(kube)
     try:
-        await asyncio.sleep(0.3)
-        assert kube.writes == []
+        await left_alone(kube, loops, tasks)
+    finally:
+        await stop(tasks)
+
+
+async def standby_wrote_nothing(kube: WritingKube, loops: PoolLoops, tasks: list[asyncio.Task], *,
+                                version: str) -> None:
+    """A standby took the pool (it holds its body) and started no loop for it, so wrote nothing."""
+    await eventually(lambda: holds(loops, version))
+    await settle()
+    alive(tasks)
+    assert not loops._loops and kube.writes == []
+
+
+async def left_alone(kube: WritingKube, loops: PoolLoops, tasks: list[asyncio.Task]) -> None:
+    """The pool's loop ran to its end without a write."""
+    await eventually(lambda: loop_ended_cleanly(loops))
+    alive(tasks)
+    assert kube.writes == []
+
+
+# ---- the planted faults: a crashed loop passed the old form of these checks -------------------------
+
+
+async def old_form(kube: WritingKube, tasks: list[asyncio.Task]) -> None:
+    """How the checks above read before issue 44: a sleep, a negative assert, a gather that kept
+    what the tasks raised."""
+    await asyncio.sleep(0.3)
+    assert kube.writes == []
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_crashed_loop_driver_passed_the_old_standby_check_and_fails_the_mended_one(monkeypatch) -> None:
+    async def crashed(_self) -> None:
+        raise RuntimeError("planted: the loops' driver crashed")
+
+    monkeypatch.setattr(PoolLoops, "run", crashed)
+    kube = WritingKube({NODES: [node("n1", pool=None, gpu="amd")], POOLS: [pool()]})
+    _ctx, tasks, _loops = await running(kube, leading=False)
+    await old_form(kube, tasks)  # passes: nothing wrote, and the crash was gathered away
+
+    kube = WritingKube({NODES: [node("n1", pool=None, gpu="amd")], POOLS: [pool()]})
+    _ctx, tasks, loops = await running(kube, leading=False)
+    try:
+        with pytest.raises(AssertionError, match="planted: the loops' driver crashed"):
+            await standby_wrote_nothing(kube, loops, tasks, version="1")
+    finally:
+        with pytest.raises(RuntimeError, match="planted"):
+            await stop(tasks)  # the mended stop raises it too
+
+
+async def test_a_crashed_pool_loop_passed_the_old_left_alone_check_and_fails_the_mended_one(monkeypatch) -> None:
+    async def crashed(*_args: Any) -> None:
+        raise RuntimeError("planted: the pool loop crashed")
+
+    monkeypatch.setattr(pool_loops, "wait_for_feed", crashed)
+    kube = WritingKube({NODES: [node("n1", pool="p", gpu="amd")], POOLS: [pool(deleting=True)]})
+    _ctx, tasks, _loops = await running(kube)
+    await old_form(kube, tasks)  # passes
+
+    kube = WritingKube({NODES: [node("n1", pool="p", gpu="amd")], POOLS: [pool(deleting=True)]})
+    _ctx, tasks, loops = await running(kube)
+    try:
+        with pytest.raises(AssertionError, match="planted: the pool loop crashed"):
+            await left_alone(kube, loops, tasks)
     finally:
         await stop(tasks)

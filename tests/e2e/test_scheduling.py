@@ -106,9 +106,13 @@ async def test_seed_sample_pod_gets_26_cus_and_4096_mib(ready, kube: Kube) -> No
     record = record_of(pod)
     device = record.containers[0].devices[0]
     assert device.cu_count == 26 and device.memory_mib == 4096
-    low, high = device.cu_ranges[0]
-    assert high - low + 1 == 26
-    assert envs["HSA_CU_MASK"] == f"0:{low}-{high}"
+    bits = {bit for low, high in device.cu_ranges for bit in range(low, high + 1)}
+    # MI210, pool layout Isolated by default on CDNA: 26 CUs are two whole shader engines of 13. By the
+    # kernel's mapping (mqd_symmetrically_map_cu_mask, 8 engines of one array) bit i is on engine i mod 8.
+    engines = {bit % 8 for bit in bits}
+    assert len(bits) == 26 and len(engines) == 2 and bits == {bit for bit in range(104) if bit % 8 in engines}
+    assert envs["HSA_CU_MASK"] == "0:" + ",".join(f"{low}-{high}" if low != high else f"{low}"
+                                                  for low, high in device.cu_ranges)
     assert envs["HIP_DEVICE_MEMORY_LIMIT_0"] == "4096m"
     assert envs["ROCR_VISIBLE_DEVICES"] == device.gpu_id
     assert envs["LD_AUDIT"] == "/usr/local/vgpu/libamvgpu.so"

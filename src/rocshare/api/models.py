@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rocshare.api.gfx import is_cdna
+
 GROUP = "rocshare.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -140,14 +142,14 @@ class Sharing(_Model):
         description="How a slice's CUs are laid out. Isolated: whole XCDs, then whole shader engines, then shader "
                     "arrays, then single CUs, so co-tenants share as few XCDs (L2) and engines as they can. Packed: "
                     "contiguous mask ranges, which the kernel deals over every XCD and engine. Unset: Isolated on "
-                    "gfx9 (CDNA, GCN), Packed on RDNA.",
+                    "CDNA (MI100 and later Instinct), Packed on others (RDNA, GCN).",
     )
 
     def layout_for(self, gfx_target_version: int) -> CuLayout:
-        """The layout a GPU of this pool gets: the pool's, or by default Isolated on gfx9 and Packed on RDNA."""
+        """The layout a GPU of this pool gets: the pool's, or by default Isolated on CDNA and Packed on others."""
         if self.cu_layout is not None:
             return self.cu_layout
-        return CuLayout.PACKED if gfx_target_version >= 100000 else CuLayout.ISOLATED
+        return CuLayout.ISOLATED if is_cdna(gfx_target_version) else CuLayout.PACKED
 
 
 class Scheduling(_Model):

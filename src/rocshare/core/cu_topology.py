@@ -152,6 +152,11 @@ class CuTopology:
         kept = [level for pos, level in enumerate(levels) if pos == 0 or len(level) > len(levels[pos - 1])]
         return tuple(level for level in kept if len(level) > 1)
 
+    def isolation_units(self) -> tuple[str, tuple[int, ...]]:
+        """The unit co-tenants are reported by: the XCD where the device has several (each its own
+        L2), else the shader engine."""
+        return ("XCD", self.xcc_masks) if self.xcc_count > 1 else ("SE", self.engine_masks)
+
     def _masks(self, key) -> tuple[int, ...]:
         masks: dict[tuple[int, ...], int] = {}
         for bit, site in enumerate(self.sites):

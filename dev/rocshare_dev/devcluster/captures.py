@@ -84,6 +84,7 @@ def _drop_links(node: Path, dropped: set[str]) -> None:
 
 
 MI300X_XCC_PER_GPU = 8
+MI300X_VRAM_BYTES = 192 * 1024**3
 
 
 def mi300x_spx(fixtures: Path, into: Path) -> Path:
@@ -94,7 +95,8 @@ def mi300x_spx(fixtures: Path, into: Path) -> Path:
     (152 -> 1216, so 304 CUs). ``array_count`` (4), ``simd_arrays_per_engine`` (1) and
     ``cu_per_simd_array`` (10) stay as captured: the kernel writes one XCC's shader arrays there
     (max_sh_per_se x max_shader_engines of the device's gfx config, the same in every mode).
-    Everything else (gfx target, PCI address, unique id, XGMI links between the kept nodes) is the
+    **Synthetic**, as in the MI210 copy: a 192 GiB frame-buffer bank (mem_banks/0, heap_type 1) per
+    GPU, the MI300X's VRAM; the capture has no VRAM size. Everything else (gfx target, PCI address, unique id, XGMI links between the kept nodes) is the
     capture's."""
     target = into / "mi300x-8gpu-spx-derived"
     if target.exists():
@@ -120,6 +122,9 @@ def mi300x_spx(fixtures: Path, into: Path) -> Path:
                  f"num_xcc {MI300X_XCC_PER_GPU}" if line.startswith("num_xcc ") else line
                  for line in (node / "properties").read_text().splitlines()]
         (node / "properties").write_text("\n".join(lines) + "\n")
+        bank = node / "mem_banks" / "0"
+        bank.mkdir(parents=True, exist_ok=True)
+        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {MI300X_VRAM_BYTES}\nflags 0\nwidth 8192\n")
     (target / "DERIVED.txt").write_text(mi300x_spx.__doc__ or "")
     return target
 

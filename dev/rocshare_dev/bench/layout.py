@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", default=DEFAULT_NODES, help="node list CSV (default: %(default)s)")
     parser.add_argument("--pods", default=DEFAULT_PODS, help="pod list CSV (default: %(default)s)")
     parser.add_argument("--scale", type=float, default=DEFAULT_SCALE, help="share of the nodes (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="arrival order and node sample (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="arrival order and node sample (default: %(default)s)")
     parser.add_argument("--shapes", default="mi300x,mi210", help="GPU shapes: mi300x, mi210 (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
 
@@ -95,8 +96,8 @@ def measure(*, nodes_csv: str = DEFAULT_NODES, pods_csv: str = DEFAULT_PODS, sca
     for shape in shapes or list(SHAPES):
         report["shapes"][shape] = {layout: run_layout(subset, sequence, pods, seed, shape, layout)
                                    for layout in LAYOUTS}
-        report["shapes"][f"{shape}_xcd_sized"] = {layout: run_layout(subset, xcd_sequence, xcd_pods, seed, shape, layout)
-                                                  for layout in LAYOUTS}
+        report["shapes"][f"{shape}_xcd_sized"] = {
+            layout: run_layout(subset, xcd_sequence, xcd_pods, seed, shape, layout) for layout in LAYOUTS}
     return report
 
 
@@ -119,7 +120,8 @@ def run_layout(subset, sequence, all_pods, seed: int, shape: str, layout: str) -
 
     inventories = [inventory(node, shape, layout) for node in subset]
     model = FragmentationModel(sim.typical_workload(all_pods))
-    cluster = sim.Cluster(sim.node_order(inventories, seed), sim.POLICIES[POLICY], sim.scoring_context(inventories, model))
+    cluster = sim.Cluster(sim.node_order(inventories, seed), sim.POLICIES[POLICY],
+                          sim.scoring_context(inventories, model))
     outcome = Outcome(sum(len(node.gpus) for node in inventories) * 1000)
     isolation: dict[str, Any] | None = None
     started = time.perf_counter()

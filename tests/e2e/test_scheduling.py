@@ -20,6 +20,7 @@ from rocshare.api.models import API_VERSION
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import Forbidden, Invalid, Kube, object_path
+from rocshare_dev.devcluster.captures import mi300x_spx
 from tests.e2e.fleet import (
     create_pod,
     delete_pod,
@@ -37,10 +38,12 @@ pytestmark = pytest.mark.e2e
 
 MI210_NODE = "sched-mi210"
 APU_NODE = "sched-apu"
+MI300X_NODE = "sched-mi300x"
 NAMESPACES = ("team-a", "team-b")
 # Every pod names its simulated node's pool: nodes other test modules leave behind must not matter.
 MI210 = {"rocshare.io/pool": "sched-mi210"}
 APU = {"rocshare.io/pool": "sched-apu"}
+MI300X = {"rocshare.io/pool": "sched-mi300x"}
 
 
 def pool(name: str, selector: str, **sharing) -> dict:
@@ -58,12 +61,16 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[dict[str, Simul
     operator.install_webhooks()
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pool("sched-mi210", "mi210")))
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pool("sched-apu", "apu")))
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pool("sched-mi300x", "mi300x")))  # cuLayout default
     nodes = {
         MI210_NODE: SimulatedNode(name=MI210_NODE, kubeconfig=cluster.kubeconfig, work_dir=work,
                                   sysfs_root=mi210_with_synthetic_vram(sysfs_fixtures, work),
                                   labels={"rocshare.io/sim": "mi210"}),
         APU_NODE: SimulatedNode(name=APU_NODE, kubeconfig=cluster.kubeconfig, work_dir=work,
                                 sysfs_root=sysfs_fixtures / "strixpoint-apu", labels={"rocshare.io/sim": "apu"}),
+        # Derived from the CPX capture: 8 GPUs in SPX mode, 8 XCCs and 304 CUs each (see captures.mi300x_spx).
+        MI300X_NODE: SimulatedNode(name=MI300X_NODE, kubeconfig=cluster.kubeconfig, work_dir=work,
+                                   sysfs_root=mi300x_spx(sysfs_fixtures, work), labels={"rocshare.io/sim": "mi300x"}),
     }
     try:
         for node in nodes.values():
@@ -73,7 +80,8 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[dict[str, Simul
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
                         "--ignore-not-found", check=False)
         # The pools go while the operator runs: their finalizer unmarks the nodes first.
-        cluster.kubectl("delete", "amdgpupools", "sched-mi210", "sched-apu", "--ignore-not-found", "--timeout=30s",
+        cluster.kubectl("delete", "amdgpupools", "sched-mi210", "sched-apu", "sched-mi300x", "--ignore-not-found",
+                        "--timeout=30s",
                         check=False)
         for node in nodes.values():
             node.stop()
@@ -90,7 +98,43 @@ async def ready(fleet, kube: Kube) -> dict[str, SimulatedNode]:
     """Every simulated node registered its GPUs and the extender knows them."""
     await wait_for(lambda: allocatable_gpus(kube, MI210_NODE), timeout_s=60, what="MI210 node allocatable")
     await wait_for(lambda: allocatable_gpus(kube, APU_NODE), timeout_s=60, what="APU node allocatable")
+    await wait_for(lambda: allocatable_gpus(kube, MI300X_NODE), timeout_s=60, what="MI300X node allocatable")
     return fleet
+
+
+def mask_bits(text: str) -> dict[int, set[int]]:
+    """HSA_CU_MASK "<i>:<ranges>[;...]" as the test reads it: per GPU position, the bits."""
+    found: dict[int, set[int]] = {}
+    for part in text.split(";"):
+        index, _, ranges = part.partition(":")
+        bits = found.setdefault(int(index), set())
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            bits.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def mi300x_spx_xcd(bit: int) -> int:
+    """The test's own table, from amdkfd mqd_symmetrically_map_cu_mask's comment for GFX 9.4.3:
+    with n XCCs under one node, cu_mask bit i goes to XCC i mod n (n = 8 on an MI300X in SPX mode)."""
+    return bit % 8
+
+
+async def test_two_quarter_slices_on_an_mi300x_in_spx_mode_are_on_disjoint_xcds(ready, kube: Kube) -> None:
+    """Issue 41: the pool's default layout on CDNA is Isolated. Two 25 % slices (76 of 304 CUs) on one
+    MI300X get two whole XCDs each, none in common, read from what the kubelet handed the containers."""
+    for name in ("xcd-a", "xcd-b"):
+        await create_pod(kube, gpu_pod(name, gpu="1", gpumem="16384", gpucores="25", node_selector=MI300X))
+    envs = [runtime_of(await wait_running(kube, name))["c0"]["envs"] for name in ("xcd-a", "xcd-b")]
+    assert envs[0]["ROCR_VISIBLE_DEVICES"] == envs[1]["ROCR_VISIBLE_DEVICES"]  # binpack: one GPU, co-tenants
+    slices = [mask_bits(env["HSA_CU_MASK"])[0] for env in envs]
+    xcds = [{mi300x_spx_xcd(bit) for bit in bits} for bits in slices]
+    assert [len(bits) for bits in slices] == [76, 76]
+    for bits, on in zip(slices, xcds):
+        assert len(on) == 2 and bits == {bit for bit in range(304) if mi300x_spx_xcd(bit) in on}  # whole XCDs
+    assert not xcds[0] & xcds[1]
+    for name in ("xcd-a", "xcd-b"):
+        await delete_pod(kube, name)
 
 
 async def gpu_of(kube: Kube, name: str, namespace: str = "default") -> list[str]:
@@ -106,9 +150,13 @@ async def test_seed_sample_pod_gets_26_cus_and_4096_mib(ready, kube: Kube) -> No
     record = record_of(pod)
     device = record.containers[0].devices[0]
     assert device.cu_count == 26 and device.memory_mib == 4096
-    low, high = device.cu_ranges[0]
-    assert high - low + 1 == 26
-    assert envs["HSA_CU_MASK"] == f"0:{low}-{high}"
+    bits = {bit for low, high in device.cu_ranges for bit in range(low, high + 1)}
+    # MI210, pool layout Isolated by default on CDNA: 26 CUs are two whole shader engines of 13. By the
+    # kernel's mapping (mqd_symmetrically_map_cu_mask, 8 engines of one array) bit i is on engine i mod 8.
+    engines = {bit % 8 for bit in bits}
+    assert len(bits) == 26 and len(engines) == 2 and bits == {bit for bit in range(104) if bit % 8 in engines}
+    assert envs["HSA_CU_MASK"] == "0:" + ",".join(f"{low}-{high}" if low != high else f"{low}"
+                                                  for low, high in device.cu_ranges)
     assert envs["HIP_DEVICE_MEMORY_LIMIT_0"] == "4096m"
     assert envs["ROCR_VISIBLE_DEVICES"] == device.gpu_id
     assert envs["LD_AUDIT"] == "/usr/local/vgpu/libamvgpu.so"

@@ -4,7 +4,8 @@ docs/benchmarks.md (figure, value, target, met or missed by how much, command) a
 docs/benchmarks-scaling.png (extender latency and operator memory at 100, 1,000, 5,000 nodes).
 
 Sections: placement (bestfit and our best policy on the default openb trace, 3 seeds instead of
-the paper's 10 to save time), extender, cost (operator and agent), hook (the memory hook's added
+the paper's 10 to save time), layout (issue 41: the CU layouts Isolated and Packed on MI300X and MI210
+shapes; allocation ratio and XCD / shader-engine sharing), extender, cost (operator and agent), hook (the memory hook's added
 time per hipMalloc+hipFree pair, against the stub ROCm runtime), e2e (when the module
 rocshare_dev.bench.e2e exists), dra (issue 31: create -> bound pods/s of DRA mode beside extender
 mode and plain kube-scheduler on Kubernetes 1.37, then the openb replay's allocation ratio in
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-SECTIONS = ("placement", "extender", "cost", "hook", "e2e", "dra", "failover")
+SECTIONS = ("placement", "layout", "extender", "cost", "hook", "e2e", "dra", "failover")
 PLACEMENT_SEEDS = "42-44"
 
 
@@ -106,6 +107,42 @@ def _placement(args: argparse.Namespace) -> dict:
         figures[f"placement_decision_p99_ms_{label}"] = result["latency_ms"]["p99"]
         print(f"   {label} ({policy}): alloc@130 {figures[f'placement_alloc_pct_at_130_{label}']} %", flush=True)
     return {"figures": figures, "seeds": args.seeds, "best_policy": simulation.BEST}
+
+
+def _layout(args: argparse.Namespace) -> dict:
+    from rocshare_dev.bench import layout
+
+    return layout_section(layout.measure())
+
+
+def layout_section(report: dict) -> dict:
+    """Issue 41: per shape (and the trace derived to whole-XCD sizes) and layout, the allocation ratio
+    at 130 % and how many co-resident slices share an XCD (MI300X) or shader engine (MI210)."""
+    figures: dict = {"layout_nodes": report["nodes"], "layout_gpus": report["gpus"]}
+    for shape, by_layout in report["shapes"].items():
+        for layout_name, result in by_layout.items():
+            tag, unit = f"{shape}_{layout_name.lower()}", result["unit"].lower()
+            figures[f"layout_alloc_pct_at_130_{tag}"] = result["allocation_ratio_130"]
+            figures[f"layout_pairs_sharing_{unit}_pct_{tag}"] = result["pairs_sharing_unit_pct"]
+            figures[f"layout_mean_tenants_per_{unit}_{tag}"] = result["mean_tenants_per_unit"]
+            figures[f"layout_whole_{unit}_slices_sharing_pct_{tag}"] = result["whole_unit_slices_sharing_pct"]
+        packed, isolated = by_layout["Packed"], by_layout["Isolated"]
+        figures[f"layout_alloc_cost_pct_at_130_{shape}"] = round(
+            packed["allocation_ratio_130"] - isolated["allocation_ratio_130"], 3)
+    print(f"   mi300x: Isolated costs {figures.get('layout_alloc_cost_pct_at_130_mi300x')} points at 130 %; "
+          f"whole-XCD slices sharing an XCD {figures.get('layout_whole_xcd_slices_sharing_pct_mi300x_xcd_sized_isolated')} %",
+          flush=True)
+    return {"figures": figures, "note": LAYOUT_NOTE}
+
+
+LAYOUT_NOTE = (
+    "The `layout_*` figures (issue 41, `dev/rocshare_dev/bench/layout.py`): the openb replay's node sample "
+    "(--scale 0.25, seed 42) and arrival order, every GPU an MI300X in SPX mode (304 CUs, 8 XCDs) or an MI210 "
+    "(104 CUs, 8 shader engines) with the trace's VRAM, placed by the allocator with the pool's CU layout "
+    "Packed, then Isolated. `_xcd_sized` is the trace **derived**: every share rounded up to a multiple of 25 % "
+    "(two whole XCDs of an MI300X), since the trace has no share of whole XCDs. Pairs sharing: of two pods "
+    "pinning CUs of one GPU, the share that have an XCD (engine) in common, read by the bench's own table of the "
+    "kernel's mapping (bit i on unit i mod 8). `layout_alloc_cost_pct_at_130_*` is Packed minus Isolated.")
 
 
 def _extender(args: argparse.Namespace) -> dict:
@@ -256,7 +293,7 @@ def _failover(args: argparse.Namespace) -> dict:
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], dict]] = {
-    "placement": _placement, "extender": _extender, "cost": _cost, "hook": _hook, "e2e": _e2e,
+    "placement": _placement, "layout": _layout, "extender": _extender, "cost": _cost, "hook": _hook, "e2e": _e2e,
     "dra": _dra, "failover": _failover}
 
 
@@ -283,10 +320,13 @@ TARGETS: dict[str, Target] = {
     "failover_sigkill_s": Target(10.0, True),
     "failover_pods_refused": Target(0, True),
     "failover_double_bookings": Target(0, True),
+    "layout_alloc_cost_pct_at_130_mi300x": Target(0.3, True),  # issue 41: Isolated within 0.3 points of Packed
+    "layout_whole_xcd_slices_sharing_pct_mi300x_xcd_sized_isolated": Target(1.0, True),  # near-perfect isolation
 }
 
 COMMANDS = {
     "placement": f"rocshare-dev bench placement --policy bestfit|best --seeds {PLACEMENT_SEEDS} --json",
+    "layout": "rocshare-dev bench layout --json",
     "extender": "rocshare-dev bench extender --nodes 100,1000,5000 --occupancy 0.5,0.9",
     "cost": "rocshare-dev bench cost --nodes 100,1000,5000",
     "hook": "rocshare-dev bench hook (against the stub ROCm runtime)",
@@ -342,7 +382,7 @@ def render_markdown(report: dict) -> str:
         "[benchmarks.json](benchmarks.json); the chart is [benchmarks-scaling.png](benchmarks-scaling.png).",
         "",
     ]
-    lines += ["## Targets (issues 10, 18 and 30)", "", "| figure | value | target | met? |", "|---|---|---|---|"]
+    lines += ["## Targets (issues 10, 18, 30 and 41)", "", "| figure | value | target | met? |", "|---|---|---|---|"]
     for key in TARGETS:
         value = report["figures"].get(key)
         target, met = verdict(key, value) if value is not None else (verdict(key, 0)[0], "not measured")
@@ -375,7 +415,8 @@ def _command(name: str, section: dict, key: str = "") -> str:
 
 
 def _section_lines(name: str, section: dict) -> list[str]:
-    title = {"placement": "Placement (FGD protocol, openb default trace)", "extender": "Extender decision latency",
+    title = {"placement": "Placement (FGD protocol, openb default trace)",
+             "layout": "CU layout: Isolated against Packed (issue 41; openb trace on MI300X and MI210 shapes)", "extender": "Extender decision latency",
              "cost": "Operator and agent cost", "e2e": "End to end on the real control plane",
              "dra": "DRA mode beside extender mode and plain kube-scheduler (create -> bound, Kubernetes 1.37; "
                     "openb replay allocation ratios)",

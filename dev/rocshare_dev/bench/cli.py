@@ -13,6 +13,9 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                   "replay a trace with the FGD paper's protocol; allocation ratios per policy"),
     "replay": ("rocshare_dev.bench.replay",
                "the openb trace through the real kube-scheduler and extender onto simulated nodes, next to the simulator"),
+    "layout": ("rocshare_dev.bench.layout",
+               "the openb trace on MI300X/MI210-shaped GPUs, CU layout Packed vs Isolated: allocation ratio and "
+               "how many co-resident slices share an XCD / shader engine"),
     "allocate": ("rocshare_dev.bench.allocate", "device plugin Allocate latency for a burst of pods on one node (p99 target 20 ms)"),
     "extender": ("rocshare_dev.bench.extender",
                  "extender filter (best nodes) + bind decision latency at 100-5,000 nodes (p99 5 ms at 1,000)"),

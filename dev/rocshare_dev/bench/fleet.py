@@ -3,7 +3,7 @@
 Inventories come from the agent's own discovery of two captures in ../shared/fixtures/sysfs:
 * ``mi210``: mi210-8gpu-xgmi as discovered (8 x MI210, 104 CUs, two XGMI hives of four);
 * ``mi300x``: mi300x-8gpu-cpx folded back to its 8 physical GPUs (one per partition parent,
-  CUs summed: 8 x 38 = 304, the MI300X's count; XGMI between all of them), since the
+  CUs summed: 8 x 38 = 304, the MI300X's count, and 8 XCCs; XGMI between all of them), since the
   capture is in CPX mode and this fleet is 8 GPUs per node.
 Neither capture has a VRAM file, so VRAM is **synthetic**: 64 GiB (MI210) and 192 GiB
 (MI300X), the products' sizes. GPU ids are made unique per node (the ledger keys GPUs by id
@@ -75,7 +75,9 @@ def _fold_partitions(partitions: list[GpuInfo]) -> list[GpuInfo]:
         first = by_parent[bdf][0]
         folded.append(first.model_copy(update={
             "id": first.id.removesuffix("-p0"), "index": index, "pci_bdf": bdf, "partition": None,
-            "cu_count": 38 * 8, "xgmi_peers": [peer for peer in parents if peer != bdf]}))
+            "cu_count": 38 * 8, "xgmi_peers": [peer for peer in parents if peer != bdf],
+            # SPX: the 8 XCCs of the partitions in one device (array_count stays one XCC's)
+            "cu_topology": first.cu_topology.model_copy(update={"num_xcc": 8}) if first.cu_topology else None}))
     return folded
 
 

@@ -81,3 +81,53 @@ def _drop_links(node: Path, dropped: set[str]) -> None:
         props = (node / "properties").read_text()
         lines = [f"{count_key} {len(texts)}" if line.startswith(count_key + " ") else line for line in props.splitlines()]
         (node / "properties").write_text("\n".join(lines) + "\n")
+
+
+MI300X_XCC_PER_GPU = 8
+MI300X_VRAM_BYTES = 192 * 1024**3
+
+
+def mi300x_spx(fixtures: Path, into: Path) -> Path:
+    """**Derived**, not captured: the MI300X capture (CPX mode, one KFD node per XCC) turned into
+    SPX mode, one KFD node per GPU holding its 8 XCCs. Per physical GPU the first partition node
+    (PCI function 0) is kept and the other partition nodes and every link to them are removed.
+    Computed fields of each kept node: ``num_xcc`` 8 (was 1) and ``simd_count`` 8 x the partition's
+    (152 -> 1216, so 304 CUs). ``array_count`` (4), ``simd_arrays_per_engine`` (1) and
+    ``cu_per_simd_array`` (10) stay as captured: the kernel writes one XCC's shader arrays there
+    (max_sh_per_se x max_shader_engines of the device's gfx config, the same in every mode).
+    **Synthetic**, as in the MI210 copy: a 192 GiB frame-buffer bank (mem_banks/0, heap_type 1) per
+    GPU, the MI300X's VRAM; the capture has no VRAM size. Everything else (gfx target, PCI address, unique id, XGMI links between the kept nodes) is the
+    capture's."""
+    target = into / "mi300x-8gpu-spx-derived"
+    if target.exists():
+        return target
+    shutil.copytree(fixtures / "mi300x-8gpu-cpx", target, symlinks=True)
+    nodes = target / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    dropped = set()
+    for node in sorted(nodes.iterdir(), key=lambda node: int(node.name)):
+        if not _is_gpu(node):
+            continue
+        props = _properties(node)
+        if int(props["location_id"]) & 0x7:  # PCI function > 0: a partition past the first
+            dropped.add(node.name)
+    for name in dropped:
+        shutil.rmtree(nodes / name)
+    for node in nodes.iterdir():
+        _drop_links(node, dropped)
+        if not _is_gpu(node):
+            continue
+        props = _properties(node)
+        simd_count = int(props["simd_count"]) * MI300X_XCC_PER_GPU
+        lines = [f"simd_count {simd_count}" if line.startswith("simd_count ") else
+                 f"num_xcc {MI300X_XCC_PER_GPU}" if line.startswith("num_xcc ") else line
+                 for line in (node / "properties").read_text().splitlines()]
+        (node / "properties").write_text("\n".join(lines) + "\n")
+        bank = node / "mem_banks" / "0"
+        bank.mkdir(parents=True, exist_ok=True)
+        (bank / "properties").write_text(f"heap_type 1\nsize_in_bytes {MI300X_VRAM_BYTES}\nflags 0\nwidth 8192\n")
+    (target / "DERIVED.txt").write_text(mi300x_spx.__doc__ or "")
+    return target
+
+
+def _properties(node: Path) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in (node / "properties").read_text().splitlines() if " " in line)

@@ -19,7 +19,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rocshare.api.models import DiscoveryProblem, GpuInfo, OperatingMode, Partition
+from rocshare.api.models import CuTopologyInfo, DiscoveryProblem, GpuInfo, OperatingMode, Partition
+from rocshare.core.cu_topology import CuTopology
 from rocshare_agent.discovery import pci
 from rocshare_agent.discovery.names import AmdgpuIds, product_name
 from rocshare_agent.discovery.drm import DrmDevice
@@ -146,7 +147,20 @@ def _gpu_info(gpu: KfdGpu, index: int, group: list[KfdGpu], context: _Context) -
         split_count=split_count_for(gfx_target, operating_mode=context.operating_mode,
                                     pool_split_count=context.split_count),
         healthy=True,
+        cu_topology=_cu_topology(gpu, gfx_target),
     ), name.source
+
+
+def _cu_topology(gpu: KfdGpu, gfx_target: int) -> CuTopologyInfo | None:
+    """The counts the kernel deals a CU mask over, when KFD wrote them and they describe a shape
+    (rocshare.core.cu_topology); else None, and the GPU's slices are laid out as before (Packed)."""
+    if CuTopology.from_kfd(num_xcc=gpu.num_xcc, array_count=gpu.array_count,
+                           simd_arrays_per_engine=gpu.simd_arrays_per_engine,
+                           cu_per_simd_array=gpu.cu_per_simd_array, cu_count=gpu.cu_count,
+                           gfx_target_version=gfx_target) is None:
+        return None
+    return CuTopologyInfo(num_xcc=gpu.num_xcc, array_count=gpu.array_count,
+                          simd_arrays_per_engine=gpu.simd_arrays_per_engine, cu_per_simd_array=gpu.cu_per_simd_array)
 
 
 def _whole_gpu_cus(group: list[KfdGpu]) -> int:

@@ -84,6 +84,11 @@ class KfdGpu:
     vram_bytes: int | None
     compute_queues: int = 0
     links: tuple[KfdLink, ...] = field(default=())
+    array_count: int = 0
+    """Shader arrays, simd_arrays_per_engine and cu_per_simd_array as KFD writes them; 0 when missing
+    (rocshare.core.cu_topology reads where the kernel puts each CU mask bit from them)."""
+    simd_arrays_per_engine: int = 0
+    cu_per_simd_array: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,9 @@ def _parse_gpu(raw: RawKfdNode, props: dict[str, int]) -> KfdGpu:
         vram_bytes=_vram_bytes(props, raw.mem_bank_texts),
         compute_queues=_optional(props, "num_cp_queues", 0, 1 << 16),
         links=_links(raw.link_texts, direct=True) + _links(raw.p2p_link_texts, direct=False),
+        array_count=_optional(props, "array_count", 0, 1024),
+        simd_arrays_per_engine=_optional(props, "simd_arrays_per_engine", 0, 1024),
+        cu_per_simd_array=_optional(props, "cu_per_simd_array", 0, 1024),
     )
 
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.fit import Reason
 from rocshare.core.holdings import slice_cores_pct
 from rocshare.core.inventory import GpuSpec, NodeInventory
@@ -36,6 +37,8 @@ OVERVIEW_LABELS = ["node", "device_uuid", "device_index", "device_cores", "devic
 CONTAINER_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 QUOTA_USED_LABELS = ["namespace", "quota_name", "limit", "zone"]
 QUOTA_LIMIT_LABELS = ["namespace", "quota_name", "zone"]
+UNIT_LABELS = ["node", "device_uuid", "device_index", "unit", "unit_index"]
+UNIT_POD_LABELS = ["node", "device_uuid", "unit", "unit_index", "namespace", "pod"]
 
 VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "bind": ("bound", "refused")}
 
@@ -86,6 +89,7 @@ class _LedgerCollector(Collector):
         yield from self._gpu_families()
         yield from self._container_families()
         yield from self._quota_families()
+        yield from self._isolation_families()
 
     def _metered(self) -> dict[str, NodeInventory]:
         """Nodes whose GPUs are reported: the extender's, and those of pools serving DRA."""
@@ -159,3 +163,36 @@ class _LedgerCollector(Collector):
                 if hard is not None:
                     limit.add_metric([namespace, quota_name, ZONE], hard)
         yield from (used, limit)
+
+    def _isolation_families(self) -> Iterator[GaugeMetricFamily]:
+        """Per XCD (a GPU with several) or shader engine, which pods' CUs are on it (issue 41), by
+        the kernel's mapping of mask bits (rocshare.core.cu_topology). A device held without CU
+        ranges (whole, or every CU) is on every unit. GPUs whose agent reports no topology are left out."""
+        tenants = GaugeMetricFamily("rocshare_gpu_unit_tenants",
+                                    "Pods with CUs on this XCD (unit XCD) or shader engine (unit SE) of the GPU",
+                                    labels=UNIT_LABELS)
+        held = GaugeMetricFamily("rocshare_gpu_unit_cus_held",
+                                 "CUs a pod holds on this XCD or shader engine of the GPU", labels=UNIT_POD_LABELS)
+        specs = {(name, spec.gpu_id): spec for name, node in self._metered().items() for spec in node.gpus
+                 if spec.topology is not None}
+        masks: dict[tuple[str, str], dict[str, int]] = {}
+        for key, record in self._state.ledger.records().items():
+            for container in record.containers:
+                for device in container.devices:
+                    spec = specs.get((record.node, device.gpu_id))
+                    if spec is None:
+                        continue
+                    mask = mask_from_ranges(device.cu_ranges) if device.cu_ranges else full_mask(spec.cu_count)
+                    pods = masks.setdefault((record.node, device.gpu_id), {})
+                    pods[key] = pods.get(key, 0) | mask
+        for (node_name, gpu_id), spec in specs.items():
+            unit, units = spec.topology.isolation_units()
+            pods = masks.get((node_name, gpu_id), {})
+            for index, unit_mask in enumerate(units):
+                on_unit = {key: (mask & unit_mask).bit_count() for key, mask in pods.items() if mask & unit_mask}
+                tenants.add_metric([node_name, gpu_id, str(spec.index), unit, str(index)], len(on_unit))
+                for key, cus in sorted(on_unit.items()):
+                    namespace, _, name = key.partition("/")
+                    held.add_metric([node_name, gpu_id, unit, str(index), namespace, name], cus)
+        yield from (tenants, held)
+

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from rocshare.api import dra
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.hami import HamiPlacement, hami_placement
-from rocshare.api.models import AmdGpuNodeStatus, GpuInfo, Partition
+from rocshare.api.models import AmdGpuNodeStatus, CuTopologyInfo, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.dra_shares import AllocatedDevice
 from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
@@ -112,6 +112,8 @@ class GpuFacts:
     split_count: int
     healthy: bool
     health_reason: str | None
+    cu_topology: CuTopologyInfo | None
+    """One object per shape (thousands of alike GPUs share it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,13 @@ def gpu_facts(info: GpuInfo) -> GpuFacts:
               for name, value in ((name, getattr(info, name)) for name in GpuInfo.model_fields)}
     values["id"] = info.id  # unique per GPU: nothing to share
     values["xgmi_peers"] = tuple(sys.intern(peer) for peer in info.xgmi_peers)
+    if info.cu_topology is not None:
+        values["cu_topology"] = _TOPOLOGIES.setdefault(info.cu_topology, info.cu_topology)
     return GpuFacts(**values)
+
+
+_TOPOLOGIES: dict[CuTopologyInfo, CuTopologyInfo] = {}
+"""Interned GPU topologies: a handful of shapes in any fleet."""
 
 
 def gpu_node_facts(obj: Mapping) -> GpuNodeFacts:

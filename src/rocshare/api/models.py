@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rocshare.api.gfx import is_cdna
+
 GROUP = "rocshare.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -43,6 +45,15 @@ class OmittedCores(StrEnum):
 
     EXCLUSIVE = "Exclusive"
     SHARED = "Shared"
+
+
+class CuLayout(StrEnum):
+    """How a slice's CU mask bits are chosen (rocshare.core.cu_layout)."""
+
+    ISOLATED = "Isolated"
+    """Whole XCDs, then whole shader engines, then shader arrays, then single CUs, by where the kernel puts each bit."""
+    PACKED = "Packed"
+    """Contiguous bit ranges (which the kernel spreads over every XCD and engine)."""
 
 
 class NodePolicy(StrEnum):
@@ -126,6 +137,19 @@ class Sharing(_Model):
         default=OmittedCores.EXCLUSIVE, alias="omittedCores",
         description="A slice without amd.com/gpucores gets every CU. Exclusive: it also reserves the GPU's whole compute range. Shared: it reserves none.",
     )
+    cu_layout: CuLayout | None = Field(
+        default=None, alias="cuLayout",
+        description="How a slice's CUs are laid out. Isolated: whole XCDs, then whole shader engines, then shader "
+                    "arrays, then single CUs, so co-tenants share as few XCDs (L2) and engines as they can. Packed: "
+                    "contiguous mask ranges, which the kernel deals over every XCD and engine. Unset: Isolated on "
+                    "CDNA (MI100 and later Instinct), Packed on others (RDNA, GCN).",
+    )
+
+    def layout_for(self, gfx_target_version: int) -> CuLayout:
+        """The layout a GPU of this pool gets: the pool's, or by default Isolated on CDNA and Packed on others."""
+        if self.cu_layout is not None:
+            return self.cu_layout
+        return CuLayout.ISOLATED if is_cdna(gfx_target_version) else CuLayout.PACKED
 
 
 class Scheduling(_Model):
@@ -239,6 +263,17 @@ class Partition(_Model):
     parent_bdf: str = Field(alias="parentBDF", description="PCI address of the physical GPU.")
 
 
+class CuTopologyInfo(_Model):
+    """The GPU's compute structure from its KFD node's properties: what the kernel deals a CU mask over."""
+
+    num_xcc: int = Field(default=1, alias="numXCC", ge=1, le=64, description="XCCs (XCDs) of the device (num_xcc).")
+    array_count: int = Field(alias="arrayCount", ge=1, description="Shader arrays (array_count).")
+    simd_arrays_per_engine: int = Field(alias="simdArraysPerEngine", ge=1,
+                                        description="Shader arrays per shader engine (simd_arrays_per_engine).")
+    cu_per_simd_array: int = Field(alias="cuPerSimdArray", ge=1,
+                                   description="CUs per shader array, fused-off ones included (cu_per_simd_array).")
+
+
 class GpuInfo(_Model):
     """One GPU, or one compute partition of a GPU, as the node agent found it."""
 
@@ -263,6 +298,10 @@ class GpuInfo(_Model):
     split_count: int = Field(alias="splitCount", ge=1, le=64, description="How many pods may share this device.")
     healthy: bool = Field(description="False when the device cannot be opened or the exporter says so.")
     health_reason: str | None = Field(default=None, alias="healthReason", description="Why the device is unhealthy.")
+    cu_topology: CuTopologyInfo | None = Field(
+        default=None, alias="cuTopology",
+        description="XCCs, shader engines and arrays from KFD; null from agents that do not report it (then every "
+                    "CU layout is Packed on it).")
 
 
 class DiscoveryProblem(_Model):

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice
 from rocshare.core.choose import choose_gpus
-from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges, ranges_from_mask
+from rocshare.core.cu_layout import choose_cus
+from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask
 from rocshare.core.fit import FitFailure, GpuNeed, Load, Reason, add_load, barred_reason, load_reason, need_for
 from rocshare.core.headroom import free_share_milli
 from rocshare.core.holdings import Slot, overlap_slots, slice_mask
@@ -361,9 +362,11 @@ def _device_slice(node: NodeInventory, masks: list[int], device: PlannedDevice, 
 def _cu_ranges(held: int, spare: int, spec: GpuSpec, count: int) -> list[tuple[int, int]]:
     """`count` CUs best-fit: inside `spare` when it has them, else all of `spare` and the rest free."""
     everything = full_mask(spec.cu_count)
-    found = choose_cu_ranges(everything & ~spare, spec.cu_count, count, spec.cu_align) if spare else None
+    found = choose_cus(everything & ~spare, spec.cu_count, count, spec.cu_align, spec.cu_layout,
+                       spec.topology) if spare else None
     if found is None:
-        extra = choose_cu_ranges(held | spare, spec.cu_count, count - spare.bit_count(), spec.cu_align)
+        extra = choose_cus(held | spare, spec.cu_count, count - spare.bit_count(), spec.cu_align, spec.cu_layout,
+                           spec.topology)
         if extra is None:  # plan_pod checked the count; only a corrupt ledger gets here
             raise ValueError(f"GPU {spec.gpu_id}: no {count} free CUs despite the plan")
         found = ranges_from_mask(spare | mask_from_ranges(extra))

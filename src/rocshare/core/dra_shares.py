@@ -2,7 +2,7 @@
 
 kube-scheduler's DRA allocator checks sums only (consumed memory, compute and shares against each
 device's capacity). Which CUs a share gets is decided here, at prepare time, with the rule the
-device-plugin path uses (rocshare.core.cumask.choose_cu_ranges: best-fit gaps, whole WGPs on
+device-plugin path uses (rocshare.core.cu_layout.choose_cus: the pool's layout, whole WGPs on
 RDNA), against the CUs the node's prepared claims already hold.
 
 Invariants:
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from rocshare.api import dra
 from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
-from rocshare.core.cumask import choose_cu_ranges, full_mask, mask_from_ranges, ranges_from_mask, render_ranges
+from rocshare.core.cu_layout import choose_cus
+from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask, render_ranges
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
 
@@ -153,7 +154,7 @@ def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> Device
             raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: every CU is wanted but other claims "
                                                   f"hold {render_ranges(_ranges(held_mask))}")
         return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
-    ranges = choose_cu_ranges(held_mask, spec.cu_count, compute_cus, spec.cu_align)
+    ranges = choose_cus(held_mask, spec.cu_count, compute_cus, spec.cu_align, spec.cu_layout, spec.topology)
     if ranges is None:
         free = spec.cu_usable - bin(held_mask & full_mask(spec.cu_usable)).count("1")
         raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: no {compute_cus} free CUs in whole units of "

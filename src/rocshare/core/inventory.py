@@ -19,8 +19,9 @@ from typing import ClassVar
 from weakref import WeakValueDictionary
 
 from rocshare.api.gfx import effective_memory_scaling, is_rdna
-from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
+from rocshare.api.models import CuLayout, GpuInfo, OmittedCores, OperatingMode, Sharing
 from rocshare.api.resource_names import GPU_RESOURCE
+from rocshare.core.cu_topology import CuTopology
 from rocshare.core.ids import GpuId, NodeName
 
 
@@ -76,6 +77,10 @@ class GpuSpec:
     partition: bool = False
     resource: str = GPU_RESOURCE
     """The extended resource it is offered under (rocshare.api.resource_names)."""
+    topology: CuTopology | None = None
+    """Where the kernel puts each CU mask bit (rocshare.core.cu_topology); None when the agent did not say."""
+    cu_layout: CuLayout = CuLayout.PACKED
+    """How its slices' CUs are chosen (rocshare.core.cu_layout); Isolated needs the topology."""
     # Derived once (the fit loop reads them for every GPU of every node it plans):
     product_lower: str = field(default="", compare=False)
     cu_align: int = field(init=False, compare=False, repr=False)
@@ -114,7 +119,7 @@ class NodeInventory:
         links = tuple(frozenset(positions[p] for p in gpu.xgmi_peers if p in positions) for gpu in self.gpus)
         gpu_shapes = tuple(
             (g.memory_mib, g.cu_count, g.product_lower, g.gfx_target_version, g.cu_per_wgp, g.numa,
-             g.split_count, g.healthy, g.partition, g.resource)
+             g.split_count, g.healthy, g.partition, g.resource, g.topology, g.cu_layout)
             for g in self.gpus
         )
         shape = ShapeKey.of((gpu_shapes, links, self.omitted_cores, self.cpu_milli, self.memory_mib))
@@ -175,4 +180,16 @@ def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, p
         healthy=info.healthy,
         partition=partition_mode or info.partition is not None,
         resource=info.resource,  # as the agent names and registers it (rocshare.api.resource_names.named)
+        topology=_topology(info),
+        cu_layout=sharing.layout_for(info.gfx_target_version),
     )
+
+
+def _topology(info: GpuInfo) -> CuTopology | None:
+    found = info.cu_topology
+    if found is None:
+        return None
+    return CuTopology.from_kfd(num_xcc=found.num_xcc, array_count=found.array_count,
+                               simd_arrays_per_engine=found.simd_arrays_per_engine,
+                               cu_per_simd_array=found.cu_per_simd_array, cu_count=info.cu_count,
+                               gfx_target_version=info.gfx_target_version)

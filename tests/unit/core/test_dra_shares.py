@@ -140,3 +140,22 @@ def test_the_agents_record_wins_once_prepared_and_a_bad_one_is_a_problem():
     assert "cannot be read" in claim_record("c", "n1", [], "{not json", SPECS)
     unknown = claim_record("c", "n1", [share("gpu-z", cus=1, mib=1)], None, SPECS)
     assert unknown.startswith(NOT_ON_NODE_REASON) and "gpu-z" in unknown
+
+
+def test_dra_prepare_lays_out_by_the_pools_layout_like_the_device_plugin_path():
+    """Issue 41: the same rule (rocshare.core.cu_layout) at prepare. An MI300X in SPX mode, Isolated:
+    76 CUs are two whole XCDs; by the kernel's mapping (GFX 9.4.3, 8 XCCs) bit i is on XCD i mod 8."""
+    from rocshare.api.models import CuLayout
+    from rocshare.core.cu_topology import CuTopology
+
+    topology = CuTopology.from_kfd(num_xcc=8, array_count=4, simd_arrays_per_engine=1, cu_per_simd_array=10,
+                                   cu_count=304, gfx_target_version=90402)
+    mi300x = GpuSpec(gpu_id=GpuId("GPU-x"), index=0, memory_mib=196608, cu_count=304, gfx_target_version=90402,
+                     topology=topology, cu_layout=CuLayout.ISOLATED)
+    specs = {"gpu-x": mi300x}
+    [first] = plan_claim([share("gpu-x", cus=76, mib=16384)], specs, Holdings(masks={}))
+    [second] = plan_claim([share("gpu-x", cus=76, mib=16384)], specs,
+                          Holdings.of([first], {mi300x.gpu_id: mi300x.cu_count}))
+    xcds = [{bit % 8 for low, high in s.cu_ranges for bit in range(low, high + 1)} for s in (first, second)]
+    assert [len(x) for x in xcds] == [2, 2] and not xcds[0] & xcds[1]
+    assert (first.cu_count, second.cu_count) == (76, 76)

@@ -84,7 +84,8 @@ def check_contract(section: str, registry: CollectorRegistry) -> dict[str, list[
 
 def _gpu(index: int) -> dict:
     return {"id": f"GPU-{index}", "index": index, "product": "AMD Instinct MI210", "gfxTargetVersion": 90010,
-            "cuCount": 104, "vramMiB": 65536, "pciBDF": f"0000:0{index}:00.0", "splitCount": 10, "healthy": True}
+            "cuCount": 104, "vramMiB": 65536, "pciBDF": f"0000:0{index}:00.0", "splitCount": 10, "healthy": True,
+            "cuTopology": {"numXCC": 1, "arrayCount": 8, "simdArraysPerEngine": 1, "cuPerSimdArray": 14}}
 
 
 def _pod(name: str, record: dict) -> dict:
@@ -143,6 +144,15 @@ async def test_extender_values_and_units(extender_registry) -> None:
     assert get("hami_resource_quota_used", {**quota, "quota_name": "amd.com/gpucores", "limit": "400"}) == 150
     assert get("hami_resource_quota_used", {**quota, "quota_name": "amd.com/gpu", "limit": "8"}) == 3
     assert get("hami_resource_quota_limit", {**quota, "quota_name": "amd.com/gpucores"}) == 400
+    # Shader engines of an MI210 (8 engines of one array; by the kernel's mapping bit i is on engine i mod 8):
+    # the shared pod's CUs 0-51 put 7 CUs on engines 0-3 (bits e, e+8, ..., e+48) and 6 on engines 4-7.
+    unit = {"node": "n1", "device_uuid": "GPU-0", "unit": "SE"}
+    assert [get("rocshare_gpu_unit_cus_held", {**unit, "unit_index": str(e), "namespace": "team", "pod": "shared"})
+            for e in range(8)] == [7, 7, 7, 7, 6, 6, 6, 6]
+    assert get("rocshare_gpu_unit_tenants", {"node": "n1", "device_uuid": "GPU-0", "device_index": "0", "unit": "SE",
+                                             "unit_index": "5"}) == 1
+    assert get("rocshare_gpu_unit_tenants", {"node": "n1", "device_uuid": "GPU-1", "device_index": "1", "unit": "SE",
+                                             "unit_index": "0"}) == 1  # the whole-GPU pod, on every engine
 
 
 async def test_a_dra_pools_gpus_and_claims_are_reported_like_the_device_plugins() -> None:

@@ -299,12 +299,6 @@ static int defines_glibc(const struct lc_names *defs)
 	return 0;
 }
 
-static const char *base_name(const char *path)
-{
-	const char *slash = strrchr(path, '/');
-	return slash ? slash + 1 : path;
-}
-
 /* The loader's search for a library the hook needs, in the container: LD_LIBRARY_PATH, then the
  * default and multiarch folders (ld.so.cache is not read: it lists files from these folders in
  * the images we know; an image that puts its libc elsewhere is refused as "missing"). */
@@ -354,32 +348,44 @@ static void check_versions(const char *file, const char *path, const struct lc_f
 	}
 }
 
-/* Every library the hook needs is in the image and defines every version the hook needs of it. */
-static void check_hook_needs(int root_fd, const struct container *c, const struct lc_file *hook,
-                             const char *interp, const struct lc_file *loader)
+static int add_once(struct lc_names *queue, const char *name)
 {
-	struct lc_names needed, needs;
-	if (lc_elf_needed(hook, &needed) < 0 || lc_elf_verneed(hook, &needs) < 0)
+	for (int k = 0; k < queue->count; k++)
+		if (strcmp(queue->name[k], name) == 0)
+			return 0;
+	if (queue->count >= LC_MAX_NAMES)
+		refuse("the hook's libraries need more than %d others", LC_MAX_NAMES);
+	queue->name[queue->count++] = name;
+	return 1;
+}
+
+/* Every library the hook needs, and what those need in turn, is in the image and defines every
+ * version the hook needs of it. The loader opens the hook in a namespace of its own, where each
+ * name (ld-linux-*.so.2, which libc.so.6 needs, included) is searched for as any library is. */
+static void check_hook_needs(int root_fd, const struct container *c, const struct lc_file *hook)
+{
+	struct lc_names queue, needs, more;
+	struct lc_file held[LC_MAX_NAMES];
+	int held_count = 0;
+	if (lc_elf_needed(hook, &queue) < 0 || lc_elf_verneed(hook, &needs) < 0)
 		refuse("the hook library is malformed (internal error: check the node's hook install)");
-	for (int i = 0; i < needs.count; i++) { /* a version's file is needed even if not DT_NEEDED */
-		int listed = 0;
-		for (int k = 0; k < needed.count && !listed; k++)
-			listed = strcmp(needed.name[k], needs.file[i]) == 0;
-		if (!listed && needed.count < LC_MAX_NAMES)
-			needed.name[needed.count++] = needs.file[i];
-	}
-	for (int i = 0; i < needed.count; i++) {
-		if (strcmp(needed.name[i], base_name(interp)) == 0) {
-			check_versions(needed.name[i], interp, loader, &needs);
-			continue;
-		}
+	for (int i = 0; i < needs.count; i++) /* a version's file is needed even if not DT_NEEDED */
+		add_once(&queue, needs.file[i]);
+	for (int i = 0; i < queue.count; i++) {
 		char *path;
-		struct lc_file lib = find_library(root_fd, c, needed.name[i], lc_elf_kind(hook), &path);
+		struct lc_file lib = find_library(root_fd, c, queue.name[i], lc_elf_kind(hook), &path);
 		if (!lib.data)
-			refuse("the image has no %s, which the hook needs", needed.name[i]);
-		check_versions(needed.name[i], path, &lib, &needs);
-		free(lib.data), free(path);
+			refuse("the image has no %s where the loader looks, which the hook needs", queue.name[i]);
+		check_versions(queue.name[i], path, &lib, &needs);
+		if (lc_elf_needed(&lib, &more) < 0)
+			refuse("the image's %s is malformed", path);
+		for (int k = 0; k < more.count; k++)
+			add_once(&queue, more.name[k]); /* names point into lib, kept until the end */
+		held[held_count++] = lib;
+		free(path);
 	}
+	while (held_count > 0)
+		free(held[--held_count].data);
 }
 
 static struct lc_file read_hook(const char *library)
@@ -412,7 +418,7 @@ static void check_loader(int root_fd, const struct container *c, const struct lc
 	if (lc_elf_kind(&loader) != lc_elf_kind(hook) || lc_elf_verdef(&loader, &defs) < 0 || !defines_glibc(&defs))
 		refuse("%s's loader %s is not glibc's%s (only glibc honours LD_AUDIT)", path, interp,
 		       strstr(interp, "musl") ? " but musl's" : "");
-	check_hook_needs(root_fd, c, hook, interp, &loader);
+	check_hook_needs(root_fd, c, hook);
 	free(loader.data), free(program.data), free(path);
 }
 

@@ -1,0 +1,247 @@
+"""rocshare-loadcheck (hook/src/loadcheck.c), the createContainer hook that refuses a slice container in
+which the memory hook cannot load: the built program (plain, ASan, UBSan) run on OCI bundles crafted in
+temp folders, as runc hands them to it (the OCI state on stdin, config.json in the bundle).
+
+Each refused case is also shown to be a real hole: the same root filesystem, run in a chroot under
+LD_AUDIT with a witness audit library (it prints from la_version), runs its program without the audit
+library loaded -- what the container did before the check existed (fea6fe5 gave the container no
+hook at all: it started, unlimited). The witness stands in for the hook: any audit library the loader
+refuses is refused for the same reasons. The glibc case is the control: the witness loads there and
+the check lets it start.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.hook.conftest import HOOK_DIR
+
+AUDIT_PATH = "/usr/local/vgpu/libamvgpu.so"
+HOST_LOADER = Path("/lib64/ld-linux-x86-64.so.2").resolve()
+HOST_LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
+MUSL_LIBC = Path("/usr/lib/x86_64-linux-musl/libc.so")
+WITNESS_LINE = "audit library loaded"
+
+PROGRAM_C = '#include <stdio.h>\nint main(void) { puts("program ran"); return 0; }\n'
+# closefrom (GLIBC_2.34) is never called: it gives the witness a version need newer than old_libc's.
+WITNESS_C = ('#define _GNU_SOURCE\n#include <link.h>\n#include <unistd.h>\n'
+             'void rocshare_witness_unused(void) { closefrom(1000); }\n'
+             'unsigned la_version(unsigned v) { write(2, "' + WITNESS_LINE + '\\n", 21); return v; }\n')
+OLD_LIBC_C = "int rocshare_old_libc_marker(void) { return 0; }\n"
+OLD_LIBC_VERSIONS = "GLIBC_2.2.5 { global: rocshare_old_libc_marker; local: *; };\nGLIBC_2.17 { } GLIBC_2.2.5;\n"
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    checks: dict[str, Path]  # plain / asan / ubsan builds of rocshare-loadcheck
+    glibc_program: Path
+    static_program: Path
+    musl_program: Path
+    witness: Path  # an audit library built here: what the hook library needs, it needs (glibc)
+    old_libc: Path  # a libc.so.6 defining only GLIBC_2.2.5 and GLIBC_2.17
+
+
+def _cc(compiler: str, out: Path, source: str, *flags: str) -> Path:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run([compiler, "-O1", "-o", str(out), str(src), *flags], check=True, capture_output=True, timeout=120)
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    if not shutil.which("musl-gcc"):
+        pytest.fail("musl-gcc is missing: run dev/hook/install-deps.sh (Debian's musl-tools)")
+    subprocess.run(["make", "-C", str(HOOK_DIR), "-s", "loadcheck-test"], check=True, capture_output=True,
+                   timeout=600)
+    build = HOOK_DIR / "build"
+    folder = tmp_path_factory.mktemp("loadcheck-artifacts")
+    versions = folder / "old-libc.map"
+    versions.write_text(OLD_LIBC_VERSIONS)
+    return Artifacts(
+        checks={kind: build / kind / "rocshare-loadcheck" for kind in ("plain", "asan", "ubsan")},
+        glibc_program=_cc("gcc", folder / "glibc-app", PROGRAM_C),
+        static_program=_cc("gcc", folder / "static-app", PROGRAM_C, "-static"),
+        musl_program=_cc("musl-gcc", folder / "musl-app", PROGRAM_C),
+        witness=_cc("gcc", folder / "witness.so", WITNESS_C, "-shared", "-fPIC", "-Wl,-z,defs"),
+        old_libc=_cc("gcc", folder / "libc.so.6", OLD_LIBC_C, "-shared", "-fPIC", "-nostdlib",
+                     "-Wl,-soname,libc.so.6", f"-Wl,--version-script={versions}"),
+    )
+
+
+@pytest.fixture(params=["plain", "asan", "ubsan"])
+def check(request: pytest.FixtureRequest, artifacts: Artifacts) -> Path:
+    return artifacts.checks[request.param]
+
+
+# ---- a bundle: what runc hands a createContainer hook ----------------------------------------------
+
+
+def _install(root: Path, source: Path, inside: str, mode: int = 0o755) -> None:
+    target = root / inside.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    target.chmod(mode)
+
+
+def glibc_root(root: Path, artifacts: Artifacts, *, libc: Path = HOST_LIBC) -> Path:
+    """Debian's layout: the loader in the multiarch folder (where the audit namespace looks for it,
+    since libc.so.6 needs it by name), /lib64's name a link to it."""
+    _install(root, HOST_LOADER, "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    (root / "lib64").mkdir()
+    (root / "lib64/ld-linux-x86-64.so.2").symlink_to("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+    _install(root, libc, "/lib/x86_64-linux-gnu/libc.so.6")
+    _install(root, artifacts.witness, AUDIT_PATH, 0o644)
+    return root
+
+
+def bundle(folder: Path, *, args: list[str], env: list[str] | None = None, root: str = "rootfs") -> Path:
+    env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"LD_AUDIT={AUDIT_PATH}"] if env is None else env
+    config = {"ociVersion": "1.2.0", "root": {"path": root},
+              "process": {"args": args, "env": env, "cwd": "/"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def run_check(check: Path, bundle_dir: Path, library: Path) -> subprocess.CompletedProcess:
+    state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1, "bundle": str(bundle_dir)}
+    env = {"ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}
+    return subprocess.run([str(check), "--library", str(library), "--audit-path", AUDIT_PATH],
+                          input=json.dumps(state), capture_output=True, text=True, timeout=60, env=env)
+
+
+def run_in_root(root: Path, program: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """What the container would do without the check: its program, in its root, with its env."""
+    return subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", str(root), program], env=env, capture_output=True, text=True, timeout=60)
+
+
+def assert_refused(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 1, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rocshare: refusing to start "), result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+# ---- the cases -------------------------------------------------------------------------------------
+
+
+def test_glibc_program_with_the_hook_starts(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    result = run_check(check, bundle(tmp_path, args=["app"]), artifacts.witness)
+    assert result.returncode == 0 and result.stderr == "", result
+    ran = run_in_root(root, "/usr/bin/app", {"LD_AUDIT": AUDIT_PATH})
+    assert ran.stdout == "program ran\n" and WITNESS_LINE in ran.stderr, ran  # control: the witness loads
+
+
+def test_static_program_is_refused(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.static_program, "/usr/bin/app")
+    assert_refused(run_check(check, bundle(tmp_path, args=["app"]), artifacts.witness),
+                   "/usr/bin/app is a static executable", "start app:")
+    ran = run_in_root(root, "/usr/bin/app", {"LD_AUDIT": AUDIT_PATH})
+    assert ran.stdout == "program ran\n" and WITNESS_LINE not in ran.stderr, ran
+
+
+def test_musl_program_is_refused(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, MUSL_LIBC, "/lib/ld-musl-x86_64.so.1")
+    _install(root, artifacts.musl_program, "/usr/local/bin/app")
+    assert_refused(run_check(check, bundle(tmp_path, args=["/usr/local/bin/app"]), artifacts.witness),
+                   "loader /lib/ld-musl-x86_64.so.1 is not glibc's but musl's")
+    ran = run_in_root(root, "/usr/local/bin/app", {"LD_AUDIT": AUDIT_PATH})
+    assert ran.stdout == "program ran\n" and WITNESS_LINE not in ran.stderr, ran
+
+
+def test_libc_lacking_a_version_the_hook_needs_is_refused(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    needed = _glibc_versions_needed(artifacts.witness)
+    assert needed - {"GLIBC_2.2.5", "GLIBC_2.17"}, needed  # the witness needs a version the old libc lacks
+    root = glibc_root(tmp_path / "rootfs", artifacts, libc=artifacts.old_libc)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    result = run_check(check, bundle(tmp_path, args=["app"]), artifacts.witness)
+    missing = sorted(needed - {"GLIBC_2.2.5", "GLIBC_2.17"})
+    assert_refused(result, "/lib/x86_64-linux-gnu/libc.so.6 lacks version GLIBC_2.", "too old")
+    assert any(version in result.stderr for version in missing), (missing, result.stderr)
+
+
+def test_ld_audit_replaced_by_the_pod_is_refused(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    # The device's LD_AUDIT first, then the pod's own env: the kubelet appends it, the runtime keeps the last.
+    env = ["PATH=/usr/bin", f"LD_AUDIT={AUDIT_PATH}", "LD_AUDIT=/nonexistent.so"]
+    assert_refused(run_check(check, bundle(tmp_path, args=["app"], env=env), artifacts.witness),
+                   "LD_AUDIT=/nonexistent.so, which does not name the hook")
+    ran = run_in_root(root, "/usr/bin/app", {"LD_AUDIT": "/nonexistent.so"})
+    assert ran.stdout == "program ran\n" and WITNESS_LINE not in ran.stderr, ran
+    assert_refused(run_check(check, bundle(tmp_path, args=["app"], env=["PATH=/usr/bin"]), artifacts.witness),
+                   "no LD_AUDIT naming the hook")
+
+
+def test_symlink_out_of_the_root_resolves_inside_it(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    """/usr/bin/app -> ../../../..<outside>/app: followed on the host it reaches a glibc program; in the
+    container's root (where it will run) it reaches a static one, which is what the check must judge."""
+    outside = tmp_path / "outside"
+    _install(outside, artifacts.glibc_program, "/app")
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.static_program, str(outside / "app"))
+    link = root / "usr/bin/app"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to("../" * 64 + str(outside / "app").lstrip("/"))
+    assert link.resolve() == (outside / "app").resolve()  # on the host, the link leaves the root
+    assert_refused(run_check(check, bundle(tmp_path, args=["app"]), artifacts.witness), "static executable")
+    ran = run_in_root(root, "/usr/bin/app", {"LD_AUDIT": AUDIT_PATH})
+    assert ran.stdout == "program ran\n" and WITNESS_LINE not in ran.stderr, ran
+
+
+def test_script_is_judged_by_its_interpreter(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.static_program, "/bin/busybox")
+    script = root / "usr/bin/run.sh"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("#!/bin/busybox sh\nexec app\n")
+    script.chmod(0o755)
+    assert_refused(run_check(check, bundle(tmp_path, args=["run.sh"]), artifacts.witness),
+                   "/bin/busybox is a static executable")
+
+
+def test_program_missing_from_the_image_is_refused(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    glibc_root(tmp_path / "rootfs", artifacts)
+    assert_refused(run_check(check, bundle(tmp_path, args=["app"]), artifacts.witness),
+                   "app is not an executable file in the image")
+
+
+@pytest.mark.parametrize("config", [
+    "", "{", '{"root": {"path": "rootfs"}}', '{"root": {"path": "rootfs"}, "process": {"args": []}}',
+    '{"root": {"path": "rootfs"}, "process": {"args": ["a\\u0000b"]}}', "[" * 100 + "]" * 100,
+    '{"root": {"path": "rootfs"}, "process": {"args": ["app"], "env": [1]}}',
+])
+def test_unreadable_config_is_refused(tmp_path: Path, artifacts: Artifacts, config: str) -> None:
+    (tmp_path / "config.json").write_text(config)
+    for check in artifacts.checks.values():
+        result = run_check(check, tmp_path, artifacts.witness)
+        assert result.returncode == 1 and result.stderr.startswith("rocshare: refusing to start "), result
+
+
+def test_duplicate_keys_read_as_runc_reads_them(tmp_path: Path, artifacts: Artifacts, check: Path) -> None:
+    """Go's encoding/json keeps the last of duplicate keys; so must the check, or a crafted config
+    could show it one program and runc another."""
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    _install(root, artifacts.static_program, "/usr/bin/static")
+    env = json.dumps(["PATH=/usr/bin", f"LD_AUDIT={AUDIT_PATH}"])
+    (tmp_path / "config.json").write_text(
+        '{"root": {"path": "rootfs"}, "process": {"args": ["app"], "env": %s, "args": ["static"]}}' % env)
+    assert_refused(run_check(check, tmp_path, artifacts.witness), "start static:")
+
+
+def _glibc_versions_needed(library: Path) -> set[str]:
+    out = subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True).stdout
+    return {word.strip("()") for line in out.splitlines() for word in line.split() if word.strip("()").startswith("GLIBC_")}
+

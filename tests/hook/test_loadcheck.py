@@ -13,6 +13,7 @@ the check lets it start.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -245,3 +246,65 @@ def _glibc_versions_needed(library: Path) -> set[str]:
     out = subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True).stdout
     return {word.strip("()") for line in out.splitlines() for word in line.split() if word.strip("()").startswith("GLIBC_")}
 
+
+
+# ---- under runc: the stage, the state on stdin, the host's view and the pod's volumes --------------
+
+
+def _runc_bundle(folder: Path, artifacts: Artifacts, check: Path, *, program: str, mounts: list[dict]) -> Path:
+    """A bundle as containerd writes one for a slice container: the hook library bind-mounted at the
+    audit path, LD_AUDIT naming it, and the check as the createContainer hook CDI would add."""
+    hook_dir = folder / "hookdir"
+    hook_dir.mkdir()
+    shutil.copyfile(artifacts.witness, hook_dir / "libamvgpu.so")
+    (folder / "rootfs" / AUDIT_PATH.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    (folder / "rootfs" / AUDIT_PATH.lstrip("/")).touch()
+    config = {
+        "ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": True}, "hostname": "slice",
+        "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "cwd": "/", "args": [program],
+                    "env": ["PATH=/usr/bin:/data", f"LD_AUDIT={AUDIT_PATH}"]},
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": AUDIT_PATH, "type": "bind", "source": str(hook_dir / "libamvgpu.so"),
+                    "options": ["bind", "ro"]}, *mounts],
+        "hooks": {"createContainer": [{"path": str(check), "args": [
+            "rocshare-loadcheck", "--library", str(hook_dir / "libamvgpu.so"), "--audit-path", AUDIT_PATH]}]},
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _runc_run(bundle_dir: Path) -> subprocess.CompletedProcess:
+    runc = shutil.which("runc") or "/usr/sbin/runc"
+    state_root = bundle_dir / "runc-state"
+    return subprocess.run([runc, "--root", str(state_root), "run", "--bundle", str(bundle_dir), f"lc-{os.getpid()}"],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+
+def test_runc_runs_the_check_at_create_container_with_the_pods_volumes(tmp_path: Path, artifacts: Artifacts) -> None:
+    """runc (the one dev/realnode installs, as containerd uses it) runs createContainer hooks after the
+    container's mounts: a glibc program on a volume is found and passes, its witness loads; the same
+    volume holding a musl program is refused, with the line in runc's error (what the kubelet's event
+    carries), and the program never runs."""
+    if not shutil.which("runc") and not Path("/usr/sbin/runc").exists():
+        pytest.fail("runc is missing: run dev/realnode/install-deps.sh")
+    check = artifacts.checks["plain"]
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    shutil.copyfile(artifacts.glibc_program, volume / "app")
+    (volume / "app").chmod(0o755)
+    glibc = glibc_root(tmp_path / "good" / "rootfs", artifacts)
+    (glibc / "data").mkdir()
+    mount = [{"destination": "/data", "type": "bind", "source": str(volume), "options": ["rbind", "ro"]}]
+    ran = _runc_run(_runc_bundle(tmp_path / "good", artifacts, check, program="app", mounts=mount))
+    assert ran.returncode == 0 and ran.stdout == "program ran\n" and WITNESS_LINE in ran.stderr, ran
+
+    shutil.copyfile(artifacts.musl_program, volume / "app")
+    musl = glibc_root(tmp_path / "bad" / "rootfs", artifacts)
+    (musl / "data").mkdir()
+    _install(musl, MUSL_LIBC, "/lib/ld-musl-x86_64.so.1")
+    refused = _runc_run(_runc_bundle(tmp_path / "bad", artifacts, check, program="app", mounts=mount))
+    assert refused.returncode != 0 and "program ran" not in refused.stdout, refused
+    assert "error running hook" in refused.stderr, refused.stderr
+    assert "rocshare: refusing to start app: /data/app's loader /lib/ld-musl-x86_64.so.1 is not glibc's" in \
+        refused.stderr, refused.stderr

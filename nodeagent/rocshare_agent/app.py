@@ -29,6 +29,8 @@ from rocshare_agent.dra.plugin import DraPluginService
 from rocshare_agent.dra.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, serve_dra_plugin
 from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.hook_install import SHIPPED_HOOK, InstallError, install_hook
+from rocshare_agent.load_check import LOAD_CHECK_FILE, install_load_check, write_device_plugin_spec
+from rocshare_agent.deviceplugin.container_spec import HOOK_LIBRARY
 from rocshare_agent.inventory_loop import run_inventory_loop
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ async def run_agent(config: AgentConfig) -> None:
 def _install_hook(config: AgentConfig) -> None:
     """rocshare's hook into hookPath before anything offers slices. A failure is logged, not fatal:
     the hook check then reports the node's library as missing, and the pool's hookMissing decides."""
+    _install_load_check(config)
     if config.hook_library == HookLibrary.EXTERNAL:
         log.info("memory hook: the pool names an external library in %s; verifying it only", config.hook_path)
         return
@@ -101,6 +104,23 @@ def _install_hook(config: AgentConfig) -> None:
         return
     log.info("memory hook: %s %s -> %s (%s)", "installed" if installed.changed else "already installed",
              installed.link, installed.target, installed.version)
+
+
+def _install_load_check(config: AgentConfig) -> None:
+    """The load check beside the hook, and the device plugin's CDI spec naming it (load_check.py),
+    whatever library the pool names: the check reads that library's own needs. A failure is logged:
+    a runtime with CDI then refuses every slice container (its CDI device cannot be resolved), which
+    is closed, not open."""
+    source = config.hook_source.parent / LOAD_CHECK_FILE
+    try:
+        changed = install_load_check(source, Path(config.hook_path))
+        spec = write_device_plugin_spec(config.cdi_dir, hook_host_dir=config.hook_path, library_file=HOOK_LIBRARY)
+    except OSError as error:
+        log.error("load check: cannot install %s into %s or its CDI spec into %s: %s", source, config.hook_path,
+                  config.cdi_dir, error)
+        return
+    log.info("load check: %s in %s; CDI spec %s", "installed" if changed else "already installed",
+             config.hook_path, spec)
 
 
 def _snapshot(pods: KubePods) -> list:

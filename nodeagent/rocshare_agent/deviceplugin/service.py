@@ -47,6 +47,7 @@ from rocshare_agent.deviceplugin.devices import plugin_devices
 from rocshare_agent.deviceplugin.inflight import InFlightFinder, InFlightPod, PodRef, Refusal, next_container
 from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
 from rocshare_agent.deviceplugin.preferred import preferred_ids
+from rocshare_agent.load_check import CDI_DEVICE_NAME, container_hooks
 from rocshare_agent.hook import HookCheck, check_hook, missing_message, unlimited_message
 
 log = logging.getLogger(__name__)
@@ -326,4 +327,7 @@ def to_response(spec: ContainerSpec) -> pb.ContainerAllocateResponse:
                  for d in spec.devices],
         mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
                 for m in spec.mounts],
+        # A container given the hook is also given the load check, through the agent's CDI spec
+        # (load_check.py): a runtime with CDI refuses it where the hook cannot load.
+        cdi_devices=[pb.CDIDevice(name=CDI_DEVICE_NAME)] if container_hooks(spec) else [],
     )

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from rocshare.api.allocation import DeviceSlice
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec
+from rocshare_agent.load_check import container_hooks
 
 CDI_VERSION = "0.6.0"
 CDI_KIND = "rocshare.io/gpu"
@@ -64,6 +65,9 @@ def cdi_spec(claim: PreparedClaim, spec: ContainerSpec) -> dict:
         edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
                             "options": (["ro"] if m.read_only else []) + ["nosuid", "nodev", "bind"]}
                            for m in spec.mounts]
+    hooks = container_hooks(spec)
+    if hooks:  # the load check (load_check.py): refuses the container where the hook cannot load
+        edits["hooks"] = hooks
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
             "annotations": {PREPARED_ANNOTATION: json.dumps(_record(claim), separators=(",", ":"), sort_keys=True)},
             "devices": [{"name": claim.uid, "containerEdits": edits}]}

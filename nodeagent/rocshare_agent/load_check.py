@@ -1,0 +1,100 @@
+"""The load check (hook/src/loadcheck.c, `rocshare-loadcheck`) as the container runtime meets it.
+
+A slice container gets the memory hook through LD_AUDIT, which only glibc's loader honours and only
+when the image's libraries define what the hook needs; elsewhere the slice would run unlimited,
+unseen. The check is an OCI createContainer hook that refuses such a container with one line the
+kubelet's event carries. It reaches the runtime through CDI, in both modes:
+
+* device plugin: the agent writes one CDI spec (kind `rocshare.io/loadcheck`, device `slice`) whose
+  only edit is the hook, and Allocate names it in `cdi_devices` for each container given the hook;
+* DRA: the claim's own CDI spec (dra/cdi.py) carries the same hook edit.
+
+Invariants:
+* One rule decides which containers are checked: those whose spec carries the hook (LD_AUDIT naming
+  the hook's container path, and the library mounted there). Whole-GPU containers get neither.
+* The check runs from the host's view (before pivot_root), so it is named by host paths: the program
+  beside the hook library in hookPath, and that library, whose own symbol-version needs it reads.
+* Files are written whole (temporary file, fsync, rename); an existing, identical file is left alone.
+* A runtime without CDI (containerd 1.6, 1.7 without enable_cdi) ignores the device: the check never
+  runs there (docs/memory-hook.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path, PurePosixPath
+
+from rocshare_agent.deviceplugin.container_spec import HOOK_CONTAINER_PATH, ContainerSpec
+
+SHIPPED_LOAD_CHECK = Path("/opt/rocshare/hook/rocshare-loadcheck")
+"""Where the agent image holds the check (images/agent.Dockerfile)."""
+LOAD_CHECK_FILE = "rocshare-loadcheck"
+CDI_VERSION = "0.6.0"
+CDI_KIND = "rocshare.io/loadcheck"
+CDI_DEVICE = "slice"
+CDI_DEVICE_NAME = f"{CDI_KIND}={CDI_DEVICE}"
+SPEC_FILE = "rocshare.io-loadcheck.json"
+HOOK_STAGE = "createContainer"  # after the container's mounts, before pivot_root (runc, crun)
+
+
+# ---- pure ---------------------------------------------------------------------------------
+
+
+def hook_library_host_path(spec: ContainerSpec) -> str | None:
+    """The host path of the hook a container is given, or None when it is given none."""
+    if spec.envs.get("LD_AUDIT") != HOOK_CONTAINER_PATH:
+        return None
+    return next((m.host_path for m in spec.mounts if m.container_path == HOOK_CONTAINER_PATH), None)
+
+
+def load_check_hook(library_host_path: str) -> dict:
+    """The CDI hook edit that runs the check beside `library_host_path` against it."""
+    folder = PurePosixPath(library_host_path).parent
+    return {"hookName": HOOK_STAGE, "path": str(folder / LOAD_CHECK_FILE),
+            "args": [LOAD_CHECK_FILE, "--library", library_host_path, "--audit-path", HOOK_CONTAINER_PATH]}
+
+
+def container_hooks(spec: ContainerSpec) -> list[dict]:
+    """The CDI hooks a container's spec brings: the check when it is given the hook, else none."""
+    library = hook_library_host_path(spec)
+    return [] if library is None else [load_check_hook(library)]
+
+
+def device_plugin_cdi_spec(hook_host_dir: str, library_file: str) -> dict:
+    """The spec a device plugin's Allocate names (CDI_DEVICE_NAME): the check, nothing else."""
+    library = str(PurePosixPath(hook_host_dir) / library_file)
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
+            "devices": [{"name": CDI_DEVICE, "containerEdits": {"hooks": [load_check_hook(library)]}}]}
+
+
+# ---- on disk ------------------------------------------------------------------------------
+
+
+def install_load_check(source: Path, hook_dir: Path) -> bool:
+    """Copies the check beside the hook (mode 0755); False when the same file is already there."""
+    content = source.read_bytes()
+    target = hook_dir / LOAD_CHECK_FILE
+    if target.is_file() and not target.is_symlink() and target.read_bytes() == content:
+        return False
+    hook_dir.mkdir(parents=True, exist_ok=True)
+    _write_whole(target, content, mode=0o755)
+    return True
+
+
+def write_device_plugin_spec(cdi_dir: Path, *, hook_host_dir: str, library_file: str) -> Path:
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    target = cdi_dir / SPEC_FILE
+    text = json.dumps(device_plugin_cdi_spec(hook_host_dir, library_file), indent=1, sort_keys=True)
+    _write_whole(target, text.encode(), mode=0o644)
+    return target
+
+
+def _write_whole(target: Path, content: bytes, *, mode: int) -> None:
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with temporary.open("wb") as out:
+        out.write(content)
+        out.flush()
+        os.fsync(out.fileno())
+    temporary.chmod(mode)
+    temporary.rename(target)

@@ -16,6 +16,9 @@
  * - a library the hook needs (its DT_NEEDED) missing from the image, or one that does not define
  *   every version the hook needs from it (its verneed, read from the hook file itself: no floor
  *   is written here).
+ * With --witness-dir, it first leaves an empty file <pod uid>_<container name> there (names from
+ * the CRI's annotations), so the agent can tell a runtime that ignored the CDI device (the check
+ * never ran) from one that ran it.
  * Every path inside the container is opened with openat2(RESOLVE_IN_ROOT): symlinks and ".." stay
  * inside the container's root, as they will for the program once it runs there.
  * What it cannot see is in docs/memory-hook.md (a program that execs a static binary later, a
@@ -50,6 +53,7 @@ struct open_how_v0 {
 };
 
 struct container {
+	char *witness; /* "<pod uid>_<container name>", or NULL when the annotations lack them */
 	char *root;    /* host path of the root filesystem */
 	char *program; /* process.args[0] as the pod/image wrote it */
 	char *cwd;
@@ -60,6 +64,7 @@ struct container {
 struct options {
 	const char *library;    /* the hook on the host */
 	const char *audit_path; /* the hook's path inside the container */
+	const char *witness_dir;
 };
 
 static const char *program_g = "?";
@@ -127,6 +132,47 @@ static void read_env(const struct lc_json *doc, int process, struct container *c
 	}
 }
 
+/* An annotation's value if it is a short name of [a-z0-9-] (a pod uid, a container name), else NULL. */
+static char *name_annotation(const struct lc_json *doc, const char *key)
+{
+	char *value = lc_json_string(doc, lc_json_get(doc, lc_json_get(doc, 0, "annotations"), key));
+	if (value && (!value[0] || strlen(value) > 64 || value[strspn(value, "abcdefghijklmnopqrstuvwxyz0123456789-")])) {
+		free(value);
+		return NULL;
+	}
+	return value;
+}
+
+/* containerd names the pod's uid and the container in these annotations; CRI-O in the second pair. */
+static char *witness_name(const struct lc_json *doc)
+{
+	char *uid = name_annotation(doc, "io.kubernetes.cri.sandbox-uid");
+	char *container = name_annotation(doc, "io.kubernetes.cri.container-name");
+	if (!uid)
+		uid = name_annotation(doc, "io.kubernetes.pod.uid");
+	if (!container)
+		container = name_annotation(doc, "io.kubernetes.container.name");
+	char *name = NULL;
+	if (uid && container && asprintf(&name, "%s_%s", uid, container) < 0)
+		name = NULL;
+	free(uid), free(container);
+	return name;
+}
+
+/* Best effort: a witness that cannot be written only makes the agent report the check as not run. */
+static void leave_witness(const char *dir, const char *name)
+{
+	if (!dir || !name)
+		return;
+	int dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dir_fd < 0)
+		return;
+	int fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd >= 0)
+		close(fd);
+	close(dir_fd);
+}
+
 static void read_config(const char *bundle, struct container *c)
 {
 	char *path = join(bundle, "config.json");
@@ -145,6 +191,7 @@ static void read_config(const char *bundle, struct container *c)
 	program_g = c->program;
 	c->root = root[0] == '/' ? root : join(bundle, root);
 	read_env(doc, process, c);
+	c->witness = witness_name(doc);
 	free(text.data);
 	free(path);
 }
@@ -429,9 +476,11 @@ static void parse_options(int argc, char **argv, struct options *o)
 			o->library = argv[i + 1];
 		else if (strcmp(argv[i], "--audit-path") == 0)
 			o->audit_path = argv[i + 1];
+		else if (strcmp(argv[i], "--witness-dir") == 0)
+			o->witness_dir = argv[i + 1];
 	}
 	if (!o->library || !o->audit_path || argc % 2 == 0)
-		refuse("usage: rocshare-loadcheck --library <host path> --audit-path <container path>");
+		refuse("usage: rocshare-loadcheck --library <host path> --audit-path <container path> [--witness-dir <dir>]");
 }
 
 int main(int argc, char **argv)
@@ -441,6 +490,7 @@ int main(int argc, char **argv)
 	parse_options(argc, argv, &options);
 	char *bundle = bundle_of_state();
 	read_config(bundle, &c);
+	leave_witness(options.witness_dir, c.witness);
 	check_audit_env(&c, options.audit_path);
 	struct lc_file hook = read_hook(options.library);
 	int root_fd = open(c.root, O_PATH | O_DIRECTORY | O_CLOEXEC);

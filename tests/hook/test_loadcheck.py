@@ -102,18 +102,19 @@ def glibc_root(root: Path, artifacts: Artifacts, *, libc: Path = HOST_LIBC) -> P
     return root
 
 
-def bundle(folder: Path, *, args: list[str], env: list[str] | None = None, root: str = "rootfs") -> Path:
+def bundle(folder: Path, *, args: list[str], env: list[str] | None = None, root: str = "rootfs",
+           annotations: dict[str, str] | None = None) -> Path:
     env = ["PATH=/usr/local/bin:/usr/bin:/bin", f"LD_AUDIT={AUDIT_PATH}"] if env is None else env
     config = {"ociVersion": "1.2.0", "root": {"path": root},
-              "process": {"args": args, "env": env, "cwd": "/"}}
+              "process": {"args": args, "env": env, "cwd": "/"}, "annotations": annotations or {}}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
-def run_check(check: Path, bundle_dir: Path, library: Path) -> subprocess.CompletedProcess:
+def run_check(check: Path, bundle_dir: Path, library: Path, *extra: str) -> subprocess.CompletedProcess:
     state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1, "bundle": str(bundle_dir)}
     env = {"ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "print_stacktrace=1"}
-    return subprocess.run([str(check), "--library", str(library), "--audit-path", AUDIT_PATH],
+    return subprocess.run([str(check), "--library", str(library), "--audit-path", AUDIT_PATH, *extra],
                           input=json.dumps(state), capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -240,6 +241,32 @@ def test_duplicate_keys_read_as_runc_reads_them(tmp_path: Path, artifacts: Artif
     (tmp_path / "config.json").write_text(
         '{"root": {"path": "rootfs"}, "process": {"args": ["app"], "env": %s, "args": ["static"]}}' % env)
     assert_refused(run_check(check, tmp_path, artifacts.witness), "start static:")
+
+
+POD_UID = "0d1c3e2a-5b6f-4c7d-8e9f-a0b1c2d3e4f5"
+
+
+@pytest.mark.parametrize("program", ["app", "static"])
+def test_the_check_leaves_a_witness_named_by_the_cri_annotations(tmp_path: Path, artifacts: Artifacts, check: Path,
+                                                                 program: str) -> None:
+    """The agent tells a runtime that ignored the CDI device by the witness's absence: the check leaves
+    it whether it lets the container start or not, and only under a name made of the pod's uid and the
+    container's name (an annotation that could name a path writes nothing)."""
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    _install(root, artifacts.static_program, "/usr/bin/static")
+    witnesses = tmp_path / "witnesses"
+    witnesses.mkdir()
+    cri = {"io.kubernetes.cri.sandbox-uid": POD_UID, "io.kubernetes.cri.container-name": "main"}
+    result = run_check(check, bundle(tmp_path, args=[program], annotations=cri), artifacts.witness,
+                       "--witness-dir", str(witnesses))
+    assert result.returncode == (0 if program == "app" else 1), result
+    assert [p.name for p in witnesses.iterdir()] == [f"{POD_UID}_main"]
+    (witnesses / f"{POD_UID}_main").unlink()
+    forged = {"io.kubernetes.cri.sandbox-uid": "../../etc", "io.kubernetes.cri.container-name": "main"}
+    run_check(check, bundle(tmp_path, args=[program], annotations=forged), artifacts.witness,
+              "--witness-dir", str(witnesses))
+    assert list(witnesses.iterdir()) == [] and not (tmp_path / "etc_main").exists()
 
 
 def _glibc_versions_needed(library: Path) -> set[str]:

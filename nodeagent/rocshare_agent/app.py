@@ -194,6 +194,7 @@ async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, perio
     await pods.synced.wait()
     while True:
         service.forget_gone_pods()
+        service.audit_load_check()
         await asyncio.sleep(period_s)
 
 

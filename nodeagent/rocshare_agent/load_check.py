@@ -16,14 +16,18 @@ Invariants:
   beside the hook library in hookPath, and that library, whose own symbol-version needs it reads.
 * Files are written whole (temporary file, fsync, rename); an existing, identical file is left alone.
 * A runtime without CDI (containerd 1.6, 1.7 without enable_cdi) ignores the device: the check never
-  runs there (docs/memory-hook.md).
+  runs there (docs/memory-hook.md). The device plugin's check leaves a witness,
+  `<hookPath>/.loadcheck-ran/<pod uid>_<container>`, before the container starts; a slice container
+  seen started without one proves the runtime ignored the device, and the pool's hookMissing decides.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rocshare_agent.deviceplugin.container_spec import HOOK_CONTAINER_PATH, ContainerSpec
 
@@ -36,6 +40,7 @@ CDI_DEVICE = "slice"
 CDI_DEVICE_NAME = f"{CDI_KIND}={CDI_DEVICE}"
 SPEC_FILE = "rocshare.io-loadcheck.json"
 HOOK_STAGE = "createContainer"  # after the container's mounts, before pivot_root (runc, crun)
+WITNESS_DIR = ".loadcheck-ran"
 
 
 # ---- pure ---------------------------------------------------------------------------------
@@ -48,11 +53,14 @@ def hook_library_host_path(spec: ContainerSpec) -> str | None:
     return next((m.host_path for m in spec.mounts if m.container_path == HOOK_CONTAINER_PATH), None)
 
 
-def load_check_hook(library_host_path: str) -> dict:
-    """The CDI hook edit that runs the check beside `library_host_path` against it."""
+def load_check_hook(library_host_path: str, *, witness: bool = False) -> dict:
+    """The CDI hook edit that runs the check beside `library_host_path` against it (leaving a
+    witness in the folder's WITNESS_DIR when `witness`)."""
     folder = PurePosixPath(library_host_path).parent
-    return {"hookName": HOOK_STAGE, "path": str(folder / LOAD_CHECK_FILE),
-            "args": [LOAD_CHECK_FILE, "--library", library_host_path, "--audit-path", HOOK_CONTAINER_PATH]}
+    args = [LOAD_CHECK_FILE, "--library", library_host_path, "--audit-path", HOOK_CONTAINER_PATH]
+    if witness:
+        args += ["--witness-dir", str(folder / WITNESS_DIR)]
+    return {"hookName": HOOK_STAGE, "path": str(folder / LOAD_CHECK_FILE), "args": args}
 
 
 def container_hooks(spec: ContainerSpec) -> list[dict]:
@@ -65,7 +73,37 @@ def device_plugin_cdi_spec(hook_host_dir: str, library_file: str) -> dict:
     """The spec a device plugin's Allocate names (CDI_DEVICE_NAME): the check, nothing else."""
     library = str(PurePosixPath(hook_host_dir) / library_file)
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "devices": [{"name": CDI_DEVICE, "containerEdits": {"hooks": [load_check_hook(library)]}}]}
+            "devices": [{"name": CDI_DEVICE, "containerEdits": {"hooks": [load_check_hook(library, witness=True)]}}]}
+
+
+def witness_name(pod_uid: str, container: str) -> str:
+    return f"{pod_uid}_{container}"
+
+
+def started_unchecked(pods: Iterable[Mapping[str, Any]], expected: Mapping[str, Iterable[str]],
+                      witnessed: set[str]) -> list[tuple[Mapping[str, Any], str]]:
+    """(pod, container) for each container we named the check for that has started (running or
+    terminated in its status) without the check's witness: the runtime ignored the CDI device.
+    The witness is written before the container's program runs, so a started container lacks it
+    only when the check never ran."""
+    unchecked = []
+    for pod in pods:
+        uid = pod["metadata"].get("uid")
+        names = set(expected.get(uid, ()))
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            state = status.get("state") or {}
+            started = "running" in state or "terminated" in state
+            if status.get("name") in names and started and witness_name(uid, status["name"]) not in witnessed:
+                unchecked.append((pod, status["name"]))
+    return unchecked
+
+
+def unchecked_message(container: str, *, refusing: bool) -> str:
+    then = ("further slices on this node are refused (pool agent.hookMissing: Refuse)" if refusing else
+            "slices on this node run unchecked (pool agent.hookMissing: RunWithoutLimit)")
+    return (f"container {container} started without rocshare-loadcheck: this node's container runtime ignored its "
+            f"CDI device {CDI_DEVICE_NAME} (containerd 1.6, or 1.7 without enable_cdi), so a program the memory "
+            f"hook cannot load (musl, static, an old glibc, LD_AUDIT replaced) would run its slice unlimited; {then}")
 
 
 # ---- on disk ------------------------------------------------------------------------------
@@ -83,11 +121,24 @@ def install_load_check(source: Path, hook_dir: Path) -> bool:
 
 
 def write_device_plugin_spec(cdi_dir: Path, *, hook_host_dir: str, library_file: str) -> Path:
+    (Path(hook_host_dir) / WITNESS_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
     cdi_dir.mkdir(parents=True, exist_ok=True)
     target = cdi_dir / SPEC_FILE
     text = json.dumps(device_plugin_cdi_spec(hook_host_dir, library_file), indent=1, sort_keys=True)
     _write_whole(target, text.encode(), mode=0o644)
     return target
+
+
+def read_witnesses(hook_dir: Path) -> set[str]:
+    try:
+        return {entry.name for entry in (hook_dir / WITNESS_DIR).iterdir()}
+    except FileNotFoundError:
+        return set()
+
+
+def remove_witnesses(hook_dir: Path, names: Iterable[str]) -> None:
+    for name in names:
+        (hook_dir / WITNESS_DIR / name).unlink(missing_ok=True)
 
 
 def _write_whole(target: Path, content: bytes, *, mode: int) -> None:

@@ -120,7 +120,8 @@ def run_check(check: Path, bundle_dir: Path, library: Path, *extra: str) -> subp
 
 def run_in_root(root: Path, program: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """What the container would do without the check: its program, in its root, with its env."""
-    return subprocess.run([shutil.which("chroot") or "/usr/sbin/chroot", str(root), program], env=env, capture_output=True, text=True, timeout=60)
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    return subprocess.run([chroot, str(root), program], env=env, capture_output=True, text=True, timeout=60)
 
 
 def assert_refused(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -271,7 +272,8 @@ def test_the_check_leaves_a_witness_named_by_the_cri_annotations(tmp_path: Path,
 
 def _glibc_versions_needed(library: Path) -> set[str]:
     out = subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True).stdout
-    return {word.strip("()") for line in out.splitlines() for word in line.split() if word.strip("()").startswith("GLIBC_")}
+    words = {word.strip("()") for line in out.splitlines() for word in line.split()}
+    return {word for word in words if word.startswith("GLIBC_")}
 
 
 

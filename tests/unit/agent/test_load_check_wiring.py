@@ -12,23 +12,35 @@ from pathlib import Path
 
 import pytest
 
-from rocshare.api.allocation import ContainerAllocation, DeviceSlice
-from rocshare.api.models import GpuInfo
+from rocshare.api.allocation import (
+    ALLOCATION_ANNOTATION,
+    AllocationRecord,
+    ContainerAllocation,
+    DeviceSlice,
+    encode_record,
+)
+from rocshare.api.models import GpuInfo, HookMissing
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin.container_spec import HOOK_CONTAINER_PATH, render_container
-from rocshare_agent.deviceplugin.service import to_response
+from rocshare_agent.deviceplugin.inflight import Refusal
+from rocshare_agent.deviceplugin.service import DevicePluginService, to_response
 from rocshare_agent.dra.cdi import PreparedClaim, cdi_spec
 from rocshare_agent.load_check import (
     CDI_DEVICE_NAME,
+    WITNESS_DIR,
     install_load_check,
+    witness_name,
     write_device_plugin_spec,
 )
+from tests.agent_fakes import MemoryPods, hook_present
 
 GPU = GpuInfo(id="GPU-1901ead3a2ecd4a6", index=0, render_minor=128, card=1, gfx_target_version=90010,
               vram_mib=65536, cu_count=104, pci_bdf="0000:63:00.0", split_count=10, healthy=True)
+NODE = "node-a"
 HOOK_DIR = "/var/lib/rocshare/hook"
 CHECK_HOOK = {"hookName": "createContainer", "path": f"{HOOK_DIR}/rocshare-loadcheck",
-              "args": ["rocshare-loadcheck", "--library", f"{HOOK_DIR}/libamvgpu.so", "--audit-path", HOOK_CONTAINER_PATH]}
+              "args": ["rocshare-loadcheck", "--library", f"{HOOK_DIR}/libamvgpu.so",
+                       "--audit-path", HOOK_CONTAINER_PATH]}
 
 
 def spec_for(*, whole: bool, memory_hook: bool = True):
@@ -52,11 +64,16 @@ def test_cdi_devices_are_field_5_with_name_1_as_the_kubelet_reads_them() -> None
 
 
 def test_the_device_plugin_spec_carries_only_the_check(tmp_path: Path) -> None:
-    path = write_device_plugin_spec(tmp_path, hook_host_dir=HOOK_DIR, library_file="libamvgpu.so")
+    hook_dir, cdi_dir = tmp_path / "hook", tmp_path / "cdi"
+    path = write_device_plugin_spec(cdi_dir, hook_host_dir=str(hook_dir), library_file="libamvgpu.so")
     spec = json.loads(path.read_text())
     assert f"{spec['kind']}={spec['devices'][0]['name']}" == CDI_DEVICE_NAME
-    assert spec["devices"][0]["containerEdits"] == {"hooks": [CHECK_HOOK]}
-    assert [p.name for p in tmp_path.iterdir()] == ["rocshare.io-loadcheck.json"]
+    assert spec["devices"][0]["containerEdits"] == {"hooks": [{
+        "hookName": "createContainer", "path": f"{hook_dir}/rocshare-loadcheck",
+        "args": ["rocshare-loadcheck", "--library", f"{hook_dir}/libamvgpu.so", "--audit-path", HOOK_CONTAINER_PATH,
+                 "--witness-dir", f"{hook_dir}/.loadcheck-ran"]}]}  # the witness: device plugin mode only (below)
+    assert [p.name for p in cdi_dir.iterdir()] == ["rocshare.io-loadcheck.json"]
+    assert (hook_dir / WITNESS_DIR).is_dir()
 
 
 @pytest.mark.parametrize("whole", [False, True])
@@ -75,3 +92,71 @@ def test_the_check_is_installed_beside_the_hook(tmp_path: Path) -> None:
     assert installed.read_bytes() == b"\x7fELF check" and stat.S_IMODE(installed.stat().st_mode) == 0o755
     assert install_load_check(source, hook_dir) is False
     assert sorted(p.name for p in hook_dir.iterdir()) == ["rocshare-loadcheck"]  # no temporary left
+
+
+# ---- a runtime that ignores the CDI device: the witness, and hookMissing ---------------------------
+
+def slice_pod(name: str) -> dict:
+    record = AllocationRecord(node=NODE, containers=[ContainerAllocation(name="main", devices=[
+        DeviceSlice(gpu_id=GPU.id, memory_mib=2048, cu_count=104, cu_ranges=[(0, 25)])])])
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "annotations": {ALLOCATION_ANNOTATION: encode_record(record)}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "main", "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"}}
+
+
+def started(source: MemoryPods, name: str) -> None:
+    """The kubelet's status once the container runs."""
+    source.admit(name)
+    pod = next(p for p in source.pods if p["metadata"]["name"] == name)
+    pod["status"]["containerStatuses"] = [{"name": "main", "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}}]
+
+
+ONE = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])])
+
+
+async def served_and_started(policy: HookMissing, hook_dir: Path, *, witness: bool) -> tuple[DevicePluginService,
+                                                                                           MemoryPods]:
+    source = MemoryPods([slice_pod("first")])
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir=str(hook_dir), hook_missing=policy,
+                                  hook_check=hook_present)
+    service.set_inventory([GPU])
+    write_device_plugin_spec(hook_dir / "cdi", hook_host_dir=str(hook_dir), library_file="libamvgpu.so")
+    (reply,) = (await service.allocate(ONE)).container_responses
+    assert [d.name for d in reply.cdi_devices] == [CDI_DEVICE_NAME]
+    if witness:  # what the check leaves (hook/src/loadcheck.c; named as tests/hook/test_loadcheck.py shows)
+        (hook_dir / WITNESS_DIR / witness_name("uid-first", "main")).touch()
+    started(source, "first")
+    service.audit_load_check()
+    await service.settle()
+    source.pods.append(slice_pod("second"))
+    return service, source
+
+
+async def test_a_slice_started_without_the_checks_witness_refuses_later_slices(tmp_path: Path) -> None:
+    service, source = await served_and_started(HookMissing.REFUSE, tmp_path, witness=False)
+    assert [(name, reason) for name, reason, _ in source.warnings] == [("first", "LoadCheckNotRun")]
+    assert "ignored its CDI device rocshare.io/loadcheck=slice" in source.warnings[0][2]
+    with pytest.raises(Refusal, match="container runtime ignores CDI devices"):
+        await service.allocate(ONE)
+    service.audit_load_check()
+    await service.settle()
+    assert len(source.warnings) == 1  # said once per container
+
+
+async def test_with_run_without_limit_the_slice_is_served_and_warned(tmp_path: Path) -> None:
+    service, source = await served_and_started(HookMissing.RUN_WITHOUT_LIMIT, tmp_path, witness=False)
+    assert [reason for _, reason, _ in source.warnings] == ["LoadCheckNotRun"]
+    assert "RunWithoutLimit" in source.warnings[0][2]
+    (reply,) = (await service.allocate(ONE)).container_responses
+    assert [d.name for d in reply.cdi_devices] == [CDI_DEVICE_NAME]
+
+
+async def test_with_the_witness_nothing_is_said_and_gone_pods_lose_theirs(tmp_path: Path) -> None:
+    service, source = await served_and_started(HookMissing.REFUSE, tmp_path, witness=True)
+    assert source.warnings == [] and not service.runtime_ignores_cdi
+    (reply,) = (await service.allocate(ONE)).container_responses
+    assert [d.name for d in reply.cdi_devices] == [CDI_DEVICE_NAME]
+    source.pods[:] = [p for p in source.pods if p["metadata"]["name"] != "first"]
+    service.audit_load_check()
+    assert list((tmp_path / WITNESS_DIR).iterdir()) == []

@@ -50,7 +50,8 @@ def test_the_pools_interface_picks_the_agents_kubelet_side() -> None:
     assert {"dra-plugins", "dra-registry"}.isdisjoint(v["name"] for v in plugin["volumes"])
     plugin_mounts = {m["name"]: m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
     # Both modes write CDI specs: the load check's (device plugin), prepared claims (DRA).
-    assert plugin_mounts["cdi"] == {v["name"]: v["hostPath"]["path"] for v in plugin["volumes"]}["cdi"] == "/var/run/cdi"
+    plugin_host = {v["name"]: v["hostPath"]["path"] for v in plugin["volumes"]}
+    assert plugin_mounts["cdi"] == plugin_host["cdi"] == "/var/run/cdi"
     dra = render(interface="DRA")["spec"]["template"]["spec"]
     assert "--interface=DRA" in dra["containers"][0]["args"]
     mounts = {m["name"]: m["mountPath"] for m in dra["containers"][0]["volumeMounts"]}

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #define STATE_MAX_BYTES (1u << 20)
@@ -59,6 +60,8 @@ struct container {
 	char *cwd;
 	char **env;
 	int env_count;
+	unsigned long uid, gid; /* process.user */
+	int no_new_privs;       /* process.noNewPrivileges: setuid bits and file capabilities do nothing */
 };
 
 struct options {
@@ -173,6 +176,29 @@ static void leave_witness(const char *dir, const char *name)
 	close(dir_fd);
 }
 
+/* A JSON number token's value (a uid, a gid); 0 when absent, and refused when it is not one. */
+static unsigned long json_id(const struct lc_json *doc, int index)
+{
+	if (index < 0)
+		return 0;
+	const struct lc_json_token *t = &doc->tok[index];
+	unsigned long v = 0;
+	if (t->type != LC_JSON_SCALAR || t->end - t->start > 10)
+		refuse("config.json's process.user is not a pair of numbers");
+	for (size_t i = t->start; i < t->end; i++) {
+		if (doc->text[i] < '0' || doc->text[i] > '9')
+			refuse("config.json's process.user is not a pair of numbers");
+		v = v * 10 + (unsigned long)(doc->text[i] - '0');
+	}
+	return v;
+}
+
+static int json_true(const struct lc_json *doc, int index)
+{
+	return index >= 0 && doc->tok[index].type == LC_JSON_SCALAR && doc->tok[index].end - doc->tok[index].start == 4 &&
+	       strncmp(doc->text + doc->tok[index].start, "true", 4) == 0;
+}
+
 static void read_config(const char *bundle, struct container *c)
 {
 	char *path = join(bundle, "config.json");
@@ -191,6 +217,10 @@ static void read_config(const char *bundle, struct container *c)
 	program_g = c->program;
 	c->root = root[0] == '/' ? root : join(bundle, root);
 	read_env(doc, process, c);
+	int user = lc_json_get(doc, process, "user");
+	c->uid = json_id(doc, lc_json_get(doc, user, "uid"));
+	c->gid = json_id(doc, lc_json_get(doc, user, "gid"));
+	c->no_new_privs = json_true(doc, lc_json_get(doc, process, "noNewPrivileges"));
 	c->witness = witness_name(doc);
 	free(text.data);
 	free(path);
@@ -314,26 +344,46 @@ static char *script_interpreter(const struct lc_file *f)
 }
 
 /* The ELF file that will run: the program, or the interpreter its "#!" names (recursively). */
+/* glibc's loader runs a program that changes its credentials (setuid, setgid, file capabilities)
+ * in secure mode, where LD_AUDIT names with a slash are dropped: the hook would not load. With
+ * noNewPrivileges (allowPrivilegeEscalation: false) the kernel grants none of that. */
+static void check_secure_exec(int fd, const struct container *c, const char *path)
+{
+	struct stat st;
+	if (c->no_new_privs)
+		return;
+	if (fstat(fd, &st) < 0)
+		refuse("cannot stat %s: %s", path, strerror(errno));
+	if ((st.st_mode & S_ISUID) && st.st_uid != c->uid)
+		refuse("%s is set-user-ID, so the loader runs it in secure mode and drops LD_AUDIT", path);
+	if ((st.st_mode & S_ISGID) && (st.st_mode & S_IXGRP) && st.st_gid != c->gid)
+		refuse("%s is set-group-ID, so the loader runs it in secure mode and drops LD_AUDIT", path);
+	if (c->uid != 0 && fgetxattr(fd, "security.capability", NULL, 0) > 0)
+		refuse("%s has file capabilities, so the loader runs it in secure mode and drops LD_AUDIT", path);
+}
+
 static struct lc_file program_elf(int root_fd, const struct container *c, char **path)
 {
 	int fd = find_program(root_fd, c, path);
 	if (fd < 0)
 		refuse("%s is not an executable file in the image (so its loader cannot be checked)", *path);
 	struct lc_file f;
-	if (lc_read_fd(fd, PROGRAM_PREFIX_BYTES, &f) < 0)
-		refuse("cannot read %s: %s", *path, strerror(errno));
-	close(fd);
-	for (int depth = 0; depth < MAX_INTERPRETERS; depth++) {
+	for (int depth = 0; depth <= MAX_INTERPRETERS; depth++) {
+		if (lc_read_fd(fd, PROGRAM_PREFIX_BYTES, &f) < 0)
+			refuse("cannot read %s: %s", *path, strerror(errno));
 		char *interpreter = script_interpreter(&f);
-		if (!interpreter)
+		if (!interpreter) { /* the ELF file the kernel runs: its credentials bits apply */
+			check_secure_exec(fd, c, *path);
+			close(fd);
 			return f;
+		}
+		close(fd);
 		free(f.data);
 		free(*path);
 		*path = interpreter;
 		fd = open_executable(root_fd, interpreter);
-		if (fd < 0 || lc_read_fd(fd, PROGRAM_PREFIX_BYTES, &f) < 0)
+		if (fd < 0)
 			refuse("its script's interpreter %s is not an executable file in the image", interpreter);
-		close(fd);
 	}
 	refuse("its #! interpreters nest deeper than %d", MAX_INTERPRETERS);
 }

@@ -337,3 +337,49 @@ def test_runc_runs_the_check_at_create_container_with_the_pods_volumes(tmp_path:
     assert "error running hook" in refused.stderr, refused.stderr
     assert "rocshare: refusing to start app: /data/app's loader /lib/ld-musl-x86_64.so.1 is not glibc's" in \
         refused.stderr, refused.stderr
+
+
+def _user_bundle(folder: Path, *, uid: int, no_new_privs: bool) -> Path:
+    bundle(folder, args=["app"])
+    config = json.loads((folder / "config.json").read_text())
+    config["process"].update(user={"uid": uid, "gid": uid}, noNewPrivileges=no_new_privs)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_set_user_id_program_is_refused_unless_privileges_cannot_rise(tmp_path: Path, artifacts: Artifacts,
+                                                                       check: Path) -> None:
+    """The loader runs a set-user-ID program in secure mode and drops LD_AUDIT: a tenant's image could
+    carry one. With noNewPrivileges (allowPrivilegeEscalation: false) the bit does nothing."""
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app", 0o4755)
+    assert_refused(run_check(check, _user_bundle(tmp_path, uid=1000, no_new_privs=False), artifacts.witness),
+                   "/usr/bin/app is set-user-ID")
+    assert run_check(check, _user_bundle(tmp_path, uid=1000, no_new_privs=True), artifacts.witness).returncode == 0
+    assert run_check(check, _user_bundle(tmp_path, uid=0, no_new_privs=False), artifacts.witness).returncode == 0
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    ran = subprocess.run([chroot, "--userspec=1000:1000", str(root), "/usr/bin/app"], env={"LD_AUDIT": AUDIT_PATH},
+                         capture_output=True, text=True, timeout=60)
+    assert ran.stdout == "program ran\n" and WITNESS_LINE not in ran.stderr, ran  # the hole: no audit library
+
+
+def test_damaged_elf_files_are_refused_without_a_crash(tmp_path: Path, artifacts: Artifacts) -> None:
+    """Every cut of the program's and the libc's first 4 KiB, and bytes flipped across their headers:
+    the check answers (0 or a refusal line), never crashes, under ASan and UBSan too."""
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    program = artifacts.glibc_program.read_bytes()
+    libc = HOST_LIBC.read_bytes()
+    variants = [(program[:cut], libc) for cut in (0, 4, 20, 63, 64, 200, 700, 4096)]
+    variants += [(program, libc[:cut]) for cut in (0, 64, 4096, len(libc) // 2)]
+    variants += [(program[:k] + bytes([program[k] ^ 0xFF]) + program[k + 1:], libc) for k in range(16, 120, 7)]
+    bundle(tmp_path, args=["app"])
+    for program_bytes, libc_bytes in variants:
+        (root / "usr/bin").mkdir(parents=True, exist_ok=True)
+        (root / "usr/bin/app").write_bytes(program_bytes)
+        (root / "usr/bin/app").chmod(0o755)
+        (root / "lib/x86_64-linux-gnu/libc.so.6").write_bytes(libc_bytes)
+        for kind in ("asan", "ubsan"):
+            result = run_check(artifacts.checks[kind], tmp_path, artifacts.witness)
+            assert result.returncode in (0, 1), result
+            assert result.returncode == 0 or result.stderr.startswith("rocshare: refusing to start app: "), result
+            assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr, result

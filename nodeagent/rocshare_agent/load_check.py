@@ -13,11 +13,12 @@ Invariants:
 * One rule decides which containers are checked: those whose spec carries the hook (LD_AUDIT naming
   the hook's container path, and the library mounted there). Whole-GPU containers get neither.
 * The check runs from the host's view (before pivot_root), so it is named by host paths: the program
-  beside the hook library in hookPath, and that library, whose own symbol-version needs it reads.
+  in the agent's load-check folder (never the hook's folder, which is the admin's with an External
+  library), and the hook library in hookPath, whose own symbol-version needs it reads.
 * Files are written whole (temporary file, fsync, rename); an existing, identical file is left alone.
 * A runtime without CDI (containerd 1.6, 1.7 without enable_cdi) ignores the device: the check never
   runs there (docs/memory-hook.md). The device plugin's check leaves a witness,
-  `<hookPath>/.loadcheck-ran/<pod uid>_<container>`, before the container starts; a slice container
+  `<load-check folder>/.loadcheck-ran/<pod uid>_<container>`, before the container starts; a slice container
   seen started without one proves the runtime ignored the device, and the pool's hookMissing decides.
 """
 
@@ -33,6 +34,8 @@ from rocshare_agent.deviceplugin.container_spec import HOOK_CONTAINER_PATH, Cont
 
 SHIPPED_LOAD_CHECK = Path("/opt/rocshare/hook/rocshare-loadcheck")
 """Where the agent image holds the check (images/agent.Dockerfile)."""
+DEFAULT_LOAD_CHECK_DIR = "/var/lib/rocshare/loadcheck"
+"""The host folder the agent installs the check into (a hostPath of the agent's DaemonSet)."""
 LOAD_CHECK_FILE = "rocshare-loadcheck"
 CDI_VERSION = "0.6.0"
 CDI_KIND = "rocshare.io/loadcheck"
@@ -53,27 +56,32 @@ def hook_library_host_path(spec: ContainerSpec) -> str | None:
     return next((m.host_path for m in spec.mounts if m.container_path == HOOK_CONTAINER_PATH), None)
 
 
-def load_check_hook(library_host_path: str, *, witness: bool = False) -> dict:
-    """The CDI hook edit that runs the check beside `library_host_path` against it (leaving a
-    witness in the folder's WITNESS_DIR when `witness`)."""
-    folder = PurePosixPath(library_host_path).parent
+def gets_load_check(spec: ContainerSpec) -> bool:
+    """The one rule: a container given the memory hook is checked; any other is not."""
+    return hook_library_host_path(spec) is not None
+
+
+def load_check_hook(library_host_path: str, check_dir: str, *, witness: bool = False) -> dict:
+    """The CDI hook edit that runs the check in `check_dir` against `library_host_path` (leaving a
+    witness in `check_dir`/WITNESS_DIR when `witness`)."""
+    folder = PurePosixPath(check_dir)
     args = [LOAD_CHECK_FILE, "--library", library_host_path, "--audit-path", HOOK_CONTAINER_PATH]
     if witness:
         args += ["--witness-dir", str(folder / WITNESS_DIR)]
     return {"hookName": HOOK_STAGE, "path": str(folder / LOAD_CHECK_FILE), "args": args}
 
 
-def container_hooks(spec: ContainerSpec) -> list[dict]:
+def container_hooks(spec: ContainerSpec, check_dir: str) -> list[dict]:
     """The CDI hooks a container's spec brings: the check when it is given the hook, else none."""
     library = hook_library_host_path(spec)
-    return [] if library is None else [load_check_hook(library)]
+    return [] if library is None else [load_check_hook(library, check_dir)]
 
 
-def device_plugin_cdi_spec(hook_host_dir: str, library_file: str) -> dict:
+def device_plugin_cdi_spec(check_dir: str, hook_host_dir: str, library_file: str) -> dict:
     """The spec a device plugin's Allocate names (CDI_DEVICE_NAME): the check, nothing else."""
-    library = str(PurePosixPath(hook_host_dir) / library_file)
+    hook = load_check_hook(str(PurePosixPath(hook_host_dir) / library_file), check_dir, witness=True)
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
-            "devices": [{"name": CDI_DEVICE, "containerEdits": {"hooks": [load_check_hook(library, witness=True)]}}]}
+            "devices": [{"name": CDI_DEVICE, "containerEdits": {"hooks": [hook]}}]}
 
 
 def witness_name(pod_uid: str, container: str) -> str:
@@ -109,36 +117,33 @@ def unchecked_message(container: str, *, refusing: bool) -> str:
 # ---- on disk ------------------------------------------------------------------------------
 
 
-def install_load_check(source: Path, hook_dir: Path) -> bool:
-    """Copies the check beside the hook (mode 0755); False when the same file is already there."""
+def install_load_check(source: Path, check_dir: Path) -> bool:
+    """Copies the check into `check_dir` (mode 0755); False when the same file is already there."""
     content = source.read_bytes()
-    target = hook_dir / LOAD_CHECK_FILE
+    target = check_dir / LOAD_CHECK_FILE
     if target.is_file() and not target.is_symlink() and target.read_bytes() == content:
         return False
-    hook_dir.mkdir(parents=True, exist_ok=True)
+    check_dir.mkdir(parents=True, exist_ok=True)
     _write_whole(target, content, mode=0o755)
     return True
 
 
-def write_device_plugin_spec(cdi_dir: Path, *, hook_host_dir: str, library_file: str) -> Path:
-    (Path(hook_host_dir) / WITNESS_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
+def write_device_plugin_spec(cdi_dir: Path, *, check_dir: Path, hook_host_dir: str, library_file: str) -> Path:
+    (check_dir / WITNESS_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
     cdi_dir.mkdir(parents=True, exist_ok=True)
     target = cdi_dir / SPEC_FILE
-    text = json.dumps(device_plugin_cdi_spec(hook_host_dir, library_file), indent=1, sort_keys=True)
+    text = json.dumps(device_plugin_cdi_spec(str(check_dir), hook_host_dir, library_file), indent=1, sort_keys=True)
     _write_whole(target, text.encode(), mode=0o644)
     return target
 
 
-def read_witnesses(hook_dir: Path) -> set[str]:
-    try:
-        return {entry.name for entry in (hook_dir / WITNESS_DIR).iterdir()}
-    except FileNotFoundError:
-        return set()
+def read_witnesses(check_dir: Path) -> set[str]:
+    return {entry.name for entry in (check_dir / WITNESS_DIR).iterdir()}
 
 
-def remove_witnesses(hook_dir: Path, names: Iterable[str]) -> None:
+def remove_witnesses(check_dir: Path, names: Iterable[str]) -> None:
     for name in names:
-        (hook_dir / WITNESS_DIR / name).unlink(missing_ok=True)
+        (check_dir / WITNESS_DIR / name).unlink(missing_ok=True)
 
 
 def _write_whole(target: Path, content: bytes, *, mode: int) -> None:

@@ -49,7 +49,7 @@ from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_iden
 from rocshare_agent.deviceplugin.preferred import preferred_ids
 from rocshare_agent.load_check import (
     CDI_DEVICE_NAME,
-    container_hooks,
+    gets_load_check,
     read_witnesses,
     remove_witnesses,
     started_unchecked,
@@ -87,12 +87,13 @@ class DevicePluginService:
     def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
                  dev_root: str = "/dev", cgroup_root: Path | None = None,
                  pod_device_dir: Path | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
-                 hook_check: Callable[[str], HookCheck] = check_hook) -> None:
+                 hook_check: Callable[[str], HookCheck] = check_hook, load_check_dir: Path | None = None) -> None:
         self.node_name = node_name
         self._pods = pods
         self._hook_host_dir = hook_host_dir
         self._hook_missing = hook_missing
         self._hook_check = hook_check
+        self.load_check_dir = load_check_dir  # set once the check and its CDI spec are installed (app.py)
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
         self._pod_devices = PodDeviceDir(pod_device_dir) if pod_device_dir is not None else None
@@ -225,7 +226,7 @@ class DevicePluginService:
             raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
         except OSError as error:
             raise Refusal(f"pod {in_flight.pod}: cannot make device files for its user: {error}", in_flight.pod) from None
-        if container_hooks(spec):
+        if gets_load_check(spec):
             self._remember_checked(uid, container.name)
         self._progress = {uid: served + 1}  # one pod in flight: older entries are finished or failed
         if served + 1 == len(in_flight.record.containers):
@@ -276,13 +277,16 @@ class DevicePluginService:
     def audit_load_check(self) -> None:
         """Containers named the load check that started without its witness prove the runtime ignored
         the CDI device: each gets a Warning event, and from then on the pool's hookMissing decides
-        (Refuse: slices are refused here). Witnesses of pods gone are removed."""
+        (Refuse: slices are refused here). Witnesses of pods gone are removed. Nothing is judged
+        until this agent installed the check (else no runtime could have run it)."""
+        if self.load_check_dir is None:
+            return
         pods = list(self._pods.cached())
-        hook_dir = Path(self._hook_host_dir)
+        check_dir = self.load_check_dir
         try:
-            witnessed = read_witnesses(hook_dir)
+            witnessed = read_witnesses(check_dir)
         except OSError as error:  # unknown is not "not run": no verdict this round
-            log.warning("load check: cannot read its witnesses in %s: %s", hook_dir, error)
+            log.warning("load check: cannot read its witnesses in %s: %s", check_dir, error)
             return
         for body, container in started_unchecked(pods, self._checked, witnessed):
             meta = body["metadata"]
@@ -296,7 +300,7 @@ class DevicePluginService:
             log.error("pod %s: %s", pod, message)
             self._in_background(self._pods.warn(pod, "LoadCheckNotRun", message))
         live = {p["metadata"].get("uid") for p in pods}
-        remove_witnesses(hook_dir, [name for name in witnessed if name.split("_", 1)[0] not in live])
+        remove_witnesses(check_dir, [name for name in witnessed if name.split("_", 1)[0] not in live])
 
     def forget_gone_pods(self) -> None:
         """Remove per-pod device files of pods no longer on this node."""
@@ -377,5 +381,5 @@ def to_response(spec: ContainerSpec) -> pb.ContainerAllocateResponse:
                 for m in spec.mounts],
         # A container given the hook is also given the load check, through the agent's CDI spec
         # (load_check.py): a runtime with CDI refuses it where the hook cannot load.
-        cdi_devices=[pb.CDIDevice(name=CDI_DEVICE_NAME)] if container_hooks(spec) else [],
+        cdi_devices=[pb.CDIDevice(name=CDI_DEVICE_NAME)] if gets_load_check(spec) else [],
     )

@@ -19,7 +19,8 @@ from rocshare.api.allocation import (
     DeviceSlice,
     encode_record,
 )
-from rocshare.api.models import GpuInfo, HookMissing
+from rocshare.api.models import GpuInfo, HookLibrary, HookMissing
+from rocshare_agent.app import AgentConfig, _install_load_check
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin.container_spec import HOOK_CONTAINER_PATH, render_container
 from rocshare_agent.deviceplugin.inflight import Refusal
@@ -37,8 +38,9 @@ from tests.agent_fakes import MemoryPods, hook_present
 GPU = GpuInfo(id="GPU-1901ead3a2ecd4a6", index=0, render_minor=128, card=1, gfx_target_version=90010,
               vram_mib=65536, cu_count=104, pci_bdf="0000:63:00.0", split_count=10, healthy=True)
 NODE = "node-a"
-HOOK_DIR = "/var/lib/rocshare/hook"
-CHECK_HOOK = {"hookName": "createContainer", "path": f"{HOOK_DIR}/rocshare-loadcheck",
+HOOK_DIR = "/usr/local/vgpu"
+CHECK_DIR = "/var/lib/rocshare/loadcheck"
+CHECK_HOOK = {"hookName": "createContainer", "path": f"{CHECK_DIR}/rocshare-loadcheck",
               "args": ["rocshare-loadcheck", "--library", f"{HOOK_DIR}/libamvgpu.so",
                        "--audit-path", HOOK_CONTAINER_PATH]}
 
@@ -64,26 +66,26 @@ def test_cdi_devices_are_field_5_with_name_1_as_the_kubelet_reads_them() -> None
 
 
 def test_the_device_plugin_spec_carries_only_the_check(tmp_path: Path) -> None:
-    hook_dir, cdi_dir = tmp_path / "hook", tmp_path / "cdi"
-    path = write_device_plugin_spec(cdi_dir, hook_host_dir=str(hook_dir), library_file="libamvgpu.so")
+    check_dir, cdi_dir = tmp_path / "check", tmp_path / "cdi"
+    path = write_device_plugin_spec(cdi_dir, check_dir=check_dir, hook_host_dir=HOOK_DIR, library_file="libamvgpu.so")
     spec = json.loads(path.read_text())
     assert f"{spec['kind']}={spec['devices'][0]['name']}" == CDI_DEVICE_NAME
     assert spec["devices"][0]["containerEdits"] == {"hooks": [{
-        "hookName": "createContainer", "path": f"{hook_dir}/rocshare-loadcheck",
-        "args": ["rocshare-loadcheck", "--library", f"{hook_dir}/libamvgpu.so", "--audit-path", HOOK_CONTAINER_PATH,
-                 "--witness-dir", f"{hook_dir}/.loadcheck-ran"]}]}  # the witness: device plugin mode only (below)
+        "hookName": "createContainer", "path": f"{check_dir}/rocshare-loadcheck",
+        "args": ["rocshare-loadcheck", "--library", f"{HOOK_DIR}/libamvgpu.so", "--audit-path", HOOK_CONTAINER_PATH,
+                 "--witness-dir", f"{check_dir}/.loadcheck-ran"]}]}  # the witness: device plugin mode only (below)
     assert [p.name for p in cdi_dir.iterdir()] == ["rocshare.io-loadcheck.json"]
-    assert (hook_dir / WITNESS_DIR).is_dir()
+    assert (check_dir / WITNESS_DIR).is_dir()
 
 
 @pytest.mark.parametrize("whole", [False, True])
 def test_a_prepared_claims_spec_carries_the_check_for_a_slice(whole: bool) -> None:
     claim = PreparedClaim(uid="u1", namespace="ns", name="c", devices=())
-    edits = cdi_spec(claim, spec_for(whole=whole))["devices"][0]["containerEdits"]
+    edits = cdi_spec(claim, spec_for(whole=whole), CHECK_DIR)["devices"][0]["containerEdits"]
     assert edits.get("hooks") == (None if whole else [CHECK_HOOK])
 
 
-def test_the_check_is_installed_beside_the_hook(tmp_path: Path) -> None:
+def test_the_check_is_installed_into_its_folder(tmp_path: Path) -> None:
     source = tmp_path / "shipped"
     source.write_bytes(b"\x7fELF check")
     hook_dir = tmp_path / "hook"
@@ -119,13 +121,14 @@ async def served_and_started(policy: HookMissing, hook_dir: Path, *, witness: bo
                                                                                            MemoryPods]:
     source = MemoryPods([slice_pod("first")])
     service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir=str(hook_dir), hook_missing=policy,
-                                  hook_check=hook_present)
+                                  hook_check=hook_present, load_check_dir=hook_dir / "check")
     service.set_inventory([GPU])
-    write_device_plugin_spec(hook_dir / "cdi", hook_host_dir=str(hook_dir), library_file="libamvgpu.so")
+    write_device_plugin_spec(hook_dir / "cdi", check_dir=hook_dir / "check", hook_host_dir=str(hook_dir),
+                             library_file="libamvgpu.so")
     (reply,) = (await service.allocate(ONE)).container_responses
     assert [d.name for d in reply.cdi_devices] == [CDI_DEVICE_NAME]
     if witness:  # what the check leaves (hook/src/loadcheck.c; named as tests/hook/test_loadcheck.py shows)
-        (hook_dir / WITNESS_DIR / witness_name("uid-first", "main")).touch()
+        (hook_dir / "check" / WITNESS_DIR / witness_name("uid-first", "main")).touch()
     started(source, "first")
     service.audit_load_check()
     await service.settle()
@@ -159,4 +162,29 @@ async def test_with_the_witness_nothing_is_said_and_gone_pods_lose_theirs(tmp_pa
     assert [d.name for d in reply.cdi_devices] == [CDI_DEVICE_NAME]
     source.pods[:] = [p for p in source.pods if p["metadata"]["name"] != "first"]
     service.audit_load_check()
-    assert list((tmp_path / WITNESS_DIR).iterdir()) == []
+    assert list((tmp_path / "check" / WITNESS_DIR).iterdir()) == []
+
+
+@pytest.mark.parametrize("library", [HookLibrary.ROCSHARE, HookLibrary.EXTERNAL])
+def test_the_agent_installs_the_check_and_its_spec_for_either_library(tmp_path: Path, library: HookLibrary) -> None:
+    """An External pool's library folder is the admin's and is never written, but its slices are
+    checked too: the check lives in its own folder and reads whatever library the hook folder holds."""
+    shipped = tmp_path / "image"
+    shipped.mkdir()
+    (shipped / "rocshare-loadcheck").write_bytes(b"\x7fELF check")
+    hook_dir = tmp_path / "vgpu"
+    hook_dir.mkdir()
+    (hook_dir / "libamvgpu.so").write_bytes(b"the admin's")
+    hook_dir.chmod(0o555)  # as an External pool's agent sees the admin's folder (mounted read-only)
+    config = AgentConfig(node_name="n", hook_path=str(hook_dir), hook_library=library, cdi_dir=tmp_path / "cdi",
+                         hook_source=shipped / "librocshare-hook.so", load_check_dir=tmp_path / "check")
+    assert _install_load_check(config) is True
+    assert (tmp_path / "check" / "rocshare-loadcheck").read_bytes() == b"\x7fELF check"
+    assert sorted(p.name for p in hook_dir.iterdir()) == ["libamvgpu.so"]
+    spec = json.loads((tmp_path / "cdi" / "rocshare.io-loadcheck.json").read_text())
+    (hook,) = spec["devices"][0]["containerEdits"]["hooks"]
+    assert hook["path"] == str(tmp_path / "check" / "rocshare-loadcheck")
+    assert str(hook_dir / "libamvgpu.so") in hook["args"]
+    config = AgentConfig(node_name="n", hook_path=str(hook_dir), hook_library=library, cdi_dir=tmp_path / "cdi2",
+                         hook_source=tmp_path / "absent" / "librocshare-hook.so", load_check_dir=tmp_path / "check2")
+    assert _install_load_check(config) is False  # logged; the device plugin then judges no witnesses

@@ -383,3 +383,19 @@ def test_damaged_elf_files_are_refused_without_a_crash(tmp_path: Path, artifacts
             assert result.returncode in (0, 1), result
             assert result.returncode == 0 or result.stderr.startswith("rocshare: refusing to start app: "), result
             assert "Sanitizer" not in result.stderr and "runtime error" not in result.stderr, result
+
+
+def test_the_real_hook_passes_where_its_needs_are_met(tmp_path: Path, artifacts: Artifacts) -> None:
+    """The check against rocshare's hook library itself (built here by its Makefile): this machine's
+    glibc defines what it needs, so a glibc program starts; the same root with a static program is
+    refused. The needs come from the library file, whatever its build."""
+    subprocess.run(["make", "-C", str(HOOK_DIR), "-s", "build/librocshare-hook.so"], check=True, capture_output=True,
+                   timeout=600)
+    hook = HOOK_DIR / "build" / "librocshare-hook.so"
+    assert _glibc_versions_needed(hook)  # it needs some GLIBC_x of libc.so.6
+    root = glibc_root(tmp_path / "rootfs", artifacts)
+    _install(root, artifacts.glibc_program, "/usr/bin/app")
+    _install(root, artifacts.static_program, "/usr/bin/static")
+    for check in artifacts.checks.values():
+        assert run_check(check, bundle(tmp_path, args=["app"]), hook).returncode == 0
+        assert_refused(run_check(check, bundle(tmp_path, args=["static"]), hook), "static executable")

@@ -108,7 +108,8 @@ test: $(STAMP) controlplane controlplane-dra lint images observability-deps helm
 # installs gcc, Debian's real HIP runtime and unpacks trixie's ROCm headers into .cache/hook-deps).
 # tests/hook runs its C tests (plain, ASan, UBSan) and drives it under LD_AUDIT.
 hook:
-	$(MAKE) -C hook all real-runtime
+	@dev/hook/install-deps.sh
+	$(MAKE) -C hook all real-runtime loadcheck-test
 
 # The suite on every supported Kubernetes version, one after the other (CI runs the default only).
 test-matrix: $(STAMP)

@@ -44,6 +44,10 @@ COPY hook ./hook
 # the binutils gcc brings; docs/memory-hook.md).
 RUN ROCSHARE_HOOK_REAL_RUNTIME=0 make -C hook build/librocshare-hook.so \
  && install -D -m 0644 hook/build/librocshare-hook.so /opt/rocshare/hook/librocshare-hook.so
+# The load check (a static program: it runs from the host's view, before the container's root is
+# its root), installed by the agent beside the hook and named by CDI (rocshare_agent/load_check.py).
+RUN make -C hook build/rocshare-loadcheck \
+ && install -D -m 0755 hook/build/rocshare-loadcheck /opt/rocshare/hook/rocshare-loadcheck
 
 # ---- run -----------------------------------------------------------------------------------
 FROM ${BASE_IMAGE}

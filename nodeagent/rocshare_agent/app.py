@@ -29,6 +29,13 @@ from rocshare_agent.dra.plugin import DraPluginService
 from rocshare_agent.dra.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, serve_dra_plugin
 from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.hook_install import SHIPPED_HOOK, InstallError, install_hook
+from rocshare_agent.load_check import (
+    DEFAULT_LOAD_CHECK_DIR,
+    LOAD_CHECK_FILE,
+    install_load_check,
+    write_device_plugin_spec,
+)
+from rocshare_agent.deviceplugin.container_spec import HOOK_LIBRARY
 from rocshare_agent.inventory_loop import run_inventory_loop
 
 log = logging.getLogger(__name__)
@@ -57,6 +64,7 @@ class AgentConfig:
     dra_plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
     dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
+    load_check_dir: Path = Path(DEFAULT_LOAD_CHECK_DIR)
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):
@@ -103,6 +111,25 @@ def _install_hook(config: AgentConfig) -> None:
              installed.link, installed.target, installed.version)
 
 
+def _install_load_check(config: AgentConfig) -> bool:
+    """The load check into its folder, and the device plugin's CDI spec naming it (load_check.py),
+    whatever library the pool names: the check reads that library's own needs. A failure is logged
+    and returns False: a runtime with CDI then fails every slice container (its CDI device or the
+    hook's program cannot be found), which is closed, not open."""
+    source = config.hook_source.parent / LOAD_CHECK_FILE
+    try:
+        changed = install_load_check(source, config.load_check_dir)
+        spec = write_device_plugin_spec(config.cdi_dir, check_dir=config.load_check_dir,
+                                        hook_host_dir=config.hook_path, library_file=HOOK_LIBRARY)
+    except OSError as error:
+        log.error("load check: cannot install %s into %s or its CDI spec into %s: %s", source,
+                  config.load_check_dir, config.cdi_dir, error)
+        return False
+    log.info("load check: %s in %s; CDI spec %s", "installed" if changed else "already installed",
+             config.load_check_dir, spec)
+    return True
+
+
 def _snapshot(pods: KubePods) -> list:
     """The pod cache as the monitor's scrape thread sees it: a copy, retried if the event loop's
     thread changed the cache while it was being copied."""
@@ -122,6 +149,7 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
     await _withdraw_slice(slices)
     service = DevicePluginService(node_name=config.node_name, pods=pods, hook_host_dir=config.hook_path,
                                   hook_missing=config.hook_missing,
+                                  load_check_dir=config.load_check_dir if _install_load_check(config) else None,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
                                   pod_device_dir=config.pod_device_dir)
     first_inventory = asyncio.Event()
@@ -149,7 +177,9 @@ async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices
     claims from what that slice offers; no device plugin registers."""
     service = DraPluginService(kube=kube, node_name=config.node_name, inventory=lambda: slices.offered,
                                cdi_dir=config.cdi_dir, hook_host_dir=config.hook_path,
-                               hook_missing=config.hook_missing, dev_root=str(config.dev_root))
+                               hook_missing=config.hook_missing, dev_root=str(config.dev_root),
+                               load_check_dir=str(config.load_check_dir))
+    _install_load_check(config)
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
                                              dev_root=config.dev_root, exporter_url=config.exporter_url,
@@ -174,6 +204,7 @@ async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, perio
     await pods.synced.wait()
     while True:
         service.forget_gone_pods()
+        service.audit_load_check()
         await asyncio.sleep(period_s)
 
 

@@ -338,7 +338,8 @@ def pod_event(reason: str, host: str) -> dict[str, Any]:
 async def test_agent_warns_on_pods_only_of_a_missing_memory_hook_from_its_own_node(agent_on_a: Kube) -> None:
     events = object_path("v1", "events", namespace=NAMESPACE)
     await agent_on_a.create(events, pod_event("NoMemoryLimit", NODE_A))
-    for reason, host in (("NoMemoryLimit", NODE_B), ("Evicted", NODE_A)):
+    await agent_on_a.create(events, pod_event("LoadCheckNotRun", NODE_A))  # the load check never ran there
+    for reason, host in (("NoMemoryLimit", NODE_B), ("LoadCheckNotRun", NODE_B), ("Evicted", NODE_A)):
         with pytest.raises(Forbidden):
             await agent_on_a.create(events, pod_event(reason, host))
 

@@ -47,6 +47,14 @@ from rocshare_agent.deviceplugin.devices import plugin_devices
 from rocshare_agent.deviceplugin.inflight import InFlightFinder, InFlightPod, PodRef, Refusal, next_container
 from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
 from rocshare_agent.deviceplugin.preferred import preferred_ids
+from rocshare_agent.load_check import (
+    CDI_DEVICE_NAME,
+    gets_load_check,
+    read_witnesses,
+    remove_witnesses,
+    started_unchecked,
+    unchecked_message,
+)
 from rocshare_agent.hook import HookCheck, check_hook, missing_message, unlimited_message
 
 log = logging.getLogger(__name__)
@@ -79,12 +87,13 @@ class DevicePluginService:
     def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
                  dev_root: str = "/dev", cgroup_root: Path | None = None,
                  pod_device_dir: Path | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
-                 hook_check: Callable[[str], HookCheck] = check_hook) -> None:
+                 hook_check: Callable[[str], HookCheck] = check_hook, load_check_dir: Path | None = None) -> None:
         self.node_name = node_name
         self._pods = pods
         self._hook_host_dir = hook_host_dir
         self._hook_missing = hook_missing
         self._hook_check = hook_check
+        self.load_check_dir = load_check_dir  # set once the check and its CDI spec are installed (app.py)
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
         self._pod_devices = PodDeviceDir(pod_device_dir) if pod_device_dir is not None else None
@@ -97,6 +106,9 @@ class DevicePluginService:
         self._served: OrderedDict[str, None] = OrderedDict()  # uids fully served, newest last
         self._finder = InFlightFinder(node_name)
         self._lookup_failing = False  # the last preference lookup failed (warned once until one succeeds)
+        self._checked: OrderedDict[str, set[str]] = OrderedDict()  # pod uid -> containers named the load check
+        self._unchecked_seen: set[tuple[str, str]] = set()  # (pod uid, container) reported as started unchecked
+        self.runtime_ignores_cdi = False  # a container named the load check started without it
         self._watchers: dict[str, int] = {}  # resource -> open ListAndWatch streams that sent their list
         self._serving_changed = asyncio.Event()  # set and replaced when `serving()` may have changed
 
@@ -214,6 +226,8 @@ class DevicePluginService:
             raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
         except OSError as error:
             raise Refusal(f"pod {in_flight.pod}: cannot make device files for its user: {error}", in_flight.pod) from None
+        if gets_load_check(spec):
+            self._remember_checked(uid, container.name)
         self._progress = {uid: served + 1}  # one pod in flight: older entries are finished or failed
         if served + 1 == len(in_flight.record.containers):
             self._progress.pop(uid, None)
@@ -227,6 +241,11 @@ class DevicePluginService:
         refuses slices without it. A container of whole GPUs needs none (nothing is checked)."""
         if all(device.whole for device in container.devices):
             return True
+        if self.runtime_ignores_cdi and self._hook_missing == HookMissing.REFUSE:
+            raise Refusal(f"pod {pod}: this node's container runtime ignores CDI devices, so rocshare-loadcheck "
+                          f"cannot refuse a container the memory hook cannot load; enable CDI in the runtime "
+                          f"(containerd >= 1.7 with enable_cdi) or set the pool's agent.hookMissing to "
+                          f"RunWithoutLimit", pod)
         check = self._hook_check(self._hook_host_dir)
         if check.present:
             return True
@@ -248,6 +267,40 @@ class DevicePluginService:
         if identity is None:
             return spec
         return self._pod_devices.grant(spec, pod_uid=pod.uid, container=container, identity=identity)
+
+    def _remember_checked(self, uid: str, container: str) -> None:
+        self._checked.setdefault(uid, set()).add(container)
+        self._checked.move_to_end(uid)
+        while len(self._checked) > SERVED_MEMORY:
+            self._checked.popitem(last=False)
+
+    def audit_load_check(self) -> None:
+        """Containers named the load check that started without its witness prove the runtime ignored
+        the CDI device: each gets a Warning event, and from then on the pool's hookMissing decides
+        (Refuse: slices are refused here). Witnesses of pods gone are removed. Nothing is judged
+        until this agent installed the check (else no runtime could have run it)."""
+        if self.load_check_dir is None:
+            return
+        pods = list(self._pods.cached())
+        check_dir = self.load_check_dir
+        try:
+            witnessed = read_witnesses(check_dir)
+        except OSError as error:  # unknown is not "not run": no verdict this round
+            log.warning("load check: cannot read its witnesses in %s: %s", check_dir, error)
+            return
+        for body, container in started_unchecked(pods, self._checked, witnessed):
+            meta = body["metadata"]
+            key = (meta["uid"], container)
+            if key in self._unchecked_seen:
+                continue
+            self._unchecked_seen.add(key)
+            self.runtime_ignores_cdi = True
+            message = unchecked_message(container, refusing=self._hook_missing == HookMissing.REFUSE)
+            pod = PodRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+            log.error("pod %s: %s", pod, message)
+            self._in_background(self._pods.warn(pod, "LoadCheckNotRun", message))
+        live = {p["metadata"].get("uid") for p in pods}
+        remove_witnesses(check_dir, [name for name in witnessed if name.split("_", 1)[0] not in live])
 
     def forget_gone_pods(self) -> None:
         """Remove per-pod device files of pods no longer on this node."""
@@ -326,4 +379,7 @@ def to_response(spec: ContainerSpec) -> pb.ContainerAllocateResponse:
                  for d in spec.devices],
         mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
                 for m in spec.mounts],
+        # A container given the hook is also given the load check, through the agent's CDI spec
+        # (load_check.py): a runtime with CDI refuses it where the hook cannot load.
+        cdi_devices=[pb.CDIDevice(name=CDI_DEVICE_NAME)] if gets_load_check(spec) else [],
     )

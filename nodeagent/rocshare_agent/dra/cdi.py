@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from rocshare.api.allocation import DeviceSlice
 from rocshare_agent.deviceplugin.container_spec import ContainerSpec
+from rocshare_agent.load_check import container_hooks
 
 CDI_VERSION = "0.6.0"
 CDI_KIND = "rocshare.io/gpu"
@@ -56,7 +57,7 @@ def spec_path(cdi_dir: Path, claim_uid: str) -> Path:
     return cdi_dir / f"{FILE_PREFIX}{claim_uid}.json"
 
 
-def cdi_spec(claim: PreparedClaim, spec: ContainerSpec) -> dict:
+def cdi_spec(claim: PreparedClaim, spec: ContainerSpec, load_check_dir: str | None = None) -> dict:
     edits: dict = {"env": [f"{key}={value}" for key, value in spec.envs.items()],
                    "deviceNodes": [{"path": node.container_path, "hostPath": node.host_path,
                                     "permissions": node.permissions} for node in spec.devices]}
@@ -64,6 +65,9 @@ def cdi_spec(claim: PreparedClaim, spec: ContainerSpec) -> dict:
         edits["mounts"] = [{"hostPath": m.host_path, "containerPath": m.container_path,
                             "options": (["ro"] if m.read_only else []) + ["nosuid", "nodev", "bind"]}
                            for m in spec.mounts]
+    hooks = container_hooks(spec, load_check_dir) if load_check_dir else []
+    if hooks:  # the load check (load_check.py): refuses the container where the hook cannot load
+        edits["hooks"] = hooks
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND,
             "annotations": {PREPARED_ANNOTATION: json.dumps(_record(claim), separators=(",", ":"), sort_keys=True)},
             "devices": [{"name": claim.uid, "containerEdits": edits}]}
@@ -75,12 +79,12 @@ def _record(claim: PreparedClaim) -> dict:
                          "slice": d.slice.to_json_dict()} for d in claim.devices]}
 
 
-def write_spec(cdi_dir: Path, claim: PreparedClaim, spec: ContainerSpec) -> Path:
+def write_spec(cdi_dir: Path, claim: PreparedClaim, spec: ContainerSpec, load_check_dir: str | None = None) -> Path:
     cdi_dir.mkdir(parents=True, exist_ok=True)
     target = spec_path(cdi_dir, claim.uid)
     temporary = target.with_suffix(".tmp")
     with open(temporary, "w") as file:
-        json.dump(cdi_spec(claim, spec), file, indent=1, sort_keys=True)
+        json.dump(cdi_spec(claim, spec, load_check_dir), file, indent=1, sort_keys=True)
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, target)

@@ -33,6 +33,7 @@ from rocshare_agent.deviceplugin.container_spec import SpecError, render_contain
 from rocshare_agent.dra import cdi
 from rocshare_agent.dra import dra_pb2 as pb
 from rocshare_agent.hook import HookCheck, check_hook, missing_message
+from rocshare_agent.load_check import DEFAULT_LOAD_CHECK_DIR
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ class PrepareError(Exception):
 class DraPluginService:
     def __init__(self, *, kube: Kube, node_name: str, inventory: Inventory, cdi_dir: Path, hook_host_dir: str,
                  hook_missing: HookMissing = HookMissing.REFUSE, dev_root: str = "/dev",
-                 hook_check: Callable[[str], HookCheck] = check_hook) -> None:
+                 hook_check: Callable[[str], HookCheck] = check_hook,
+                 load_check_dir: str = DEFAULT_LOAD_CHECK_DIR) -> None:
         self.kube, self.node_name, self.inventory = kube, node_name, inventory
+        self.load_check_dir = load_check_dir  # a slice's CDI spec runs the check from here (load_check.py)
         self.cdi_dir = Path(cdi_dir)
         self.hook_host_dir, self.hook_missing, self.dev_root = hook_host_dir, hook_missing, dev_root
         self.hook_check = hook_check
@@ -118,7 +121,7 @@ class DraPluginService:
         spec = render_container(container, {gpu.id: gpu for gpu in gpus}, oversubscribed=_oversubscribed(gpus, sharing),
                                 hook_host_dir=self.hook_host_dir, memory_hook=self._memory_hook(container),
                                 dev_root=self.dev_root)
-        cdi.write_spec(self.cdi_dir, prepared, spec)
+        cdi.write_spec(self.cdi_dir, prepared, spec, self.load_check_dir)
         await self._record_on_claim(prepared)
         log.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
                  "; ".join(f"{d.device} {d.slice.memory_mib} MiB CUs {d.slice.cu_ranges or 'all'}"

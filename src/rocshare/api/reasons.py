@@ -53,7 +53,7 @@ FILTER_REASONS = _reasons(
 ones of the operator's extender (no inventory, a blocked node, a node whose facts cannot be read)."""
 
 EVENT_REASONS = (
-    *_reasons(Where.POD_EVENT, "NoMemoryLimit", "UnaccountableAllocation"),
+    *_reasons(Where.POD_EVENT, "NoMemoryLimit", "UnaccountableAllocation", "LoadCheckNotRun"),
     *_reasons(Where.NODE_EVENT, "AMDGPUUnhealthy", "AMDGPUMissing", "DrainRequired"),
     *_reasons(Where.NODE_EVENT, "AMDGPURecovered", healthy=True),
     *_reasons(Where.POOL_EVENT, "NodeConflict"),

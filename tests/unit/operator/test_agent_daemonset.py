@@ -47,7 +47,13 @@ def test_long_pool_names_give_short_unique_daemonset_names() -> None:
 def test_the_pools_interface_picks_the_agents_kubelet_side() -> None:
     plugin = render()["spec"]["template"]["spec"]
     assert "--interface=DevicePlugin" in plugin["containers"][0]["args"]
-    assert {"dra-plugins", "dra-registry", "cdi"}.isdisjoint(v["name"] for v in plugin["volumes"])
+    assert {"dra-plugins", "dra-registry"}.isdisjoint(v["name"] for v in plugin["volumes"])
+    plugin_mounts = {m["name"]: m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
+    # Both modes write CDI specs: the load check's (device plugin), prepared claims (DRA).
+    plugin_host = {v["name"]: v["hostPath"]["path"] for v in plugin["volumes"]}
+    assert plugin_mounts["cdi"] == plugin_host["cdi"] == "/var/run/cdi"
+    from rocshare_agent.load_check import DEFAULT_LOAD_CHECK_DIR  # the agent's default --load-check-dir
+    assert plugin_mounts["load-check"] == plugin_host["load-check"] == DEFAULT_LOAD_CHECK_DIR
     dra = render(interface="DRA")["spec"]["template"]["spec"]
     assert "--interface=DRA" in dra["containers"][0]["args"]
     mounts = {m["name"]: m["mountPath"] for m in dra["containers"][0]["volumeMounts"]}

@@ -101,7 +101,8 @@ class ClaimQuota:
             return (f"ResourceQuotaNotFit: namespace {namespace} has {len(notes)} claims admitted in the last "
                     f"{PENDING_S:.0f} s that the API server has not shown yet; retry")
         if name not in notes and self.pending_count() >= MAX_PENDING:
-            return f"ResourceQuotaNotFit: {MAX_PENDING} claims admitted in the last {PENDING_S:.0f} s are not shown yet; retry"
+            return (f"ResourceQuotaNotFit: {MAX_PENDING} claims admitted in the last {PENDING_S:.0f} s are not "
+                    f"shown yet; retry")
         notes[name] = (cost, self.clock() + PENDING_S)
         return None
 

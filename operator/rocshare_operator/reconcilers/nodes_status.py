@@ -88,7 +88,8 @@ def claim_changed(ctx: OperatorContext, kind: str, facts: ClaimFacts) -> None:
         return
     held = facts.problem
     if held is None:
-        holding = claim_holding(facts.name, facts.node, facts.devices, facts.prepared, _specs_by_device(ctx, facts.node))
+        specs = _specs_by_device(ctx, facts.node)
+        holding = claim_holding(facts.name, facts.node, facts.devices, facts.prepared, specs)
         if holding.ignored is not None:  # counted from its allocation all the same (a tenant may patch its claim)
             log.warning("claim %s: %s; counted from its allocation", key, holding.ignored)
         held = holding.held

@@ -127,7 +127,8 @@ def test_notes_of_every_namespace_expire_and_the_total_is_bounded():
     check = ClaimQuota(limits=lambda _ns: ShareLimits(memory_mib=10**9), shapes=lambda: ([VEGA], OmittedCores.SHARED),
                        clock=clock)
     accounts = Accounts()
-    answers = [check.refusal(claim("c", mib=1, cus=1, namespace=f"ns-{i}"), accounts, lambda _ns: []) for i in range(3000)]
+    answers = [check.refusal(claim("c", mib=1, cus=1, namespace=f"ns-{i}"), accounts, lambda _ns: [])
+               for i in range(3000)]
     assert check.pending_count() == MAX_PENDING and answers.count(None) == MAX_PENDING
     clock.now = PENDING_S + 1
     assert check.refusal(claim("c", mib=1, cus=1, namespace="late"), accounts, lambda _ns: []) is None

@@ -15,14 +15,18 @@ Objects applied for real are removed at the end, except namespaces and definitio
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from rocshare.api import dra
+from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import API_VERSION
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane
 from rocshare.kube.client import Forbidden, Kube, object_path
@@ -252,10 +256,33 @@ async def node_objects(cluster: ControlPlane, installed_rbac) -> AsyncIterator[d
             await admin.delete(object_path("v1", "nodes", name))
 
 
+def resource_slice(name: str, node_name: str, driver: str = dra.DRIVER_NAME) -> dict[str, Any]:
+    return {"apiVersion": dra.RESOURCE_API_VERSION, "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": driver, "nodeName": node_name, "devices": [{"name": "gpu-0"}],
+                     "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1}}}
+
+
+async def forbidden_soon(call: Callable[[], Awaitable[Any]], timeout_s: float = 30.0) -> None:
+    """Wait until `call` (a dry run) is refused: a new policy takes a few seconds to be enforced."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await call()
+        except Forbidden:
+            return
+        assert time.monotonic() < deadline, "the policy is still not enforced"
+        await asyncio.sleep(0.5)
+
+
 @pytest.fixture
 async def agent_on_a(cluster: ControlPlane, kube: Kube, node_objects, tmp_path: Path) -> AsyncIterator[Kube]:
     token = await request_token(kube, bound_pod=node_objects["pod-a"])
     async with await Kube.connect(token_kubeconfig(cluster, token, tmp_path / "agent-a.kubeconfig")) as agent:
+        # The policy was just applied: wait until it is enforced (dry runs refused) before testing it.
+        await forbidden_soon(lambda: agent.request("POST", object_path(API_VERSION, "amdgpunodes"),
+                                                   body=gpu_node("vap-probe"), query={"dryRun": "All"}))
+        await forbidden_soon(lambda: agent.request("POST", object_path(dra.RESOURCE_API_VERSION, "resourceslices"),
+                                                   body=resource_slice("vap-probe", NODE_B), query={"dryRun": "All"}))
         yield agent
 
 
@@ -353,10 +380,139 @@ async def test_token_not_bound_to_a_node_writes_nothing(cluster: ControlPlane, k
     assert "not bound to a pod on a node" in refused.value.message
 
 
-def test_policy_is_type_checked_clean(cluster: ControlPlane, installed_rbac) -> None:
+# ---- the agent's DRA rights, and the claim record and consumers (issue 39) ---------------------
+
+
+def claim_path(namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    return object_path(dra.RESOURCE_API_VERSION, "resourceclaims", name, namespace=namespace, subresource=subresource)
+
+
+def gpu_claim(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": dra.RESOURCE_API_VERSION, "kind": "ResourceClaim",
+            "metadata": {"name": name, **({"annotations": annotations} if annotations else {})},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS_NAME}}]}}}
+
+
+async def allocated_claim(admin: Kube, namespace: str, name: str, node_name: str, driver: str = dra.DRIVER_NAME,
+                          reserved_for: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A claim allocated one device on `node_name` (written as kube-scheduler would, as the admin)."""
+    await admin.create(claim_path(namespace), gpu_claim(name))
+    status: dict[str, Any] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": driver, "pool": node_name, "device": "gpu-0"}]}}}
+    if reserved_for:
+        status["reservedFor"] = reserved_for
+    return await admin.merge_patch(claim_path(namespace, name, "status"), {"status": status})
+
+
+def reservation(pod: dict[str, Any]) -> dict[str, Any]:
+    return {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+
+
+@pytest.fixture
+async def claim_objects(cluster: ControlPlane, node_objects, kube: Kube) -> AsyncIterator[None]:
+    """The DRA policies enforced (dry runs refused), then removes the slices and claims the tests make."""
+    await forbidden_soon(lambda: kube.request("POST", claim_path(NAMESPACE), query={"dryRun": "All"},
+                                              body=gpu_claim("vap-probe", {ALLOCATION_ANNOTATION: "{}"})))
+    yield
+    async with await Kube.connect(cluster.kubeconfig) as admin:
+        for name in ("vap-slice-a", "vap-slice-b", "vap-slice-other"):
+            await admin.delete(object_path(dra.RESOURCE_API_VERSION, "resourceslices", name))
+        for claim in (await admin.list(claim_path(NAMESPACE)))["items"]:
+            if claim["metadata"]["name"].startswith("vap-"):
+                await admin.delete(claim_path(NAMESPACE, claim["metadata"]["name"]))
+
+
+async def test_agent_writes_its_own_nodes_resource_slice_of_its_driver_only(agent_on_a: Kube, kube: Kube,
+                                                                            claim_objects) -> None:
+    slices = object_path(dra.RESOURCE_API_VERSION, "resourceslices")
+    await agent_on_a.create(slices, resource_slice("vap-slice-a", NODE_A))
+    await agent_on_a.merge_patch(f"{slices}/vap-slice-a", {"metadata": {"labels": {"e2e": "yes"}}})
+    with pytest.raises(Forbidden) as refused:
+        await agent_on_a.create(slices, resource_slice("vap-slice-b", NODE_B))
+    assert f"not resourceslices vap-slice-b of node {NODE_B}" in refused.value.message
+    with pytest.raises(Forbidden) as refused:  # its own node, but another driver's
+        await agent_on_a.create(slices, resource_slice("vap-slice-other", NODE_A, driver="other.example.com"))
+    assert "only ResourceSlices of the driver gpu.rocshare.io" in refused.value.message
+    await kube.create(slices, resource_slice("vap-slice-b", NODE_B))  # as the node B agent would
+    with pytest.raises(Forbidden) as refused:
+        await agent_on_a.delete(f"{slices}/vap-slice-b")
+    assert f"of node {NODE_B}" in refused.value.message
+    await kube.get(f"{slices}/vap-slice-b")
+    await agent_on_a.delete(f"{slices}/vap-slice-a", missing_ok=False)
+
+
+async def test_agent_writes_only_the_record_of_claims_allocated_on_its_node(agent_on_a: Kube, kube: Kube,
+                                                                            claim_objects) -> None:
+    mine = await allocated_claim(kube, NAMESPACE, "vap-claim-a", NODE_A)
+    await allocated_claim(kube, NAMESPACE, "vap-claim-b", NODE_B)
+    await kube.create(claim_path(NAMESPACE), gpu_claim("vap-claim-unallocated"))
+    record = {"metadata": {"uid": mine["metadata"]["uid"], "annotations": {ALLOCATION_ANNOTATION: "{}"}}}
+    patched = await agent_on_a.merge_patch(claim_path(NAMESPACE, "vap-claim-a"), record)
+    assert patched["metadata"]["annotations"][ALLOCATION_ANNOTATION] == "{}"
+    with pytest.raises(Forbidden) as refused:  # its own node's claim, but not its annotation
+        await agent_on_a.merge_patch(claim_path(NAMESPACE, "vap-claim-a"), {"metadata": {"annotations": {"team": "x"}}})
+    assert "may change only the rocshare.io/allocation annotation" in refused.value.message
+    for name, node_name in (("vap-claim-b", NODE_B), ("vap-claim-unallocated", "(none)")):
+        with pytest.raises(Forbidden) as refused:
+            await agent_on_a.merge_patch(claim_path(NAMESPACE, name),
+                                         {"metadata": {"annotations": {ALLOCATION_ANNOTATION: "{}"}}})
+        assert f"not resourceclaims {name} of node {node_name}" in refused.value.message
+
+
+@pytest.fixture(scope="module")
+async def tenant(cluster: ControlPlane, installed_rbac) -> AsyncIterator[Kube]:
+    """A user who may create, read and patch ResourceClaims in the namespace (as `edit` may)."""
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "vap-claim-tenant", "namespace": NAMESPACE},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                       "verbs": ["get", "create", "patch", "update"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "vap-claim-tenant", "namespace": NAMESPACE},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "vap-claim-tenant"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "vap-tenant"}]}
+    apply(cluster, [role, binding])
+    async with await Kube.connect(cluster.user_kubeconfig("vap-tenant")) as client:
+        yield client
+    cluster.kubectl("delete", "rolebinding,role", "vap-claim-tenant", "-n", NAMESPACE, "--ignore-not-found")
+
+
+async def test_a_tenant_cannot_write_the_record_on_its_claim(agent_on_a: Kube, kube: Kube, tenant: Kube,
+                                                            claim_objects) -> None:
+    forged = '{"version":1,"node":"' + NODE_A + '","containers":[]}'
+    with pytest.raises(Forbidden) as refused:  # nor on a new claim (a template's annotations are copied too)
+        await tenant.create(claim_path(NAMESPACE), gpu_claim("vap-claim-forged", {ALLOCATION_ANNOTATION: forged}))
+    assert "only the rocshare node agent of the claim's node may write rocshare.io/* annotations" \
+        in refused.value.message
+    claim = await allocated_claim(kube, NAMESPACE, "vap-claim-tenant", NODE_A)
+    await tenant.merge_patch(claim_path(NAMESPACE, "vap-claim-tenant"), {"metadata": {"annotations": {"team": "x"}}})
+    await agent_on_a.merge_patch(claim_path(NAMESPACE, "vap-claim-tenant"), {"metadata": {
+        "uid": claim["metadata"]["uid"], "annotations": {ALLOCATION_ANNOTATION: "{}"}}})
+    for value in (forged, None):  # rewrite it, or remove it
+        with pytest.raises(Forbidden) as refused:
+            await tenant.merge_patch(claim_path(NAMESPACE, "vap-claim-tenant"),
+                                     {"metadata": {"annotations": {ALLOCATION_ANNOTATION: value}}})
+        assert "rocshare-resourceclaim-records" in refused.value.message
+    stored = await kube.get(claim_path(NAMESPACE, "vap-claim-tenant"))
+    assert stored["metadata"]["annotations"] == {"team": "x", ALLOCATION_ANNOTATION: "{}"}
+
+
+async def test_a_claim_of_the_driver_is_reserved_for_one_pod_at_most(kube: Kube, node_objects, claim_objects) -> None:
+    pods = [reservation(node_objects["pod-a"]), reservation(node_objects["pod-b"])]
+    reserved = await allocated_claim(kube, NAMESPACE, "vap-claim-one", NODE_A, reserved_for=pods[:1])
+    assert [entry["name"] for entry in reserved["status"]["reservedFor"]] == ["vap-agent-a"]
+    with pytest.raises(Forbidden) as refused:  # the second pod kube-scheduler would add
+        await kube.merge_patch(claim_path(NAMESPACE, "vap-claim-one", "status"), {"status": {"reservedFor": pods}})
+    assert "reserved for one pod at most (asked: 2)" in refused.value.message
+    shared = await allocated_claim(kube, NAMESPACE, "vap-claim-other-driver", NODE_A, driver="other.example.com",
+                                   reserved_for=pods)
+    assert len(shared["status"]["reservedFor"]) == 2  # another driver's claims are not ours to limit
+
+
+@pytest.mark.parametrize("policy", ["rocshare-node-agent-own-node", "rocshare-resourceclaim-records",
+                                    "rocshare-resourceclaim-one-consumer"])
+def test_policy_is_type_checked_clean(cluster: ControlPlane, installed_rbac, policy: str) -> None:
     """The API server type-checks the policy's CEL against the matched kinds: no warnings."""
-    policy = json.loads(cluster.kubectl("get", "validatingadmissionpolicy", "rocshare-node-agent-own-node",
-                                        "-o", "json").stdout)
-    warnings = (policy.get("status") or {}).get("typeChecking", {}).get("expressionWarnings") or []
+    stored = json.loads(cluster.kubectl("get", "validatingadmissionpolicy", policy, "-o", "json").stdout)
+    warnings = (stored.get("status") or {}).get("typeChecking", {}).get("expressionWarnings") or []
     assert warnings == [], warnings
 

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 NOT_ALLOCATED_REASON = "ClaimNotAllocated"
 LEDGER_REASON = "PreparedRecordUnreadable"
 HOOK_REASON = "MemoryHookMissing"
+SHARED_REASON = "ClaimSharedByConsumers"
 
 Inventory = Callable[[], tuple[Sequence[GpuInfo], Sharing] | None]
 """What the node's ResourceSlice offers now (SlicePublisher.offered): GPUs and pool settings."""
@@ -151,6 +152,7 @@ class DraPluginService:
             raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} does not exist") from None
         if stored["metadata"].get("uid") != claim.uid:
             raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} is not uid {claim.uid}")
+        await self._one_consumer(stored)
         results = ((stored.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
         ours = [AllocatedDevice.from_result(r) for r in results
                 if r.get("driver") == dra.DRIVER_NAME and r.get("pool") == self.node_name]
@@ -158,6 +160,31 @@ class DraPluginService:
             raise PrepareError(NOT_ALLOCATED_REASON, f"claim {claim.namespace}/{claim.name} has no device of "
                                                      f"{dra.DRIVER_NAME} allocated on node {self.node_name}")
         return ours
+
+    async def _one_consumer(self, stored: Mapping) -> None:
+        """A claim serves one container of one pod (docs/dra.md "One claim, one container"): each
+        consumer would get the claim's one CDI device, its memory limit and an account of its own.
+        Raises PrepareError when it is reserved for several, or several containers of its pod name it."""
+        where = f"claim {stored['metadata'].get('namespace')}/{stored['metadata'].get('name')}"
+        reserved = (stored.get("status") or {}).get("reservedFor") or []
+        if len(reserved) > 1:
+            raise PrepareError(SHARED_REASON, f"{where} is reserved for {len(reserved)} consumers "
+                               f"({', '.join(str(r.get('name')) for r in reserved)}); a claim of {dra.DRIVER_NAME} "
+                               f"serves one pod: give each its own claim (a ResourceClaimTemplate)")
+        pods = [r for r in reserved if r.get("resource") == "pods" and not r.get("apiGroup")]
+        if not pods:
+            return
+        listed = await self.kube.list(object_path("v1", "pods", namespace=stored["metadata"].get("namespace")),
+                                      fieldSelector=f"metadata.name={pods[0].get('name')}")
+        pod = next((item for item in listed.get("items") or () if item["metadata"].get("uid") == pods[0].get("uid")),
+                   None)
+        if pod is None:
+            return  # gone: the kubelet will not start its containers
+        names = _containers_naming(pod, str(stored["metadata"].get("name")))
+        if len(names) > 1:
+            raise PrepareError(SHARED_REASON, f"{where} is named by {len(names)} containers of pod "
+                               f"{pod['metadata'].get('name')} ({', '.join(names)}); each would get the claim's whole "
+                               f"memory limit: give each container its own claim")
 
     def _offered(self) -> tuple[Sequence[GpuInfo], Sharing]:
         offered = self.inventory()
@@ -175,6 +202,17 @@ class DraPluginService:
             raise PrepareError(HOOK_REASON, missing_message(check, node=self.node_name))
         log.warning("claim %s: the memory hook is missing; the share runs without a memory limit", container.name)
         return False
+
+
+def _containers_naming(pod: Mapping, claim_name: str) -> list[str]:
+    """The containers (init and app) of `pod` whose resources.claims name the pod claim that is `claim_name`."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    pod_claims = {entry.get("name") for entry in spec.get("resourceClaims") or ()
+                  if entry.get("resourceClaimName") == claim_name}
+    pod_claims |= {entry.get("name") for entry in status.get("resourceClaimStatuses") or ()
+                   if entry.get("resourceClaimName") == claim_name}
+    return [container.get("name", "") for kind in ("initContainers", "containers") for container in spec.get(kind) or ()
+            if any(ref.get("name") in pod_claims for ref in (container.get("resources") or {}).get("claims") or ())]
 
 
 def _specs_by_device(gpus: Sequence[GpuInfo], sharing: Sharing, node_name: str) -> Mapping[str, GpuSpec]:

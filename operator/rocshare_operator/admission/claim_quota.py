@@ -14,6 +14,16 @@ allocated, plus the claims this replica admitted that the claim watch has not sh
 `PENDING_S` at most: a claim refused after us by another admission step must not hold forever).
 A namespace holding something whose use cannot be read takes no claim while it has a limit.
 
+What a request leaves behind is bounded (issue 39: anyone who reaches port 9443 can post a review,
+docs/security.md): a note lives `PENDING_S` (10 s: the claim watch shows a created claim within a
+second or two; the note only bridges that gap), a namespace holds `MAX_PENDING_PER_NAMESPACE` notes
+and the replica `MAX_PENDING` in all, expired ones are dropped on every call, and a review whose
+namespace or name is not a Kubernetes name is refused before anything is kept. When a bound is
+reached the claim is refused (ResourceQuotaNotFit, "retry"), never admitted uncounted: the quota
+holds, and a flood of forged reviews can delay a namespace's claims by `PENDING_S` at most after it
+stops. The NetworkPolicy and the optional client certificate (manifests/base/webhook) keep forged
+reviews out where the install allows it.
+
 Invariant: one replica never admits two claims that together pass a limit (the check and the
 note of what it admitted run without a pause between them). Two replicas answering at once could,
 within the claim watch's lag (docs/dra.md says so): the admission Service reaches every replica.
@@ -36,7 +46,10 @@ from rocshare_operator.admission.dra_pods import pool_shapes
 from rocshare_operator.extender.accounts import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts
 
-PENDING_S = 60.0
+PENDING_S = 10.0
+MAX_PENDING_PER_NAMESPACE = 32
+MAX_PENDING = 1024
+_NAME_MAX = 253
 CLAIM_VALIDATE_ID = "resourceclaims.validate.rocshare.io"
 
 
@@ -54,6 +67,8 @@ class ClaimQuota:
         `accounts`: the process's one hold index; `claims_in`: the claim watch's claims of a namespace."""
         meta = claim.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        if not 0 < len(namespace) <= _NAME_MAX or not 0 < len(name) <= _NAME_MAX:
+            return f"ResourceQuotaNotFit: the claim's namespace {namespace[:64]!r} or name {name[:64]!r} is not a name"
         limits = self.limits(namespace)
         if limits.memory_mib is None and limits.cores_pct is None and limits.gpus is None:
             return None
@@ -73,16 +88,36 @@ class ClaimQuota:
         verdict = check_quota(cost, limits, used)
         if verdict is not None:
             return f"{verdict.reason}: namespace {namespace}: {verdict.message}"
-        if not dry_run:
-            self._pending.setdefault(namespace, {})[name] = (cost, self.clock() + PENDING_S)
+        return None if dry_run else self._note(namespace, name, cost)
+
+    def pending_count(self) -> int:
+        """How many admitted claims this replica keeps notes of (bounded by MAX_PENDING)."""
+        return sum(len(notes) for notes in self._pending.values())
+
+    def _note(self, namespace: str, name: str, cost: Held) -> str | None:
+        """Keep what was admitted until the watch shows it; refuse (None: noted) when a bound is reached."""
+        notes = self._pending.setdefault(namespace, {})
+        if name not in notes and len(notes) >= MAX_PENDING_PER_NAMESPACE:
+            return (f"ResourceQuotaNotFit: namespace {namespace} has {len(notes)} claims admitted in the last "
+                    f"{PENDING_S:.0f} s that the API server has not shown yet; retry")
+        if name not in notes and self.pending_count() >= MAX_PENDING:
+            return (f"ResourceQuotaNotFit: {MAX_PENDING} claims admitted in the last {PENDING_S:.0f} s are not "
+                    f"shown yet; retry")
+        notes[name] = (cost, self.clock() + PENDING_S)
         return None
 
     def _still_pending(self, namespace: str, name: str, seen: set[str]) -> Held:
-        """Admitted here and not yet seen by the claim watch (nor expired); drops the rest."""
-        pending = self._pending.get(namespace, {})
+        """Admitted here and not yet seen by the claim watch (nor expired); drops the rest, and every
+        namespace's expired notes."""
         now = self.clock()
-        for claim in [claim for claim, (_cost, until) in pending.items() if claim in seen or until < now]:
-            del pending[claim]
+        for other in list(self._pending):
+            notes = self._pending[other]
+            for claim in [claim for claim, (_cost, until) in notes.items()
+                          if until < now or (other == namespace and claim in seen)]:
+                del notes[claim]
+            if not notes:
+                del self._pending[other]
+        pending = self._pending.get(namespace, {})
         return sum((cost for claim, (cost, _until) in pending.items() if claim != name), Held())
 
 

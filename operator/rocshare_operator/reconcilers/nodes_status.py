@@ -1,8 +1,9 @@
 """What keeps pools and shares current: Nodes, AmdGpuNodes, pods and ResourceClaims (from the
 process's cluster feed) and the DaemonSets the operator owns (from Kopf).
 
-A ResourceClaim of rocshare's DRA driver holds what its allocation consumed (or, once the node
-agent prepared it, what the agent's record on it says: rocshare.core.dra_shares.claim_record),
+A ResourceClaim of rocshare's DRA driver holds what its allocation consumed (and, once the node
+agent prepared it and its record agrees, the CU positions that record names:
+rocshare.core.dra_shares.claim_holding; a record that disagrees is logged and ignored),
 counted in the process's one hold index like a pod, so pool and share status, quota and metrics
 count DRA shares as they count the device plugin's.
 
@@ -15,6 +16,7 @@ yet); each brings the nodes it concerns in line with the one membership rule.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import kopf
@@ -22,7 +24,7 @@ import kopf
 from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
 from rocshare.api.models import Sharing
-from rocshare.core.dra_shares import claim_record
+from rocshare.core.dra_shares import claim_holding
 from rocshare.core.holdings import Holding
 from rocshare.core.ids import PodKey, claim_key
 from rocshare.core.inventory import GpuSpec
@@ -33,6 +35,8 @@ from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_ke
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import PodSlices
+
+log = logging.getLogger(__name__)
 
 
 def subscribe(ctx: OperatorContext) -> None:
@@ -82,8 +86,13 @@ def claim_changed(ctx: OperatorContext, kind: str, facts: ClaimFacts) -> None:
     if kind == "DELETED" or not facts.ours or (not facts.allocated and facts.problem is None):
         ctx.accounts.on_claim(key, facts.namespace, facts.node, None)
         return
-    held = facts.problem or claim_record(facts.name, facts.node, facts.devices, facts.prepared,
-                                         _specs_by_device(ctx, facts.node))
+    held = facts.problem
+    if held is None:
+        specs = _specs_by_device(ctx, facts.node)
+        holding = claim_holding(facts.name, facts.node, facts.devices, facts.prepared, specs)
+        if holding.ignored is not None:  # counted from its allocation all the same (a tenant may patch its claim)
+            log.warning("claim %s: %s; counted from its allocation", key, holding.ignored)
+        held = holding.held
     ctx.accounts.on_claim(key, facts.namespace, facts.node, held)
 
 

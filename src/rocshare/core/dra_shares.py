@@ -23,7 +23,9 @@ What a claim holds before the node has chosen its CUs (`counted_slices`, read by
 accounts, quota and status) follows the same rules with no CU range: memory and the cores percent
 of the consumed compute (``ceil(CUs x 100 / the GPU's CUs)``, never under the share), whole or
 all-cores exactly as `plan_claim` will decide. Once the node has prepared the claim, its record on
-the claim (``rocshare.io/allocation``, written by the agent) says which CUs.
+the claim (``rocshare.io/allocation``, written by the agent) says which CUs, and nothing else: the
+amounts are always the allocation's (`claim_holding`), so a record a tenant rewrote cannot shrink
+what its namespace holds.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api import dra
-from rocshare.api.allocation import AllocationError, AllocationRecord, ContainerAllocation, DeviceSlice, decode_record
+from rocshare.api.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, ContainerAllocation,
+                                     DeviceSlice, decode_record)
 from rocshare.core.cu_layout import choose_cus
 from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask, render_ranges
 from rocshare.core.inventory import GpuSpec
@@ -204,21 +207,68 @@ def _ranges(mask: int) -> list[tuple[int, int]]:
     return ranges_from_mask(mask)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimHolding:
+    """What an allocated claim holds (`held`: a record, or why it cannot be read) and, when the
+    record on the claim was not used, why (`ignored`: the caller logs it)."""
+
+    held: AllocationRecord | str
+    ignored: str | None = None
+
+
 def claim_record(name: str, node: str, allocated: Iterable[AllocatedDevice], prepared: str | None,
                  specs_by_device: Mapping[str, GpuSpec]) -> AllocationRecord | str:
-    """What an allocated claim holds on `node`, as a record (one container named after the claim):
-    the agent's record once it prepared the claim (its CU ranges), else `counted_slices`. A string
-    says why it cannot be read (the claim then holds unknown GPUs: never read as free)."""
-    if prepared is not None:
-        try:
-            record = decode_record(prepared)
-        except AllocationError as error:
-            return f"its prepared record cannot be read: {error}"
-        return record if record.node == node else f"its prepared record names node {record.node}, not {node}"
+    """`claim_holding(...).held`."""
+    return claim_holding(name, node, allocated, prepared, specs_by_device).held
+
+
+def claim_holding(name: str, node: str, allocated: Iterable[AllocatedDevice], prepared: str | None,
+                  specs_by_device: Mapping[str, GpuSpec]) -> ClaimHolding:
+    """What an allocated claim holds on `node`, as a record (one container named after the claim).
+
+    Counted from the claim's allocation (`counted_slices`: what the API server's allocator wrote,
+    which a tenant cannot change). The annotation on the claim (``rocshare.io/allocation``, written
+    by the node's agent at prepare, but an annotation all the same) supplies only the CU positions,
+    and only when it agrees with the allocation device for device (same GPUs in the same order, same
+    memory, CU count, cores percent, whole and all-cores flags; ranges covering exactly that many
+    CUs of the GPU); otherwise it is ignored and said so. A string `held`: the allocation itself
+    cannot be read (the claim then holds unknown GPUs: never read as free)."""
     try:
         slices = counted_slices(allocated, specs_by_device)
     except ShareError as error:
-        return str(error)
+        return ClaimHolding(str(error))
     if not slices:
-        return "it has no device of the driver allocated"
-    return AllocationRecord(node=node, containers=[ContainerAllocation(name=name, devices=slices)])
+        return ClaimHolding("it has no device of the driver allocated")
+    counted = AllocationRecord(node=node, containers=[ContainerAllocation(name=name, devices=slices)])
+    if prepared is None:
+        return ClaimHolding(counted)
+    positions = _positions(prepared, node, slices, specs_by_device)
+    if isinstance(positions, str):
+        return ClaimHolding(counted, ignored=f"its record ({ALLOCATION_ANNOTATION}) is ignored: {positions}")
+    return ClaimHolding(AllocationRecord(node=node, containers=[ContainerAllocation(name=name, devices=positions)]))
+
+
+def _positions(prepared: str, node: str, counted: list[DeviceSlice],
+               specs_by_device: Mapping[str, GpuSpec]) -> list[DeviceSlice] | str:
+    """The counted slices with the record's CU ranges, or why the record does not match them."""
+    try:
+        record = decode_record(prepared)
+    except AllocationError as error:
+        return f"it cannot be read: {error}"
+    if record.node != node:
+        return f"it names node {record.node}, not {node}"
+    devices = [device for container in record.containers for device in container.devices]
+    if len(devices) != len(counted):
+        return f"it lists {len(devices)} device(s), the allocation {len(counted)}"
+    cu_counts = {spec.gpu_id: spec.cu_count for spec in specs_by_device.values()}
+    for written, allocated in zip(devices, counted):
+        if written.model_copy(update={"cu_ranges": []}) != allocated:
+            return f"device {written.gpu_id} does not match the allocation ({allocated.gpu_id}, " \
+                   f"{allocated.memory_mib} MiB, {allocated.cu_count} CUs)"
+        mask = mask_from_ranges(written.cu_ranges)
+        if written.cu_ranges and (bin(mask).count("1") != allocated.cu_count
+                                  or mask & ~full_mask(cu_counts.get(allocated.gpu_id, 0))):
+            return f"device {written.gpu_id}: CUs {render_ranges(written.cu_ranges)} are not " \
+                   f"{allocated.cu_count} CUs of the GPU"
+    return [allocated.model_copy(update={"cu_ranges": list(written.cu_ranges)})
+            for written, allocated in zip(devices, counted)]

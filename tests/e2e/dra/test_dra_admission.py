@@ -293,3 +293,36 @@ def _created(cluster, claim: dict) -> bool | None:
 async def _holder_cus(kube: Kube, cus: int) -> dict | None:
     status = await share_used(kube, {"memoryMiB": 4096, "coresPercent": 25, "gpus": 1})
     return status if status and [h["cuCount"] for h in status["pods"]] == [cus] else None
+
+
+async def _event_about(kube: Kube, pod: str, text: str) -> str | None:
+    events = await kube.list(f"/api/v1/namespaces/{QUOTA_NAMESPACE}/events", fieldSelector=f"involvedObject.name={pod}")
+    return next((event["message"] for event in events["items"] if text in event.get("message", "")), None)
+
+
+async def _templated_claim_held(kube: Kube, pod: str) -> dict | None:
+    stored = await kube.get(f"/api/v1/namespaces/{QUOTA_NAMESPACE}/pods/{pod}")
+    statuses = (stored.get("status") or {}).get("resourceClaimStatuses") or []
+    name = statuses[0].get("resourceClaimName") if statuses else None
+    status = await share_used(kube, {"memoryMiB": 4096, "gpus": 1}) if name else None
+    return status if status and [h["pod"] for h in status["pods"]] == [f"resourceclaim/{name}"] else None
+
+
+async def test_claims_made_from_templates_are_held_to_the_quota(cluster, kube, operator, node):
+    """A HAMi-style pod in a DRA pool under an AmdGpuShare (after the test above: the share holds the
+    4096 MiB claim `second`, not yet allocated): the webhook writes its template, kube-controller-manager
+    makes the claim and is refused by the quota (4096 + 4096 > 6000), the pod waits with the reason in
+    its events; once `second` goes, the claim is made, allocated and counted in the share."""
+    pod = {**hami_pod("templated", SELECTOR, gpu="1", gpumem="4096"),
+           "metadata": {"name": "templated", "namespace": QUOTA_NAMESPACE}}
+    await kube.create(f"/api/v1/namespaces/{QUOTA_NAMESPACE}/pods", pod)
+    message = await wait_for(lambda: _event_about(kube, "templated", "ResourceQuotaNotFit"), timeout_s=60,
+                             what="the template claim refused by the quota")
+    assert f"memory MiB: 4096 used + 4096 asked > {QUOTA_MIB} limit" in message
+    claims = await kube.list(f"{RESOURCE}/namespaces/{QUOTA_NAMESPACE}/resourceclaims")
+    assert [claim["metadata"]["name"] for claim in claims["items"]] == ["second"]
+
+    cluster.kubectl("delete", "resourceclaim", "second", "-n", QUOTA_NAMESPACE, "--timeout=60s")
+    await wait_for(lambda: _templated_claim_held(kube, "templated"), timeout_s=120,
+                   what="the template's claim made, allocated and counted in the share")
+    cluster.kubectl("delete", "pod", "templated", "-n", QUOTA_NAMESPACE, "--grace-period=0", "--force")

@@ -37,6 +37,19 @@ class Claims:
 
     def __init__(self) -> None:
         self.stored: dict[str, dict] = {}
+        self.pods: dict[str, dict] = {}
+
+    def reserve(self, name: str, *pods: dict) -> None:
+        """Reserve the claim for `pods` (as kube-scheduler does), which the API server then lists."""
+        stored = self.stored[f"/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/{name}"]
+        stored["status"]["reservedFor"] = [{"resource": "pods", "name": pod["metadata"]["name"],
+                                            "uid": pod["metadata"]["uid"]} for pod in pods]
+        self.pods.update({pod["metadata"]["name"]: pod for pod in pods})
+
+    async def list(self, path: str, **query: str) -> dict:
+        assert path == "/api/v1/namespaces/team/pods", path
+        name = query["fieldSelector"].removeprefix("metadata.name=")
+        return {"items": [self.pods[name]] if name in self.pods else []}
 
     def add(self, name: str, uid: str, *, cus: int | None, mib: int | None, share: str | None = "s") -> None:
         consumed = {}
@@ -171,6 +184,33 @@ async def test_two_shares_get_disjoint_masks_and_unprepare_frees(plugin):
     assert reply.claims["uid-c"].error == ""
     env_c, _, _ = edits(dirs["cdi"], "uid-c")
     assert env_c["HSA_CU_MASK"] == "0:0-15,48"  # largest gap first when no single gap holds it
+
+
+def pod_naming(name: str, claim: str, *containers: str) -> dict:
+    return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+                     "containers": [{"name": c, "resources": {"claims": [{"name": "gpu"}]}} for c in containers]}}
+
+
+async def test_a_claim_serves_one_container_of_one_pod(plugin):
+    """Each consumer would get the claim's whole memory limit through its one CDI device (issue 39)."""
+    claims, dirs, _gpus = plugin
+    endpoint = str(plugin_socket(dirs["plugins"]))
+    claims.add("pods", "uid-pods", cus=16, mib=4096)
+    claims.reserve("pods", pod_naming("p1", "pods", "main"), pod_naming("p2", "pods", "main"))
+    claims.add("containers", "uid-containers", cus=16, mib=4096)
+    claims.reserve("containers", pod_naming("p3", "containers", "main", "side"))
+    claims.add("one", "uid-one", cus=16, mib=4096)
+    claims.reserve("one", pod_naming("p4", "one", "main"))
+    reply = await prepare(endpoint, ("pods", "uid-pods"), ("containers", "uid-containers"), ("one", "uid-one"))
+    assert reply.claims["uid-pods"].error == (
+        "rocshare: ClaimSharedByConsumers: claim team/pods is reserved for 2 consumers (p1, p2); a claim of "
+        "gpu.rocshare.io serves one pod: give each its own claim (a ResourceClaimTemplate)")
+    assert reply.claims["uid-containers"].error.startswith(
+        "rocshare: ClaimSharedByConsumers: claim team/containers is named by 2 containers of pod p3 (main, side)")
+    assert not (dirs["cdi"] / "rocshare.io-gpu_uid-pods.json").exists()
+    assert not (dirs["cdi"] / "rocshare.io-gpu_uid-containers.json").exists()
+    assert reply.claims["uid-one"].error == "" and (dirs["cdi"] / "rocshare.io-gpu_uid-one.json").exists()
 
 
 async def test_a_restarted_plugin_keeps_what_was_prepared(plugin, tmp_path):

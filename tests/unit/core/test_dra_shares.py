@@ -8,7 +8,8 @@ import pytest
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
 from rocshare.core.dra_shares import (NOT_HONOURED_REASON, NOT_ON_NODE_REASON, AllocatedDevice, Holdings,
-                                      ShareError, claim_record, counted_slices, plan_claim)
+                                      ShareError, claim_holding, claim_record, counted_slices,
+                                      plan_claim)
 from rocshare.core.holdings import Held, record_holding
 from rocshare.core.ids import GpuId
 from rocshare.core.inventory import GpuSpec
@@ -131,13 +132,11 @@ def test_whole_all_cores_and_no_compute_are_counted_as_prepare_will_hand_them_ou
     assert held == [Held(65536, 100, 1), Held(24576, 100, 1), Held(1024, 100, 1), Held(1024, 0, 1)]
 
 
-def test_the_agents_record_wins_once_prepared_and_a_bad_one_is_a_problem():
+def test_the_agents_record_gives_the_cu_positions_when_it_matches_the_allocation():
     prepared = AllocationRecord(node="n1", containers=[ContainerAllocation(name="c", devices=[DeviceSlice(
         gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(26, 51)], cu_count=26, cores_pct=25)])])
-    record = claim_record("c", "n1", [share("gpu-a", cus=26, mib=16384)], encode_record(prepared), SPECS)
-    assert record == prepared and record_holding(record).cu_count == 26
-    assert "names node n1, not n2" in claim_record("c", "n2", [], encode_record(prepared), SPECS)
-    assert "cannot be read" in claim_record("c", "n1", [], "{not json", SPECS)
+    held = claim_holding("c", "n1", [share("gpu-a", cus=26, mib=16384)], encode_record(prepared), SPECS)
+    assert held.held == prepared and held.ignored is None and record_holding(held.held).cu_count == 26
     unknown = claim_record("c", "n1", [share("gpu-z", cus=1, mib=1)], None, SPECS)
     assert unknown.startswith(NOT_ON_NODE_REASON) and "gpu-z" in unknown
 
@@ -159,3 +158,32 @@ def test_dra_prepare_lays_out_by_the_pools_layout_like_the_device_plugin_path():
     xcds = [{bit % 8 for low, high in s.cu_ranges for bit in range(low, high + 1)} for s in (first, second)]
     assert [len(x) for x in xcds] == [2, 2] and not xcds[0] & xcds[1]
     assert (first.cu_count, second.cu_count) == (76, 76)
+
+
+def _written(*devices: DeviceSlice, node: str = "n1") -> str:
+    return encode_record(AllocationRecord(node=node, containers=[ContainerAllocation(name="c", devices=list(devices))]))
+
+
+@pytest.mark.parametrize("written, why", [
+    # What a tenant who may patch its claim writes to look as if it held (almost) nothing (issue 39).
+    (_written(DeviceSlice(gpu_id="GPU-a", memory_mib=1, cu_ranges=[(0, 0)], cu_count=1, cores_pct=1)),
+     "does not match the allocation"),
+    (_written(DeviceSlice(gpu_id="GPU-b", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26, cores_pct=25)),
+     "does not match the allocation"),
+    (_written(DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 9)], cu_count=26, cores_pct=25)),
+     "are not 26 CUs of the GPU"),
+    (_written(DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(100, 125)], cu_count=26, cores_pct=25)),
+     "are not 26 CUs of the GPU"),
+    (_written(DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26, cores_pct=25),
+              DeviceSlice(gpu_id="GPU-b", memory_mib=1, cu_ranges=[(0, 1)], cu_count=2, cores_pct=3)),
+     "lists 2 device(s), the allocation 1"),
+    (_written(DeviceSlice(gpu_id="GPU-a", memory_mib=16384, cu_ranges=[(0, 25)], cu_count=26, cores_pct=25),
+              node="n2"), "names node n2, not n1"),
+    ("{not json", "cannot be read"),
+])
+def test_a_record_that_does_not_match_the_allocation_is_ignored_and_the_allocation_counts(written, why):
+    record = claim_record("c", "n1", [share("gpu-a", cus=26, mib=16384)], written, SPECS)
+    assert record_holding(record).held() == Held(memory_mib=16384, cores_pct=25, gpus=1)
+    assert record.containers[0].devices[0].cu_ranges == []
+    held = claim_holding("c", "n1", [share("gpu-a", cus=26, mib=16384)], written, SPECS)
+    assert held.held == record and held.ignored is not None and why in held.ignored, held.ignored

@@ -11,7 +11,7 @@ from rocshare.core.dra_shares import AllocatedDevice, claim_record
 from rocshare.core.holdings import Held
 from rocshare.core.ids import GpuId, claim_key
 from rocshare.core.inventory import GpuSpec
-from rocshare_operator.admission.claim_quota import PENDING_S, ClaimQuota
+from rocshare_operator.admission.claim_quota import MAX_PENDING, PENDING_S, ClaimQuota
 from rocshare_operator.extender.accounts import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts, claim_facts
 
@@ -105,3 +105,31 @@ def test_claim_facts_keep_only_what_readers_use_and_never_raise():
     assert claim_facts(nic) == ClaimFacts(namespace="team", name="n")
     broken = claim_facts({"metadata": {"name": "x", "namespace": "team"}, "spec": {"devices": {"requests": 7}}})
     assert broken.ours and broken.problem and "cannot be read" in broken.problem
+
+
+def test_forged_reviews_keep_bounded_state_and_move_quota_for_a_short_window_only():
+    """Anyone who reaches the webhook port can post reviews (issue 39): what they leave is bounded,
+    and a namespace's quota is back once the notes expire (nothing is kept past PENDING_S)."""
+    clock = Clock()
+    check, accounts = quota(6000, clock), Accounts()
+    refused = [check.refusal(claim(f"forged-{i}", mib=1, cus=1), accounts, lambda _ns: []) for i in range(5000)]
+    kept = sum(len(notes) for notes in check._pending.values())
+    assert kept <= 32 and refused.count(None) == kept
+    assert "not shown yet; retry" in refused[-1]
+    assert check.refusal(claim("x" * 300, mib=1, cus=1), accounts, lambda _ns: []).endswith("is not a name")
+    clock.now = PENDING_S + 1
+    assert check.refusal(claim("real", mib=5999, cus=16), accounts, lambda _ns: []) is None
+    assert sum(len(notes) for notes in check._pending.values()) == 1
+
+
+def test_notes_of_every_namespace_expire_and_the_total_is_bounded():
+    clock = Clock()
+    check = ClaimQuota(limits=lambda _ns: ShareLimits(memory_mib=10**9), shapes=lambda: ([VEGA], OmittedCores.SHARED),
+                       clock=clock)
+    accounts = Accounts()
+    answers = [check.refusal(claim("c", mib=1, cus=1, namespace=f"ns-{i}"), accounts, lambda _ns: [])
+               for i in range(3000)]
+    assert check.pending_count() == MAX_PENDING and answers.count(None) == MAX_PENDING
+    clock.now = PENDING_S + 1
+    assert check.refusal(claim("c", mib=1, cus=1, namespace="late"), accounts, lambda _ns: []) is None
+    assert check.pending_count() == 1 and set(check._pending) == {"late"}

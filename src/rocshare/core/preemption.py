@@ -226,3 +226,58 @@ def occupants_of(ledger: Ledger, node: NodeInventory, traits: Mapping[str, PodTr
         found.append(Occupant(key, trait.uid if trait else "", trait.priority if trait else None, tuple(gpus),
                               cpu, memory, trait.running_s if trait else 0.0, bool(trait and trait.violates_pdb)))
     return found
+
+
+# ---- PodDisruptionBudgets ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A PodDisruptionBudget as the choice reads it: its namespace, selector, disruptions allowed."""
+
+    namespace: str
+    match_labels: tuple[tuple[str, str], ...]
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...]
+    """(key, operator, values): In, NotIn, Exists, DoesNotExist."""
+    allowed: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.match_labels and not self.match_expressions
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(key) != value for key, value in self.match_labels):
+            return False
+        for key, operator, values in self.match_expressions:
+            present = key in labels
+            ok = {"In": present and labels.get(key) in values, "NotIn": not present or labels.get(key) not in values,
+                  "Exists": present, "DoesNotExist": not present}.get(operator, False)
+            if not ok:
+                return False
+        return True
+
+
+def budget_of(pdb: Mapping) -> Budget:
+    """A policy/v1 PodDisruptionBudget object as a `Budget` (an unknown operator selects nothing)."""
+    selector = (pdb.get("spec") or {}).get("selector") or {}
+    expressions = tuple((str(e.get("key", "")), str(e.get("operator", "")), tuple(map(str, e.get("values") or ())))
+                        for e in selector.get("matchExpressions") or ())
+    return Budget(str((pdb.get("metadata") or {}).get("namespace", "")),
+                  tuple(sorted((str(k), str(v)) for k, v in (selector.get("matchLabels") or {}).items())),
+                  expressions, int((pdb.get("status") or {}).get("disruptionsAllowed") or 0))
+
+
+def pdb_protected(pods: Iterable[tuple[str, str, Mapping[str, str]]], budgets: Sequence[Budget]) -> frozenset[str]:
+    """The pods (key, namespace, labels) whose eviction would violate a budget, kube-scheduler's
+    rule: a budget with an empty selector selects nothing; each pod it selects uses one of its
+    allowed disruptions, in the order given, and a pod past the last one violates it."""
+    left = [budget.allowed for budget in budgets]
+    protected = set()
+    for key, namespace, labels in pods:
+        for index, budget in enumerate(budgets):
+            if budget.namespace != namespace or budget.empty or not budget.selects(labels):
+                continue
+            left[index] -= 1
+            if left[index] < 0:
+                protected.add(key)
+    return frozenset(protected)

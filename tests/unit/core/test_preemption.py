@@ -211,3 +211,15 @@ def test_the_cheaper_node_wins():
     half = {"amd.com/gpumem-percentage": 50, "amd.com/gpucores": 50}
     found = [victims(a, la, ta, half), victims(b, lb, tb, half)]
     assert best_node(found).node == "b"
+
+
+def test_pdb_rule_as_kube_scheduler_counts_it():
+    from rocshare.core.preemption import budget_of, pdb_protected
+    budgets = [budget_of({"metadata": {"namespace": "ns"}, "spec": {"selector": {"matchLabels": {"app": "a"}}},
+                          "status": {"disruptionsAllowed": 1}}),
+               budget_of({"metadata": {"namespace": "ns"}, "spec": {"selector": {}}, "status": {}}),
+               budget_of({"metadata": {"namespace": "ns"}, "spec": {"selector": {"matchExpressions": [
+                   {"key": "tier", "operator": "In", "values": ["gold"]}]}}, "status": {"disruptionsAllowed": 0}})]
+    pods = [("ns/a1", "ns", {"app": "a"}), ("ns/a2", "ns", {"app": "a"}), ("other/a3", "other", {"app": "a"}),
+            ("ns/g", "ns", {"tier": "gold"}), ("ns/s", "ns", {"tier": "silver"})]
+    assert pdb_protected(pods, budgets) == {"ns/a2", "ns/g"}

@@ -41,7 +41,7 @@ from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.ids import pod_key
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import NodeUsage
-from rocshare.core.preemption import NoVictims, PodTraits, Victims, best_node, occupants_of
+from rocshare.core.preemption import NoVictims, Occupant, PodTraits, Victims, best_node, lower_bound, occupants_of
 from rocshare.core.policies import Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import KeyMemo
@@ -450,15 +450,21 @@ class PreemptionChoice:
 
 
 def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: list[str],
-               traits: Mapping[str, PodTraits], given: Mapping[str, frozenset[str]] | None = None) -> PreemptionChoice:
+               traits: Mapping[str, PodTraits], given: Mapping[str, frozenset[str]] | None = None,
+               cheapest_only: bool = False) -> PreemptionChoice:
     """Which lower-priority pods to evict on each listed node so that the pod fits there
     (rocshare.core.preemption's rule), with the room held by pods nominated there at least as
     high counted (they keep it), and the pods being deleted there, and, where kube-scheduler
     sent its own victims (`given`: node -> uids), those, taken as gone first. A node that is
-    blocked, has no GPUs, or where no set works is refused, with the reason."""
+    blocked, has no GPUs, or where no set works is refused, with the reason.
+
+    `cheapest_only` (the extender's own preemption, which evicts on one node): nodes are searched
+    from the lowest bound on their cost up, and a node whose bound is no cheaper than the best set
+    found so far is not searched (it is in neither table)."""
     decision = _Pass(snap, request, memoised=False, priority=priority)
     found: dict[str, Victims] = {}
     refused: dict[str, str] = {}
+    searched: list[tuple[tuple, str, NodeInventory, list[Occupant]]] = []
     for name in node_names:
         node = snap.inventories.get(name)
         if node is None or not node.gpus:
@@ -470,8 +476,16 @@ def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: l
                 return PreemptionChoice({}, {}, first.text())
             refused[name] = first.reasons[0][0]
             continue
-        usage = decision.held(name, node, snap.ledger.usage(node))
         occupants = occupants_of(snap.ledger, node, traits)
+        bound = lower_bound(node, decision.way_of(name).planner, occupants, priority) if cheapest_only else ()
+        searched.append((bound if bound is not None else (), name, node, occupants))
+    if cheapest_only:
+        searched.sort(key=lambda item: (item[0] == (), item[0], item[1]))
+    best: tuple | None = None
+    for bound, name, node, occupants in searched:
+        if cheapest_only and best is not None and bound and bound >= best:
+            break  # sorted by bound: no node left can beat the best
+        usage = decision.held(name, node, snap.ledger.usage(node))
         going = {occupant.uid for occupant in occupants if occupant.key in snap.pods.deleting.get(name, ())}
         already = frozenset(going | set((given or {}).get(name, frozenset())))
         answer = victims_on(node, usage, occupants, decision.way_of(name).planner, priority, already)
@@ -479,4 +493,5 @@ def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: l
             refused[name] = answer.reason
         else:
             found[name] = answer
+            best = answer.cost if best is None else min(best, answer.cost)
     return PreemptionChoice(found, refused)

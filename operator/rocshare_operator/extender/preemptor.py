@@ -127,7 +127,7 @@ class Preemptor:
         snap = self.state.snapshot()  # the read above awaited: decide on the state as it is now
         priority = pod_priority(pod)
         started = asyncio.get_running_loop().time()
-        choice = preemption(snap, request, priority, names, snap.pods.pod_traits(_now(), protected))
+        choice = preemption(snap, request, priority, names, snap.pods.pod_traits(_now(), protected), cheapest_only=True)
         self.metrics.preemption_latency.observe(asyncio.get_running_loop().time() - started)
         best = choice.best
         if choice.quota is not None or best is None:

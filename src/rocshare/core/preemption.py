@@ -143,10 +143,24 @@ def useful_candidates(node: NodeInventory, planner: PodPlanner, occupants: Seque
             and any(pos in usable for pos, _ in occupant.gpus)]
 
 
-def _cost(node: NodeInventory, pods: Sequence[Occupant]) -> tuple[int, int, int, int, int]:
+Cost = tuple[int, int, int, int, int]
+"""(PDB violations, top priority, victims of that priority, victims, GPU time lost): smaller is cheaper."""
+
+
+def _cost(node: NodeInventory, pods: Sequence[Occupant], lost: Mapping[str, int] | None = None) -> Cost:
     top = max(p.priority or 0 for p in pods)
     return (sum(p.violates_pdb for p in pods), top, sum(1 for p in pods if p.priority == top), len(pods),
-            sum(gpu_milli_s(node, p) for p in pods))
+            sum(lost[p.key] if lost is not None else gpu_milli_s(node, p) for p in pods))
+
+
+def lower_bound(node: NodeInventory, planner: PodPlanner, occupants: Sequence[Occupant], priority: int) -> Cost | None:
+    """No set of victims on the node costs less than this (None: no candidate at all). Planning-free,
+    so a caller after the cheapest node only searches nodes that could beat the best found so far."""
+    candidates = useful_candidates(node, planner, occupants, priority)
+    if not candidates:
+        return None
+    return (0 if not all(p.violates_pdb for p in candidates) else 1, min(p.priority or 0 for p in candidates), 1, 1,
+            min(gpu_milli_s(node, p) for p in candidates))
 
 
 def choose_victims(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,
@@ -160,9 +174,10 @@ def choose_victims(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Oc
     emptied = planner.plan(node, usage_without(node, usage, occupants, candidates))
     if isinstance(emptied, FitFailure):
         return NoVictims(node.name, NOT_ENOUGH_EVEN_EMPTIED, emptied)
-    if len(candidates) <= EXACT_LIMIT:
-        return _cheapest(node, usage, occupants, planner, candidates)
-    return _reprieved(node, usage, occupants, planner, candidates, emptied)
+    reprieved = _reprieved(node, usage, occupants, planner, candidates, emptied)
+    if len(candidates) <= EXACT_LIMIT and len(reprieved.pods) > 1:
+        return _cheapest(node, usage, occupants, planner, candidates, reprieved)
+    return reprieved
 
 
 def _victims(node: NodeInventory, pods: Sequence[Occupant], plan: Plan) -> Victims:
@@ -172,16 +187,24 @@ def _victims(node: NodeInventory, pods: Sequence[Occupant], plan: Plan) -> Victi
 
 
 def _cheapest(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,
-              candidates: list[Occupant]) -> Victims:
-    """Every non-empty set of candidates, cheapest first (the pod keys break ties, so the answer
-    does not depend on the order the occupants came in); the first that fits."""
-    sets = [chosen for size in range(1, len(candidates) + 1) for chosen in combinations(candidates, size)]
-    sets.sort(key=lambda chosen: (_cost(node, chosen), sorted(p.key for p in chosen)))
-    for chosen in sets:
+              candidates: list[Occupant], known: Victims) -> Victims:
+    """Every set of candidates cheaper than `known` (a minimal set that fits), cheapest first (the pod
+    keys break ties, so the answer does not depend on the order the occupants came in); the first
+    that fits, else `known`. Only sets no larger than `known` can be cheaper."""
+    lost = {p.key: gpu_milli_s(node, p) for p in candidates}
+    ceiling = (known.cost, sorted(p.key for p in known.pods))
+    sets = []
+    for size in range(1, len(known.pods) + 1):
+        for chosen in combinations(candidates, size):
+            key = (_cost(node, chosen, lost), sorted(p.key for p in chosen))
+            if key < ceiling:
+                sets.append((key, chosen))
+    sets.sort(key=lambda item: item[0])
+    for _key, chosen in sets:
         plan = planner.plan(node, usage_without(node, usage, occupants, chosen))
         if not isinstance(plan, FitFailure):
             return _victims(node, chosen, plan)
-    raise AssertionError("the set of every candidate fits, so some set must")  # pragma: no cover
+    return known
 
 
 def _reprieved(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,

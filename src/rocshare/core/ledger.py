@@ -247,9 +247,15 @@ class Ledger:
         """Every pod holding something of the node's GPUs: its (GPU position, hold) per GPU; pods
         holding only host resources there are `host_holders`."""
         found: dict[PodKey, list[tuple[int, GpuUsage]]] = {}
+        holders, name = self._holders, node.name
         for pos, spec in enumerate(node.gpus):
-            for key, usage in self._holders.get((node.name, spec.gpu_id), {}).items():
-                found.setdefault(key, []).append((pos, usage))
+            on_gpu = holders.get((name, spec.gpu_id))
+            if on_gpu:
+                for key, usage in on_gpu.items():
+                    if key in found:
+                        found[key].append((pos, usage))
+                    else:
+                        found[key] = [(pos, usage)]
         return found
 
     def host_of(self, pod_key: PodKey) -> tuple[int, int]:

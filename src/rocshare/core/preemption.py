@@ -159,8 +159,12 @@ def lower_bound(node: NodeInventory, planner: PodPlanner, occupants: Sequence[Oc
     candidates = useful_candidates(node, planner, occupants, priority)
     if not candidates:
         return None
-    return (0 if not all(p.violates_pdb for p in candidates) else 1, min(p.priority or 0 for p in candidates), 1, 1,
-            min(gpu_milli_s(node, p) for p in candidates))
+    pdb = 0 if not all(p.violates_pdb for p in candidates) else 1
+    lowest = min(p.priority or 0 for p in candidates if p.violates_pdb == bool(pdb))
+    cheapest = min(gpu_milli_s(node, p) for p in candidates if p.violates_pdb == bool(pdb) and p.priority == lowest)
+    # A single victim of the lowest priority is the cheapest any set can be; its GPU time is at least
+    # that of the cheapest such candidate (a set with more victims costs more at the 4th place).
+    return (pdb, lowest, 1, 1, cheapest)
 
 
 def choose_victims(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,

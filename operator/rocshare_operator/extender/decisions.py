@@ -29,6 +29,7 @@ ledger, under its per-node lock.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import compress
@@ -41,7 +42,7 @@ from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.ids import pod_key
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import NodeUsage
-from rocshare.core.preemption import NoVictims, Occupant, PodTraits, Victims, best_node, lower_bound, occupants_of
+from rocshare.core.preemption import DEARER, NO_LOWER_PRIORITY, NoVictims, Occupant, PodTraits, Victims, best_node, lower_bound, occupants_of
 from rocshare.core.policies import Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import KeyMemo
@@ -435,6 +436,16 @@ def _levels(decision: _Pass, fits: Mapping[str, float], misfits: Mapping[str, Re
 # ---- preemption (preemption.py) ------------------------------------------------------------------
 
 
+CANDIDATES_MIN_ABSOLUTE = 100
+CANDIDATES_MIN_PERCENT = 10
+"""kube-scheduler's DefaultPreemption defaults (minCandidateNodesAbsolute, minCandidateNodesPercentage):
+its dry run stops after this many candidate nodes, and so does the extender's own search."""
+
+
+def candidates_wanted(nodes: int) -> int:
+    return max(CANDIDATES_MIN_ABSOLUTE, nodes * CANDIDATES_MIN_PERCENT // 100)
+
+
 @dataclass(frozen=True, slots=True)
 class PreemptionChoice:
     """Per node asked about: the victims that make room (possibly only kube-scheduler's own), or why
@@ -458,14 +469,26 @@ def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: l
     sent its own victims (`given`: node -> uids), those, taken as gone first. A node that is
     blocked, has no GPUs, or where no set works is refused, with the reason.
 
-    `cheapest_only` (the extender's own preemption, which evicts on one node): nodes are searched
-    from the lowest bound on their cost up, and a node whose bound is no cheaper than the best set
-    found so far is not searched (it is in neither table)."""
+    `cheapest_only` (the extender's own preemption, which evicts on one node): as kube-scheduler's
+    dry run does, nodes are searched from an offset (here the pod's own, stable across retries) and
+    the search stops once `candidates_wanted(len(node_names))` nodes with candidates were looked at
+    (those with victims, and those that could not beat the best); a node whose
+    lower bound (rocshare.core.preemption.lower_bound) is no cheaper than the best set found so far is
+    not searched (it is in neither table)."""
     decision = _Pass(snap, request, memoised=False, priority=priority)
     found: dict[str, Victims] = {}
     refused: dict[str, str] = {}
-    searched: list[tuple[tuple, str, NodeInventory, list[Occupant]]] = []
-    for name in node_names:
+    names = node_names
+    wanted = len(names)
+    if cheapest_only and names:
+        start = zlib.crc32(f"{request.namespace}/{request.name}".encode()) % len(names)
+        names = names[start:] + names[:start]
+        wanted = candidates_wanted(len(names))
+    best: tuple | None = None
+    dearer = 0  # nodes with candidates whose bound could not beat the best: looked at, like `found`
+    for name in names:
+        if len(found) + dearer >= wanted:
+            break
         node = snap.inventories.get(name)
         if node is None or not node.gpus:
             refused[name] = decision.no_inventory(name).reasons[0][0]
@@ -477,19 +500,22 @@ def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: l
             refused[name] = first.reasons[0][0]
             continue
         occupants = occupants_of(snap.ledger, node, traits)
-        bound = lower_bound(node, decision.way_of(name).planner, occupants, priority) if cheapest_only else ()
-        searched.append((bound if bound is not None else (), name, node, occupants))
-    if cheapest_only:
-        searched.sort(key=lambda item: (item[0] == (), item[0], item[1]))
-    best: tuple | None = None
-    for bound, name, node, occupants in searched:
-        if cheapest_only and best is not None and bound and bound >= best:
-            break  # sorted by bound: no node left can beat the best
+        planner = decision.way_of(name).planner
+        if cheapest_only and best is not None:
+            bound = lower_bound(node, planner, occupants, priority)
+            if bound is None:
+                refused[name] = NO_LOWER_PRIORITY
+                continue
+            if bound >= best:
+                dearer += 1
+                continue
         usage = decision.held(name, node, snap.ledger.usage(node))
         going = {occupant.uid for occupant in occupants if occupant.key in snap.pods.deleting.get(name, ())}
         already = frozenset(going | set((given or {}).get(name, frozenset())))
-        answer = victims_on(node, usage, occupants, decision.way_of(name).planner, priority, already)
-        if isinstance(answer, NoVictims):
+        answer = victims_on(node, usage, occupants, planner, priority, already, best if cheapest_only else None)
+        if isinstance(answer, NoVictims) and answer.reason == DEARER:
+            dearer += 1
+        elif isinstance(answer, NoVictims):
             refused[name] = answer.reason
         else:
             found[name] = answer

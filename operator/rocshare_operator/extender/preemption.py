@@ -161,7 +161,7 @@ def held_usage(node: NodeInventory, usage: NodeUsage, nominees: list[Nominee], p
 
 
 def victims_on(node: NodeInventory, usage: NodeUsage, occupants: list[Occupant], planner: PodPlanner,
-               priority: int, already: frozenset[str] = frozenset()) -> Victims | NoVictims:
+               priority: int, already: frozenset[str] = frozenset(), better_than=None) -> Victims | NoVictims:
     """The core's choice on one node, with the pods whose uid is in `already` (kube-scheduler's own
     victims) taken as gone first: the extra victims needed, possibly none."""
     gone = [o for o in occupants if o.uid and o.uid in already]
@@ -171,5 +171,5 @@ def victims_on(node: NodeInventory, usage: NodeUsage, occupants: list[Occupant],
         fits = planner.plan(node, usage)
         if not isinstance(fits, FitFailure):
             return Victims(node.name, (), fits, 0, 0, 0, 0)
-    return choose_victims(node, usage, occupants, planner, priority)
+    return choose_victims(node, usage, occupants, planner, priority, better_than)
 

@@ -167,14 +167,47 @@ def lower_bound(node: NodeInventory, planner: PodPlanner, occupants: Sequence[Oc
     return (pdb, lowest, 1, 1, cheapest)
 
 
+DEARER = "Dearer"
+"""`choose_victims` with `better_than`: no set on the node is cheaper than that (not a reason users see)."""
+
+
 def choose_victims(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,
-                   priority: int) -> Victims | NoVictims:
+                   priority: int, better_than: Cost | None = None) -> Victims | NoVictims:
     """The cheapest set of lower-priority occupants whose going lets the planner's pod fit the node
     (module docstring), or why none does. `occupants`: every pod holding something on the node
-    (those never to be evicted included: `usage_without` recomputes GPUs from who stays)."""
+    (those never to be evicted included: `usage_without` recomputes GPUs from who stays).
+
+    `better_than` (a caller after the cheapest node, holding a set of this cost elsewhere): when it is
+    one victim without a PDB violation, only sets that can beat it are searched -- single victims of
+    its priority that lost less GPU time, and sets of lower priority only -- and `NoVictims(DEARER)`
+    says none does."""
     candidates = useful_candidates(node, planner, occupants, priority)
     if not candidates:
         return NoVictims(node.name, NO_LOWER_PRIORITY)
+    if better_than is not None and better_than[0] == 0 and better_than[2:4] == (1, 1):
+        return _beating_one(node, usage, occupants, planner, candidates, better_than)
+    return _search(node, usage, occupants, planner, candidates)
+
+
+def _beating_one(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,
+                 candidates: list[Occupant], best: Cost) -> Victims | NoVictims:
+    top, lost = best[1], best[4]
+    lower = [p for p in candidates if not p.violates_pdb and (p.priority or 0) < top]
+    if lower:
+        found = _search(node, usage, occupants, planner, lower)
+        if isinstance(found, Victims):
+            return found  # its top priority is below `top`: cheaper than any single victim of `top`
+    singles = sorted((p for p in candidates if not p.violates_pdb and p.priority == top
+                      and gpu_milli_s(node, p) < lost), key=lambda p: (gpu_milli_s(node, p), p.key))
+    for pod in singles:
+        plan = planner.plan(node, usage_without(node, usage, occupants, (pod,)))
+        if not isinstance(plan, FitFailure):
+            return _victims(node, (pod,), plan)
+    return NoVictims(node.name, DEARER)
+
+
+def _search(node: NodeInventory, usage: NodeUsage, occupants: Sequence[Occupant], planner: PodPlanner,
+            candidates: list[Occupant]) -> Victims | NoVictims:
     emptied = planner.plan(node, usage_without(node, usage, occupants, candidates))
     if isinstance(emptied, FitFailure):
         return NoVictims(node.name, NOT_ENOUGH_EVEN_EMPTIED, emptied)

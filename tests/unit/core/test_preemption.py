@@ -223,3 +223,20 @@ def test_pdb_rule_as_kube_scheduler_counts_it():
     pods = [("ns/a1", "ns", {"app": "a"}), ("ns/a2", "ns", {"app": "a"}), ("other/a3", "other", {"app": "a"}),
             ("ns/g", "ns", {"tier": "gold"}), ("ns/s", "ns", {"tier": "silver"})]
     assert pdb_protected(pods, budgets) == {"ns/a2", "ns/g"}
+
+
+def test_better_than_searches_only_what_can_beat_the_best_elsewhere():
+    from rocshare.core.preemption import DEARER
+    inv = node(gpu(0))
+    ledger, traits = fill(inv, [("old", {"amd.com/gpumem-percentage": 50, "amd.com/gpucores": 50}, LOW, 600.0),
+                                ("m", {"amd.com/gpumem-percentage": 50, "amd.com/gpucores": 50}, MID, 10.0)])
+    planner = PodPlanner(parse_pod(pod({"amd.com/gpumem-percentage": 50, "amd.com/gpucores": 50}, name="p")), POLICY)
+    args = (inv, ledger.usage(inv), occupants_of(ledger, inv, traits), planner, HIGH)
+    unbounded = choose_victims(*args)
+    assert names(unbounded) == ["old"] and unbounded.gpu_milli_s == 500 * 600
+    # Elsewhere one LOW victim that lost less: nothing here beats it.
+    assert choose_victims(*args, better_than=(0, LOW, 1, 1, 500 * 60)) == NoVictims("n1", DEARER)
+    # Elsewhere one LOW victim that lost more: "old" beats it.
+    assert names(choose_victims(*args, better_than=(0, LOW, 1, 1, 500 * 6000))) == ["old"]
+    # Elsewhere one MID victim: a LOW set here is cheaper whatever its size.
+    assert names(choose_victims(*args, better_than=(0, MID, 1, 1, 1))) == ["old"]

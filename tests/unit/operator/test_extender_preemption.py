@@ -152,3 +152,25 @@ async def test_preemption_policy_never_is_honoured(state) -> None:
     preemptor.consider(obj, placement_request(obj), ["n1"])
     assert metrics.preemptions.labels("policy_never")._value.get() == 1
     assert not preemptor._tasks
+
+
+async def test_dra_claims_are_never_victims_and_a_claim_pod_preempts_nobody(state) -> None:
+    """Kubernetes 1.35-1.37 (no DRA preemption before 1.38, KEP-5690): a slice held through a
+    ResourceClaim is not a pod the extender may evict, and a pod whose GPUs come from a claim asks
+    the extender for no amd.com resource, so it starts no preemption."""
+    from rocshare.core.ids import claim_key
+    obj = pod_object("claimed", 100, LOW)
+    request = placement_request(obj)
+    inventory = state.inventories["n1"]
+    record = allocate(inventory, state.ledger.usage(inventory), request, policy_for(state.snapshot(), "n1", request))
+    state.accounts.on_claim(claim_key(NAMESPACE, "claim-0"), NAMESPACE, "n1", record)
+    choice = preemption(state.snapshot(), placement_request(pod_object("high", 50, HIGH)), HIGH, ["n1"],
+                        traits(state))
+    assert choice.found == {} and choice.refused == {"n1": NO_LOWER_PRIORITY}
+    metrics = ExtenderMetrics(state)
+    preemptor = Preemptor(object(), state, metrics)
+    dra_pod = {"metadata": {"namespace": NAMESPACE, "name": "dra"}, "spec": {
+        "priority": HIGH, "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+        "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}]}}
+    preemptor.consider(dra_pod, placement_request(dra_pod), ["n1"])
+    assert not preemptor._tasks and not preemptor._busy

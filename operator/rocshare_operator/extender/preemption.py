@@ -59,11 +59,23 @@ class PodIndex:
     nominated: dict[str, dict[PodKey, Nominee]] = field(default_factory=dict)
     _where: dict[PodKey, tuple[str, str]] = field(default_factory=dict)
     """Pod -> (its node, where it is nominated), to undo the last event's entries."""
+    priorities: dict[int, int] = field(default_factory=dict)
+    """Bound pods per priority: a pod no bound pod is below can preempt nobody (`may_preempt`)."""
+
+    def may_preempt(self, priority: int) -> bool:
+        """Some bound pod has a lower priority (a cheap test before any search)."""
+        return any(value < priority for value in self.priorities)
 
     def on_pod(self, kind: str, pod: PodFacts) -> None:
         key = pod.key
         node, nominated = self._where.pop(key, ("", ""))
-        self.traits.pop(key, None)
+        old = self.traits.pop(key, None)
+        if old is not None:
+            left = self.priorities[old.priority] - 1
+            if left:
+                self.priorities[old.priority] = left
+            else:
+                del self.priorities[old.priority]
         if node:
             self._discard(self.deleting, node, key)
         if nominated:
@@ -72,6 +84,7 @@ class PodIndex:
             return
         if pod.node:
             self.traits[key] = pod
+            self.priorities[pod.priority] = self.priorities.get(pod.priority, 0) + 1
             if pod.deleting:
                 self.deleting.setdefault(pod.node, set()).add(key)
         elif pod.nominated and pod.request is not None and not pod.deleting:

@@ -106,8 +106,10 @@ class Preemptor:
             return
         if self.kube is None:
             return
-        nominated = (pod.get("status") or {}).get("nominatedNodeName")
         snap = self.state.snapshot()
+        if not snap.pods.may_preempt(pod_priority(pod)):
+            return  # no bound pod of lower priority anywhere: nothing to search (the usual case)
+        nominated = (pod.get("status") or {}).get("nominatedNodeName")
         if nominated and snap.pods.deleting.get(nominated):
             return  # its victims are still terminating: wait for them (kube-scheduler's rule too)
         self._busy.add(key)

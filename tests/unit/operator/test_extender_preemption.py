@@ -174,3 +174,16 @@ async def test_dra_claims_are_never_victims_and_a_claim_pod_preempts_nobody(stat
         "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}]}}
     preemptor.consider(dra_pod, placement_request(dra_pod), ["n1"])
     assert not preemptor._tasks and not preemptor._busy
+
+
+async def test_no_search_when_no_bound_pod_has_lower_priority(state) -> None:
+    """The usual cluster (every pod at priority 0): a pod that fits nowhere starts no preemption
+    task, so no PodDisruptionBudget list and no search per unschedulable try."""
+    await place(state, "peer", 100, HIGH, "n1")
+    preemptor = Preemptor(object(), state, ExtenderMetrics(state))
+    obj = pod_object("equal", 60, HIGH)
+    preemptor.consider(obj, placement_request(obj), ["n1"])
+    assert not preemptor._tasks
+    assert state.snapshot().pods.may_preempt(HIGH + 1) and not state.snapshot().pods.may_preempt(HIGH)
+    await state.on_pod("DELETED", pod_object("peer", 100, HIGH, node="n1"))
+    assert state.snapshot().pods.priorities == {}

@@ -51,6 +51,7 @@ DISRUPTION_REASON = "PreemptionByScheduler"
 """The victim's DisruptionTarget condition, kube-scheduler's own word."""
 # rocshare_preemptions_total{reason}:
 EVICTED, PROPOSED, NOT_HELPFUL, OVER_QUOTA, POLICY_NEVER = "evicted", "proposed", "not_helpful", "quota", "policy_never"
+SEEN_GOING_S = 5.0
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
@@ -140,6 +141,7 @@ class Preemptor:
         for victim in best.pods:
             await self._evict(victim, pod, node, best)
         if best.pods:
+            await self._seen_going(best.node, [victim.key for victim in best.pods])
             self.metrics.preemptions.labels(EVICTED).inc()
             self.metrics.victims.observe(len(best.pods))
             await post_event(self.kube, _involved(pod), reason=PREEMPTED_SLICES_REASON, event_type="Normal",
@@ -168,6 +170,19 @@ class Preemptor:
         await post_event(self.kube, {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
                                      "uid": victim.uid}, reason=PREEMPTED_REASON, message=message,
                          component=COMPONENT)
+
+    async def _seen_going(self, node: str, keys: list[PodKey], timeout_s: float = SEEN_GOING_S) -> None:
+        """Until the pod watch shows every victim deleting or gone (bounded): the pod stays `_busy`
+        meanwhile, so its next filter decides with the victims taken as going, never choosing more
+        because the watch lagged behind the deletes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pods = self.state.pods
+        while loop.time() < deadline:
+            if all(key in pods.deleting.get(node, ()) or key not in pods.traits for key in keys):
+                return
+            await asyncio.sleep(0.05)
+        log.warning("preemption: the watch has not shown %s going after %.0f s", ", ".join(keys), timeout_s)
 
     async def _nominate(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]

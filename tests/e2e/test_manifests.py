@@ -136,6 +136,7 @@ OPERATOR_NEEDS = [
     ("list", "amdgpushares.rocshare.io"), ("patch", "amdgpushares.rocshare.io", None, None, "status"),
     ("watch", "amdgpunodes.rocshare.io"), ("patch", "nodes"), ("watch", "nodes"),
     ("get", "pods"), ("patch", "pods"), ("watch", "pods"), ("create", "pods", None, None, "binding"),
+    ("delete", "pods"), ("patch", "pods", None, None, "status"), ("list", "poddisruptionbudgets.policy"),
     ("create", "resourcequotas"), ("patch", "resourcequotas"), ("watch", "resourcequotas"),
     ("create", "daemonsets.apps", NAMESPACE), ("patch", "daemonsets.apps", NAMESPACE), ("create", "events"),
     ("patch", "clusterkopfpeerings.kopf.dev", None, "rocshare"), ("watch", "clusterkopfpeerings.kopf.dev"),
@@ -150,7 +151,6 @@ OPERATOR_NEEDS = [
     ("get", "secrets", NAMESPACE, "rocshare-webhook-tls"),
     ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None, "rocshare-pods"),
 ]
-# (delete pods is not here: system:kube-scheduler grants it, for preemption.)
 OPERATOR_MUST_NOT = [
     ("update", "pods"), ("delete", "nodes"), ("create", "nodes"), ("list", "secrets"),
     ("get", "secrets", NAMESPACE, "some-other-secret"), ("delete", "amdgpupools.rocshare.io"),

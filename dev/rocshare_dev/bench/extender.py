@@ -62,25 +62,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the pool's gpuPolicy (default: %(default)s, whose fragmentation model is on)")
     parser.add_argument("--no-refresh", action="store_true",
                         help="no plan refresher between rounds (decisions plan all their shape's changed nodes)")
+    parser.add_argument("--preemptions", type=int, default=0,
+                        help="also time this many preemption decisions per setting (a top-priority pod, every "
+                             "node asked, every pod in the ledger a candidate; default: none)")
     parser.add_argument("--json", action="store_true", help="print the JSON report (default: a table)")
 
 
 def run(args: argparse.Namespace) -> int:
     report = measure([int(n) for n in args.nodes.split(",")], [float(o) for o in args.occupancy.split(",")],
                      rounds=args.rounds, seed=args.seed, progress=not args.json, gpu_policy=args.gpu_policy,
-                     refresh=not args.no_refresh)
+                     refresh=not args.no_refresh, preemptions=args.preemptions)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0
 
 
 def measure(node_counts: Sequence[int], occupancies: Sequence[float], *, rounds: int = 0, seed: int = 7,
-            progress: bool = False, gpu_policy: str = "fragmentation-aware", refresh: bool = True) -> dict:
+            progress: bool = False, gpu_policy: str = "fragmentation-aware", refresh: bool = True,
+            preemptions: int = 0) -> dict:
     results = []
     for nodes in node_counts:
         for occupancy in occupancies:
             result = asyncio.run(_measure_one(nodes, occupancy, rounds or _default_rounds(nodes), seed, gpu_policy,
-                                              refresh))
+                                              refresh, preemptions))
             results.append(result)
             if progress:
                 print(_row(result), flush=True)
@@ -150,7 +154,7 @@ class Timings:
 
 
 async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
-                       gpu_policy: str = "fragmentation-aware", refresh: bool = True) -> dict:
+                       gpu_policy: str = "fragmentation-aware", refresh: bool = True, preemptions: int = 0) -> dict:
     from rocshare_operator.extender.heap import settle_heap
     from rocshare_operator.extender.refresh import Refresher
     from rocshare_operator.extender.state import SchedulerState
@@ -169,13 +173,39 @@ async def _measure_one(nodes: int, occupancy: float, rounds: int, seed: int,
         with GcPauses() as pauses:
             warm = await _rounds(state, names, live, rounds, rng, cold=False, refresher=refresher)
             cold = await _rounds(state, names, live, max(20, rounds // 10), rng, cold=True, refresher=refresher)
+        preempt = preemption_rounds(state, names, live, preemptions, rng) if preemptions else None
     finally:
         gc.unfreeze()  # this setting's caches become garbage; the next one settles its own
     return {
         "nodes": nodes, "target_occupancy": occupancy, "occupancy": round(reached, 3),
         "pods_in_ledger": len(state.ledger), "rounds": rounds, "build_s": round(build_s, 1),
         "warm": _summary(warm), "cold": _summary(cold), "gc": pauses.summary(warm=warm.spans, cold=cold.spans),
+        **({"preemption": preempt} if preempt else {}),
     }
+
+
+def preemption_rounds(state, names: list[str], live: deque, rounds: int, rng: random.Random) -> dict:
+    """The extender's preemption decision (decisions.preemption, as the preemptor calls it: cheapest only) for a pod
+    of the top priority over every node, every pod in the ledger of one of two lower priorities with
+    a running time up to a day: the victims chosen on each node, the cheapest node picked."""
+    from rocshare_dev.bench.fleet import draw_pods, pod_object
+    from rocshare.core.holdings import placement_request
+    from rocshare.core.preemption import PodTraits
+    from rocshare_operator.extender.decisions import preemption
+
+    traits = {key: PodTraits(f"uid-{key}", rng.choice((100, 1000)), rng.uniform(60, 86_400)) for key in live}
+    pods = draw_pods(rng, "preempt")
+    total_s, found = [], []
+    for _ in range(rounds):
+        pod = next(pods)
+        request = placement_request(pod_object(pod.name, pod.resources))
+        started = time.perf_counter()
+        choice = preemption(state.snapshot(), request, 10_000, names, traits, cheapest_only=True)
+        best = choice.best
+        total_s.append(time.perf_counter() - started)
+        found.append(len(best.pods) if best is not None else -1)
+    return {"rounds": rounds, "p50_ms": _ms(total_s, 0.5), "p99_ms": _ms(total_s, 0.99), "max_ms": _ms(total_s, 1.0),
+            "victims_median": int(_quantile(found, 0.5))}
 
 
 def build_nodes(state, count: int, gpu_policy: str = "fragmentation-aware") -> list[str]:
@@ -360,4 +390,7 @@ def _row(result: dict) -> str:
             f"best nodes {warm['best_nodes_median']}  built in {result['build_s']} s"
             + (f"  refresher CPU {warm['refresh_cpu_mean_ms']:.2f} ms/pod" if "refresh_cpu_mean_ms" in warm else "")
             + f"  GC: {result['gc']['in_warm_decisions']} collections in warm decisions (longest "
-              f"{result['gc']['longest_in_warm_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms")
+              f"{result['gc']['longest_in_warm_decisions_ms']:.1f} ms), longest full {result['gc']['longest_pause_ms']['2']:.1f} ms"
+            + (f"  preemption p50 {result['preemption']['p50_ms']:.1f} ms p99 {result['preemption']['p99_ms']:.1f} ms "
+               f"({result['preemption']['rounds']} decisions, median victims {result['preemption']['victims_median']})"
+               if "preemption" in result else ""))

@@ -33,6 +33,7 @@ from rocshare.core.holdings import HostRequest, host_request, placement_request
 from rocshare.core.request import PodRequest, RequestError
 from rocshare.kube.client import ApiError, Conflict, Forbidden, Invalid, Kube, NotFound, object_path
 from rocshare_operator.extender.decisions import bind_decision, node_rejection
+from rocshare_operator.extender.preemption import pod_priority
 from rocshare_operator.extender.replies import Rejection
 from rocshare_operator.extender.state import SchedulerState
 
@@ -240,7 +241,7 @@ class Binder:
 
     def _decide(self, pod: dict, node_name: str, request: PodRequest | None = None) -> AllocationRecord:
         """The record to commit on the node now (planned afresh), or BindRefused saying why not."""
-        decision = bind_decision(self.state.snapshot(), request or _request(pod), node_name)
+        decision = bind_decision(self.state.snapshot(), request or _request(pod), node_name, pod_priority(pod))
         if isinstance(decision, Rejection):
             raise BindRefused(f"node {node_name} no longer fits: {decision.text()}")
         return decision

@@ -30,6 +30,7 @@ ledger, under its per-node lock.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import compress
@@ -39,10 +40,14 @@ from rocshare.api.allocation import AllocationRecord
 from rocshare.core.allocate import DEFAULT_CONTEXT, Plan, PodPlanner, record_from_plan
 from rocshare.core.bulk import BulkPlanner, handles
 from rocshare.core.fit import FitFailure, Reason
+from rocshare.core.ids import pod_key
 from rocshare.core.inventory import NodeInventory
+from rocshare.core.ledger import NodeUsage
+from rocshare.core.preemption import DEARER, NO_LOWER_PRIORITY, NoVictims, Occupant, PodTraits, Victims, best_node, lower_bound, occupants_of
 from rocshare.core.policies import Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
 from rocshare_operator.extender.plans import KeyMemo
+from rocshare_operator.extender.preemption import held_usage, victims_on
 from rocshare_operator.extender.quota import quota_verdict
 from rocshare_operator.extender.replies import FilterResult, Priorities, Rejection
 from rocshare_operator.extender.state import Snapshot
@@ -83,9 +88,12 @@ class _Pass:
     """One decision call for one pod: what is the same for every node is worked out once
     (quota, policies per pool, the planner), so the per-node step is a few dict lookups."""
 
-    def __init__(self, snap: Snapshot, request: PodRequest, *, memoised: bool = True) -> None:
+    def __init__(self, snap: Snapshot, request: PodRequest, *, memoised: bool = True, priority: int = 0) -> None:
         self.snap = snap
         self.request = request
+        self.priority = priority
+        """The pod's priority: pods nominated to a node with at least this priority hold room there."""
+        self._key = pod_key(request.namespace, request.name)
         self.memoised = memoised
         self._inventories, self._node_pools, self._ledger = snap.inventories, snap.node_pools, snap.ledger
         self._blocked = snap.blocked
@@ -257,6 +265,35 @@ class _Pass:
             found = self._ways[(policy, ctx)] = _Way(planner, memo, bulk)
         return found
 
+    # ---- the hold of nominated pods (preemption.py) -----------------------------------------
+
+    def held_nodes(self, names: list[str]) -> list[str]:
+        """The listed nodes where a pod nominated there holds room against this one."""
+        nominated = self.snap.pods.nominated
+        if not nominated:
+            return []
+        wanted = set(names)
+        return [name for name in nominated if name in wanted and self.snap.pods.nominees(name, self.priority, self._key)]
+
+    def held(self, name: str, node: NodeInventory, usage: NodeUsage) -> NodeUsage:
+        """The node's usage with the room held by the pods nominated there (at least this pod's priority)."""
+        pods = self.snap.pods
+        nominees = pods.nominees(name, self.priority, self._key)
+        if not nominees:
+            return usage
+        occupants = occupants_of(self._ledger, node, {})
+        return held_usage(node, usage, nominees, lambda request: PodPlanner(request, policy_for(self.snap, name, request)),
+                          occupants, pods.deleting.get(name, set()))
+
+    def held_answer(self, name: str) -> float | Rejection | None:
+        """The planner's verdict on a held node, planned afresh (not memoised: the hold is not in
+        the ledger); None when the node has no GPUs."""
+        node = self._inventories.get(name)
+        if node is None or not node.gpus:
+            return None
+        usage = self.held(name, node, self._ledger.usage(node))
+        return self._verdict(self.way_of(name).planner.plan(node, usage))
+
     def no_inventory(self, name: str) -> Rejection:
         """Why a node without GPUs on offer offers none: it cannot be read, or has none."""
         problem = self.snap.unreadable.get(name)
@@ -281,19 +318,19 @@ def node_rejection(snap: Snapshot, request: PodRequest, name: str) -> Rejection 
     return _Pass(snap, request, memoised=False).rejection(name)
 
 
-def bind_decision(snap: Snapshot, request: PodRequest, name: str) -> AllocationRecord | Rejection:
+def bind_decision(snap: Snapshot, request: PodRequest, name: str, priority: int = 0) -> AllocationRecord | Rejection:
     """Bind's choice on the node, planned afresh against the ledger as it is now: the record to
     commit, or why the pod no longer fits there. One plan does both, by the planner filter ranked
     the node with (the pool's policy and, where it reads one, its fragmentation model), so the GPUs
     bind takes are the ones the node's score assumed."""
-    decision = _Pass(snap, request, memoised=False)
+    decision = _Pass(snap, request, memoised=False, priority=priority)
     node = snap.inventories.get(name)
     if node is None or not node.gpus:
         return decision.no_inventory(name)
     first = decision.whole_node_rejection(name, node)
     if first is not None:
         return first
-    usage = snap.ledger.usage(node)
+    usage = decision.held(name, node, snap.ledger.usage(node))
     plan = decision.way_of(name).planner.plan(node, usage)
     return Rejection.of_fit(plan) if isinstance(plan, FitFailure) else record_from_plan(node, usage, request, plan)
 
@@ -309,14 +346,26 @@ def refresh(snap: Snapshot, memo: KeyMemo) -> int:
     return len(names)
 
 
-def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str]) -> FilterResult:
-    return _filtered(_Pass(snap, request), node_names)[0]
+def filter_nodes(snap: Snapshot, request: PodRequest, node_names: list[str], priority: int = 0) -> FilterResult:
+    return _filtered(_Pass(snap, request, priority=priority), node_names)[0]
 
 
 def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Mapping[str, float], Mapping[str, Rejection]]:
     """Which listed nodes the pod fits and why the others not; with the planner's tables, which
     prioritize reads again for the feasible nodes."""
     fits, misfits = decision.answers(node_names)
+    held = decision.held_nodes(node_names)
+    if held:  # rare: copies of the listed answers (never the memo's own tables), the held nodes replanned
+        fits = {name: fits[name] for name in node_names if name in fits}
+        misfits = {name: misfits[name] for name in node_names if name in misfits}
+        for name in held:
+            answer = decision.held_answer(name)
+            fits.pop(name, None)
+            misfits.pop(name, None)
+            if isinstance(answer, Rejection):
+                misfits[name] = answer
+            elif answer is not None:
+                fits[name] = answer
     feasible = [name for name in node_names if name in fits]
     failed = {name: misfits[name] for name in node_names if name in misfits}
     if len(feasible) + len(failed) < len(node_names):  # nodes without GPUs, or none the extender knows
@@ -333,7 +382,7 @@ def _filtered(decision: _Pass, node_names: list[str]) -> tuple[FilterResult, Map
 
 
 def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
-               queued: Mapping[str, int] | None = None) -> FilterResult:
+               queued: Mapping[str, int] | None = None, priority: int = 0) -> FilterResult:
     """filter's reply: of the nodes the pod fits, only those prioritize would rank best -- the
     highest 0-10 level over every feasible node, less one level per bind under way there (`queued`,
     below 0 too: see below).
@@ -346,7 +395,7 @@ def best_nodes(snap: Snapshot, request: PodRequest, node_names: list[str],
     instead of every feasible one and needs no prioritize call at all (the profile names none:
     manifests/base/scheduler). The nodes left out fit: they are not FailedNodes, and the
     pod's status never names them (kube-scheduler reports failures only when no node is left)."""
-    decision = _Pass(snap, request)
+    decision = _Pass(snap, request, priority=priority)
     result, fits, misfits = _filtered(decision, node_names)
     feasible = result.feasible
     if len(feasible) < 2:
@@ -383,3 +432,93 @@ def _levels(decision: _Pass, fits: Mapping[str, float], misfits: Mapping[str, Re
     level: dict[float | None, int] = score_levels(scored)
     level[None] = 0
     return list(map(level.__getitem__, raw))
+
+
+# ---- preemption (preemption.py) ------------------------------------------------------------------
+
+
+CANDIDATES_MIN_ABSOLUTE = 100
+CANDIDATES_MIN_PERCENT = 10
+"""kube-scheduler's DefaultPreemption defaults (minCandidateNodesAbsolute, minCandidateNodesPercentage):
+its dry run stops after this many candidate nodes, and so does the extender's own search."""
+
+
+def candidates_wanted(nodes: int) -> int:
+    return max(CANDIDATES_MIN_ABSOLUTE, nodes * CANDIDATES_MIN_PERCENT // 100)
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionChoice:
+    """Per node asked about: the victims that make room (possibly only kube-scheduler's own), or why
+    none do; `quota`: the pod is over its namespace's quota, so no node is a candidate."""
+
+    found: dict[str, Victims]
+    refused: dict[str, str]
+    quota: str | None = None
+
+    @property
+    def best(self) -> Victims | None:
+        return best_node(self.found.values())
+
+
+def preemption(snap: Snapshot, request: PodRequest, priority: int, node_names: list[str],
+               traits: Mapping[str, PodTraits], given: Mapping[str, frozenset[str]] | None = None,
+               cheapest_only: bool = False) -> PreemptionChoice:
+    """Which lower-priority pods to evict on each listed node so that the pod fits there
+    (rocshare.core.preemption's rule), with the room held by pods nominated there at least as
+    high counted (they keep it), and the pods being deleted there, and, where kube-scheduler
+    sent its own victims (`given`: node -> uids), those, taken as gone first. A node that is
+    blocked, has no GPUs, or where no set works is refused, with the reason.
+
+    `cheapest_only` (the extender's own preemption, which evicts on one node): as kube-scheduler's
+    dry run does, nodes are searched from an offset (here the pod's own, stable across retries) and
+    the search stops once `candidates_wanted(len(node_names))` nodes with candidates were looked at
+    (those with victims, and those that could not beat the best); a node whose
+    lower bound (rocshare.core.preemption.lower_bound) is no cheaper than the best set found so far is
+    not searched (it is in neither table)."""
+    decision = _Pass(snap, request, memoised=False, priority=priority)
+    found: dict[str, Victims] = {}
+    refused: dict[str, str] = {}
+    names = node_names
+    wanted = len(names)
+    if cheapest_only and names:
+        start = zlib.crc32(f"{request.namespace}/{request.name}".encode()) % len(names)
+        names = names[start:] + names[:start]
+        wanted = candidates_wanted(len(names))
+    best: tuple | None = None
+    dearer = 0  # nodes with candidates whose bound could not beat the best: looked at, like `found`
+    for name in names:
+        if len(found) + dearer >= wanted:
+            break
+        node = snap.inventories.get(name)
+        if node is None or not node.gpus:
+            refused[name] = decision.no_inventory(name).reasons[0][0]
+            continue
+        first = decision.whole_node_rejection(name, node)
+        if first is not None:
+            if first.reasons[0][0] == Reason.RESOURCE_QUOTA_NOT_FIT.value:
+                return PreemptionChoice({}, {}, first.text())
+            refused[name] = first.reasons[0][0]
+            continue
+        occupants = occupants_of(snap.ledger, node, traits)
+        planner = decision.way_of(name).planner
+        if cheapest_only and best is not None:
+            bound = lower_bound(node, planner, occupants, priority)
+            if bound is None:
+                refused[name] = NO_LOWER_PRIORITY
+                continue
+            if bound >= best:
+                dearer += 1
+                continue
+        usage = decision.held(name, node, snap.ledger.usage(node))
+        going = {occupant.uid for occupant in occupants if occupant.key in snap.pods.deleting.get(name, ())}
+        already = frozenset(going | set((given or {}).get(name, frozenset())))
+        answer = victims_on(node, usage, occupants, planner, priority, already, best if cheapest_only else None)
+        if isinstance(answer, NoVictims) and answer.reason == DEARER:
+            dearer += 1
+        elif isinstance(answer, NoVictims):
+            refused[name] = answer.reason
+        else:
+            found[name] = answer
+            best = answer.cost if best is None else min(best, answer.cost)
+    return PreemptionChoice(found, refused)

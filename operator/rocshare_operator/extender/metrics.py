@@ -40,12 +40,17 @@ QUOTA_LIMIT_LABELS = ["namespace", "quota_name", "zone"]
 UNIT_LABELS = ["node", "device_uuid", "device_index", "unit", "unit_index"]
 UNIT_POD_LABELS = ["node", "device_uuid", "unit", "unit_index", "namespace", "pod"]
 
-VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "bind": ("bound", "refused")}
+VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "bind": ("bound", "refused"),
+                 "preempt": ("answered",)}
 
 # ResourceQuota names, as HAMi's quota_name label writes them (the key without "limits.").
 QUOTA_MEMORY = "amd.com/gpumem"
 QUOTA_CORES = "amd.com/gpucores"
 QUOTA_GPUS = "amd.com/gpu"
+
+
+PREEMPTION_OUTCOMES = ("evicted", "proposed", "not_helpful", "quota", "policy_never")
+VICTIM_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
 class ExtenderMetrics:
@@ -59,6 +64,18 @@ class ExtenderMetrics:
                                  ["verb", "outcome"], registry=self.registry)
         self.node_rejections = Counter("rocshare_extender_node_rejections_total",
                                        "Nodes filtered out, by reason.", ["reason"], registry=self.registry)
+        self.preemptions = Counter(
+            "rocshare_preemptions", "Preemption decisions, by outcome: evicted (the extender evicted victims "
+            "for a pod), proposed (kube-scheduler's preempt verb got victims), not_helpful (no set of "
+            "lower-priority pods makes room), quota (the pod is over its namespace's quota), policy_never "
+            "(preemptionPolicy: Never).", ["reason"], registry=self.registry)
+        self.victims = Histogram("rocshare_preemption_victims", "Pods evicted per preemption the extender made.",
+                                 buckets=VICTIM_BUCKETS, registry=self.registry)
+        self.preemption_latency = Histogram("rocshare_preemption_decision_seconds",
+                                            "Time to choose the victims of one preemption (every node asked about).",
+                                            buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        for reason in PREEMPTION_OUTCOMES:
+            self.preemptions.labels(reason)
         # Every verb's and reason's series exist from the first scrape (at 0), so rate() sees the
         # first requests (a counter born at 1 shows no increase).
         for verb, outcomes in VERB_OUTCOMES.items():

@@ -2,7 +2,7 @@
 field names, served by aiohttp. It refuses to answer (503) until every cache has been
 listed once, so a freshly restarted operator never decides from a partial ledger.
 
-Routes: POST /extender/filter, /extender/prioritize, /extender/bind (503 from a replica that
+Routes: POST /extender/filter, /extender/prioritize, /extender/bind, /extender/preempt (503 from a replica that
 does not decide: standby or stopping, leadership.py); GET /healthz, /readyz (synced and not
 stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are
 served on their own port by prometheus-client.
@@ -35,6 +35,8 @@ from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
 from rocshare_operator.extender.heap import settle_heap
 from rocshare_operator.extender.metrics import ExtenderMetrics
+from rocshare_operator.extender.preemption import pod_priority
+from rocshare_operator.extender.preemptor import Preemptor
 from rocshare_operator.extender.refresh import Refresher
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.state import SchedulerState
@@ -60,6 +62,8 @@ class ExtenderService:
     the affected pods may hold kept blocked)."""
     gate: DecisionGate = field(default_factory=DecisionGate)
     """Whether this replica decides (leadership.py): a standby or a stopping replica answers 503."""
+    preemptor: Preemptor | None = None
+    """Preemption's side effects (preemptor.py); None: the extender preempts nothing (unit tests)."""
 
     async def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         names = _node_names(args)
@@ -68,11 +72,13 @@ class ExtenderService:
         except RequestError as error:
             self.metrics.decisions.labels("filter", "error").inc()
             return {"NodeNames": [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(error)}
-        result = best_nodes(self.state.snapshot(), request, names, self.binder.queued)
+        result = best_nodes(self.state.snapshot(), request, names, self.binder.queued, pod_priority(_pod(args)))
         if result.feasible:
             self.binder.saw(_pod(args))
         else:
             self.binder.forget(pod_key(request.namespace, request.name))
+            if self.preemptor is not None and names:
+                self.preemptor.consider(_pod(args), request, names)
         if self.state.retrier is not None:
             key = pod_key(request.namespace, request.name)
             if result.feasible:
@@ -98,6 +104,15 @@ class ExtenderService:
         if queued:
             scores = scores.lowered(queued)
         return scores.to_json()
+
+    async def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
+        """kube-scheduler's ProcessPreemption (ExtenderPreemptionArgs -> ExtenderPreemptionResult, the
+        meta form: the profile is nodeCacheCapable). Without a preemptor: the victims unchanged."""
+        _pod(args)
+        self.metrics.decisions.labels("preempt", "answered").inc()
+        if self.preemptor is None:
+            return {"NodeNameToMetaVictims": args.get("NodeNameToMetaVictims") or {}}
+        return await self.preemptor.process(args)
 
     async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -135,7 +150,7 @@ def _node_names(args: dict[str, Any]) -> list[str]:
 def make_app(service: ExtenderService) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
-        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind}
+        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind, "preempt": service.preempt}
 
     async def handle(request: web.Request) -> web.Response:
         verb = request.match_info["verb"]
@@ -220,7 +235,8 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     state.accounts.on_unaccountable.append(PodEvents(kube, gate).unaccountable)
     service = ExtenderService(state, Binder(kube, state, settings.bind_wait_s), metrics,
                               ready=lambda: feed.synced,
-                              problems=lambda: _failing(watches), gate=gate)
+                              problems=lambda: _failing(watches), gate=gate,
+                              preemptor=Preemptor(kube, state, metrics))
     metrics.registry.register(service.gate)
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)

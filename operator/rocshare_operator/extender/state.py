@@ -32,6 +32,7 @@ from rocshare.core.ledger import Ledger
 from rocshare_operator.extender.accounts import Accounts, InFlight
 from rocshare_operator.extender.index import ClusterIndex
 from rocshare_operator.extender.plans import KeyMemo, NodeMemo
+from rocshare_operator.extender.preemption import PodIndex
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.workloads import PoolWorkloads
 from rocshare_operator.feed.cluster_facts import GpuNodeFacts, NodeFacts, PodFacts, QuotaFacts, pod_facts
@@ -57,6 +58,8 @@ class Snapshot:
     """The nodes' loads as arrays, for the bulk planner (rocshare.core.fleet); kept in step by itself."""
     _index: ClusterIndex
     _accounts: Accounts
+    pods: PodIndex = field(default_factory=PodIndex)
+    """Priorities, pods being deleted and nominations (preemption.py)."""
 
     def pool_of(self, node_name: str) -> AmdGpuPoolSpec | None:
         return self._index.pool_of(node_name)
@@ -82,6 +85,7 @@ class SchedulerState:
     accounts: Accounts = field(init=False)
     workloads: PoolWorkloads = field(init=False)
     retrier: Retrier | None = None
+    pods: PodIndex = field(default_factory=PodIndex)
     scheduler_name: str = "rocshare-scheduler"
     changes: int = 0
     """Counts every event and commit taken: a decision made at one count still stands at the same
@@ -98,7 +102,7 @@ class SchedulerState:
         index = self.index
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
                         frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads,
-                        self.fleet, index, self.accounts)
+                        self.fleet, index, self.accounts, self.pods)
 
     # ---- events ------------------------------------------------------------------------------
 
@@ -140,7 +144,8 @@ class SchedulerState:
         one failed, and the first failure is raised afterwards, so the feed retries the event
         (every step is idempotent)."""
         self.changes += 1
-        failures = [error for error in (self._account(kind, pod), self._guarded(self._track_waiting, kind, pod),
+        failures = [error for error in (self._account(kind, pod), self._guarded(self.pods.on_pod, kind, pod),
+                                        self._guarded(self._track_waiting, kind, pod),
                                         self._guarded(self.workloads.on_pod, kind, pod)) if error is not None]
         if failures:
             raise failures[0]

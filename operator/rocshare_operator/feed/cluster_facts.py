@@ -42,9 +42,10 @@ from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, CuTopologyInfo, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
 from rocshare.core.dra_shares import AllocatedDevice
-from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request
+from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request, placement_request
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity, whole_quantity
+from rocshare.core.request import PodRequest, RequestError
 from rocshare_operator.feed.node_view import NodeMarks, NodeView, marks_of
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -78,6 +79,13 @@ class PodFacts:
     problem: str | None = None  # the pod could not be read: it holds unknown GPUs on `node`
     hami: HamiPlacement | None = None  # HAMi's decision, on a pod without rocshare's record (holdings.read_hami)
     host: HostRequest = NO_HOST_REQUEST  # its CPU and memory requests, kube-scheduler's rule
+    uid: str = ""
+    priority: int = 0  # spec.priority (the API server resolves the PriorityClass into it; absent: 0)
+    preempt_never: bool = False  # spec.preemptionPolicy: Never
+    nominated: str = ""  # status.nominatedNodeName: kube-scheduler's (or the extender's) nomination
+    started_at: str = ""  # status.startTime, RFC 3339
+    labels: tuple[tuple[str, str], ...] = ()  # for PodDisruptionBudget selectors (preemption)
+    request: PodRequest | None = None  # what it asks, read only while it is nominated and unbound (the hold)
 
     @property
     def key(self) -> PodKey:
@@ -279,7 +287,29 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         allocation=annotations.get(ALLOCATION_ANNOTATION),
         hami=None if ALLOCATION_ANNOTATION in annotations else hami_placement(annotations, spec),
         host=host_request(spec),
+        uid=meta.get("uid") or "", priority=_priority(spec),
+        preempt_never=spec.get("preemptionPolicy") == "Never",
+        nominated=status.get("nominatedNodeName") or "", started_at=status.get("startTime") or "",
+        labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
+        request=_nominated_request(pod, spec, status),
     )
+
+
+def _priority(spec: Mapping) -> int:
+    value = spec.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _nominated_request(pod: Mapping, spec: Mapping, status: Mapping) -> PodRequest | None:
+    """The request of a pod that holds room it was nominated for (status.nominatedNodeName, not bound
+    yet): the hold of preemption (extender/preemption.py). None for every other pod, or when it cannot
+    be read (then it holds no room: the filter refuses it as well)."""
+    if not status.get("nominatedNodeName") or spec.get("nodeName"):
+        return None
+    try:
+        return placement_request(pod)
+    except RequestError:
+        return None
 
 
 def _unreadable_pod(pod: object, problem: str) -> PodFacts:

@@ -27,6 +27,7 @@ class Where(StrEnum):
     POOL_CONDITION = "AmdGpuPool condition"
     SHARE_CONDITION = "AmdGpuShare condition"
     DRA_PREPARE = "DRA prepare error (the kubelet's FailedPrepareDynamicResources event on the pod)"
+    POD_CONDITION = "Pod condition (kubectl describe pod)"
     ADMISSION = "admission error (the pod's create is refused, e.g. by kubectl apply)"
 
 
@@ -54,6 +55,9 @@ ones of the operator's extender (no inventory, a blocked node, a node whose fact
 
 EVENT_REASONS = (
     *_reasons(Where.POD_EVENT, "NoMemoryLimit", "UnaccountableAllocation", "LoadCheckNotRun"),
+    # Preemption (rocshare_operator.extender.preemptor): on the victims, on the preemptor.
+    *_reasons(Where.POD_EVENT, "Preempted", "PreemptedSlices", "PreemptionNotHelpful", "PreemptionOverQuota"),
+    *_reasons(Where.POD_CONDITION, "PreemptionByScheduler"),
     *_reasons(Where.NODE_EVENT, "AMDGPUUnhealthy", "AMDGPUMissing", "DrainRequired"),
     *_reasons(Where.NODE_EVENT, "AMDGPURecovered", healthy=True),
     *_reasons(Where.POOL_EVENT, "NodeConflict"),

@@ -238,10 +238,33 @@ class Ledger:
         if cached is not None and cached[0] == version and cached[1] is node:
             return cached[2]
         cpu, mem = self._node_host.get(node.name, (0, 0))
-        usage = usage_of(node, tuple(_clipped(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU), g.cu_count)
+        usage = usage_of(node, tuple(clipped(self._gpu.get((node.name, g.gpu_id), EMPTY_GPU), g.cu_count)
                                      for g in node.gpus), cpu, mem)
         self._usage_cache[node.name] = (version, node, usage)
         return usage
+
+    def holders(self, node: NodeInventory) -> dict[PodKey, list[tuple[int, GpuUsage]]]:
+        """Every pod holding something of the node's GPUs: its (GPU position, hold) per GPU; pods
+        holding only host resources there are `host_holders`."""
+        found: dict[PodKey, list[tuple[int, GpuUsage]]] = {}
+        holders, name = self._holders, node.name
+        for pos, spec in enumerate(node.gpus):
+            on_gpu = holders.get((name, spec.gpu_id))
+            if on_gpu:
+                for key, usage in on_gpu.items():
+                    if key in found:
+                        found[key].append((pos, usage))
+                    else:
+                        found[key] = [(pos, usage)]
+        return found
+
+    def host_of(self, pod_key: PodKey) -> tuple[int, int]:
+        """(CPU millicores, memory MiB) the pod holds of its node (0, 0 when none)."""
+        host = self._host.get(pod_key)
+        if host is not None:
+            return host
+        only = self._host_only.get(pod_key)
+        return (only[1], only[2]) if only is not None else (0, 0)
 
     def records(self) -> dict[PodKey, AllocationRecord]:
         return dict(self._records)
@@ -261,7 +284,7 @@ class Ledger:
         return not self._records and not self._host_only and not self._gpu and not self._node_host
 
 
-def _clipped(usage: GpuUsage, cu_count: int) -> GpuUsage:
+def clipped(usage: GpuUsage, cu_count: int) -> GpuUsage:
     """Usage with its CU mask cut to the GPU's CUs: a hold whose CUs are unknown (a pod HAMi placed,
     not yet served by HAMi's plugin) reserves every CU a GPU could have (holdings.UNKNOWN_CUS_RANGE)."""
     if usage.cu_mask >> cu_count == 0:

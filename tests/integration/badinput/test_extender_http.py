@@ -65,9 +65,10 @@ POD = {"metadata": {"name": "p", "namespace": "ns"},
     ("prioritize", {"Pod": "p", "NodeNames": ["n1"]}, 400, "ExtenderArgs.Pod is missing"),
     ("bind", {"PodName": "p"}, 400, "ExtenderBindingArgs lacks"),
     ("bind", "null", 400, "must be a JSON object"),
-    ("preempt", {}, 404, "unknown extender verb 'preempt'"),
+    ("preempt", {"NodeNameToMetaVictims": {}}, 400, "ExtenderArgs.Pod is missing"),
+    ("unreserve", {}, 404, "unknown extender verb 'unreserve'"),
 ], ids=["truncated", "binary", "array", "no pod", "names not a list", "names not strings", "pod not an object",
-        "bind without node", "null", "unknown verb"])
+        "bind without node", "null", "preempt without pod", "unknown verb"])
 async def test_malformed_requests_are_refused_with_why(post, verb, body, status, message) -> None:
     got_status, reply = await post(verb, body)
     assert got_status == status and message in reply["Error"], reply

@@ -90,7 +90,8 @@ def prepare(args, kopf_settings: kopf.OperatorSettings) -> list:
     tasks = []
     if not args.no_webhook:
         settings = webhook.WebhookSettings(host=args.webhook_host, port=args.webhook_port, certfile=args.webhook_cert,
-                                           pkeyfile=args.webhook_key, scheduler_name=args.scheduler_name)
+                                           pkeyfile=args.webhook_key, scheduler_name=args.scheduler_name,
+                                           client_ca=webhook.readable_client_ca(args.webhook_client_ca))
         settings.trusted_users = settings.trusted_users | frozenset(args.trusted_user)
         if args.webhook_tls_secret:
             tasks.append(own_certificate(args, settings))

@@ -30,6 +30,10 @@ def add_arguments(parser) -> None:
                             "Secret of --namespace (made when missing, renewed before expiry), write the CA into "
                             "caBundle of the rocshare-pods webhook configurations, and serve with it "
                             "(instead of --webhook-cert/--webhook-key)")
+    group.add_argument("--webhook-client-ca", default=None, metavar="FILE",
+                       help="require every caller of the webhook to present a client certificate signed by a CA in "
+                            "this PEM file (kube-apiserver does, given an AdmissionConfiguration kubeconfig); others "
+                            "are refused at the TLS handshake. Default: any caller is answered")
     group.add_argument("--no-webhook", action="store_true", help="do not serve the admission webhook")
     group.add_argument("--scheduler-name", default="rocshare-scheduler",
                        help="schedulerName the webhook sets on GPU pods (default: %(default)s)")

@@ -54,6 +54,8 @@ class WebhookSettings:
     pkeyfile: str | None = None
     # Kopf loads certfile/pkeyfile into this context; keeping it lets a renewal reload the pair.
     ssl_context: ssl.SSLContext | None = None
+    # A PEM CA file: callers must present a client certificate it signed (None: any caller).
+    client_ca: str | None = None
     scheduler_name: str = "rocshare-scheduler"
     trusted_users: frozenset[str] = field(default_factory=lambda: frozenset({
         "system:serviceaccount:rocshare-system:rocshare-operator",
@@ -173,5 +175,21 @@ def _refuse_unless(check: Callable[[], T]) -> T:
 
 
 def server(settings: WebhookSettings) -> kopf.WebhookServer:
+    """Kopf's TLS server; with `client_ca`, a caller without a client certificate signed by it is
+    refused at the handshake (CERT_REQUIRED), before any review reaches a handler."""
+    verify = {} if settings.client_ca is None else {"verify_mode": ssl.CERT_REQUIRED,
+                                                    "verify_cafile": settings.client_ca}
     return kopf.WebhookServer(addr=settings.host, port=settings.port, certfile=settings.certfile,
-                              pkeyfile=settings.pkeyfile, context=settings.ssl_context)
+                              pkeyfile=settings.pkeyfile, context=settings.ssl_context, **verify)
+
+
+def readable_client_ca(path: str | None) -> str | None:
+    """`path` when it holds at least one CA certificate Python's ssl can load; None stays None.
+    Raises SystemExit naming the file otherwise, so a bad install fails at start, not at the first call."""
+    if path is None:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cafile=path)
+    except (OSError, ssl.SSLError) as error:
+        raise SystemExit(f"--webhook-client-ca {path}: cannot load a CA certificate from it: {error}") from None
+    return path

@@ -314,3 +314,31 @@ def test_pod_policy_protects_the_names_the_agent_hands_over() -> None:
     condition = next(c["expression"] for c in mutating["matchConditions"] if c["name"] == "asks-for-amd-gpus")
     for pattern in (variables["handedOver"], variables["hookCover"], f"'{host}'"):
         assert f".matches({pattern})" in condition, pattern
+
+
+def test_the_webhook_client_ca_component_points_the_operator_at_the_mounted_ca(tmp_path: Path) -> None:
+    """components/webhook-client-ca on the dev overlay: the operator's own flag parser reads a
+    --webhook-client-ca file that lies in the ConfigMap the pod mounts, and nothing else changes."""
+    import argparse
+
+    from rocshare_operator import cli
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "manifests/overlays/dev", overlay)],
+        "components": [os.path.relpath(ROOT / "manifests/components/webhook-client-ca", overlay)]}))
+    result = subprocess.run([str(KUBECTL), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rendered = list(yaml.safe_load_all(result.stdout))
+    pod = find(rendered, "Deployment", "rocshare-operator")["spec"]["template"]["spec"]
+    operator = next(c for c in pod["initContainers"] if c["name"] == "operator")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    ca_file = Path(parser.parse_args(operator["args"][1:]).webhook_client_ca)
+    mount = next(m for m in operator["volumeMounts"] if Path(m["mountPath"]) == ca_file.parent)
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"] == {"name": "rocshare-webhook-client-ca"} and ca_file.name == "ca.crt"
+    plain = render("manifests/overlays/dev")
+    assert [(o["kind"], o["metadata"]["name"]) for o in rendered] == [(o["kind"], o["metadata"]["name"]) for o in plain]

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from rocshare_dev.devcluster import certs
+from rocshare_dev.devcluster.controlplane import free_port, write_webhook_client_auth
 from rocshare_operator.admission.webhook import WebhookSettings, readable_client_ca, server
 
 
@@ -57,8 +59,8 @@ async def post(url: str, context: ssl.SSLContext, uid: str) -> dict:
             return await response.json()
 
 
-async def serving(world: World, client_ca: str | None):
-    settings = WebhookSettings(host="127.0.0.1", port=0, certfile=str(world.serving.cert),
+async def serving(world: World, client_ca: str | None, port: int = 0):
+    settings = WebhookSettings(host="127.0.0.1", port=port, certfile=str(world.serving.cert),
                                pkeyfile=str(world.serving.key), client_ca=client_ca)
     endpoints = server(settings)(world.handler)
     config = await anext(endpoints)  # yielded once the TLS site listens
@@ -80,6 +82,33 @@ async def test_only_a_caller_with_a_certificate_from_the_client_ca_is_answered(t
     assert [uid for uid, _ in world.received] == ["apiserver"]
     subject = dict(pair[0] for pair in world.received[0][1]["subject"])
     assert subject["commonName"] == "kube-apiserver"
+
+
+async def test_the_dev_control_planes_webhook_kubeconfig_holds_a_certificate_the_webhook_answers(
+        tmp_path: Path) -> None:
+    """write_webhook_client_auth (the dev control plane's opt-in): the AdmissionConfiguration points
+    both webhook plugins at a kubeconfig whose user, named by the webhook's host:port as
+    kube-apiserver looks it up, holds a certificate the webhook started with its client_ca answers."""
+    world = World(tmp_path)
+    port = free_port()
+    auth = write_webhook_client_auth(tmp_path / "webhook-auth", (f"127.0.0.1:{port}",))
+    admission = yaml.safe_load(auth.admission_config.read_text())
+    assert admission["kind"] == "AdmissionConfiguration"
+    assert {(p["name"], p["configuration"]["kind"], p["configuration"]["kubeConfigFile"]) for p in admission["plugins"]} \
+        == {(name, "WebhookAdmissionConfiguration", str(auth.kubeconfig))
+            for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")}
+    users = {u["name"]: u["user"] for u in yaml.safe_load(auth.kubeconfig.read_text())["users"]}
+    user = users[f"127.0.0.1:{port}"]
+    endpoints, url = await serving(world, readable_client_ca(str(auth.client_ca)), port)
+    try:
+        with pytest.raises(aiohttp.ClientError):  # signed by another CA than the webhook client CA
+            await post(url, world.client(world.apiserver), "cluster-ca")
+        answered = await post(url, world.client(certs.KeyPair(Path(user["client-certificate"]),
+                                                              Path(user["client-key"]))), "apiserver")
+    finally:
+        await endpoints.aclose()
+    assert answered["response"]["allowed"] is True
+    assert [uid for uid, _ in world.received] == ["apiserver"]
 
 
 async def test_without_the_setting_any_caller_is_answered_as_before(tmp_path: Path) -> None:

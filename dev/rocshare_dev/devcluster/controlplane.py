@@ -119,6 +119,44 @@ class Ports:
                    scheduler=36459, extender=31990)
 
 
+@dataclass(frozen=True)
+class WebhookClientAuth:
+    """Files that make kube-apiserver present a client certificate to the admission webhooks at
+    `targets` (each `host:port` as the webhook's URL names it, or `<service>.<namespace>.svc:<port>`):
+    pass `apiserver_arg` in ControlPlane.extra_apiserver_args and `client_ca` to the operator's
+    --webhook-client-ca. Opt-in: a control plane without it presents nothing, as before."""
+    client_ca: Path
+    kubeconfig: Path
+    admission_config: Path
+
+    @property
+    def apiserver_arg(self) -> str:
+        return f"--admission-control-config-file={self.admission_config}"
+
+
+def write_webhook_client_auth(folder: Path, targets: tuple[str, ...]) -> WebhookClientAuth:
+    """A CA of its own (not the cluster's: the webhook trusts only this one), a client certificate
+    for kube-apiserver signed by it, the kubeconfig whose users are named by the webhooks' host:port
+    (k8s.io/apiserver pkg/util/webhook/authentication.go looks them up so), and an
+    AdmissionConfiguration pointing both webhook admission plugins at that kubeconfig."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = certs.make_ca(folder, "webhook-client-ca")
+    pair = certs.issue(ca, folder, "apiserver-webhook-client", common_name="kube-apiserver-webhook-client")
+    kubeconfig = folder / "webhook-client.kubeconfig"
+    user = {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+    kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config",
+                                          "users": [{"name": target, "user": user} for target in targets]}))
+    kubeconfig.chmod(0o600)
+    plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+              "kubeConfigFile": str(kubeconfig)}
+    admission = folder / "admission-config.yaml"
+    admission.write_text(yaml.safe_dump({
+        "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+        "plugins": [{"name": name, "configuration": plugin}
+                    for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}))
+    return WebhookClientAuth(client_ca=ca.cert, kubeconfig=kubeconfig, admission_config=admission)
+
+
 @dataclass
 class ControlPlane:
     root: Path

@@ -94,8 +94,9 @@ async def test_the_dev_control_planes_webhook_kubeconfig_holds_a_certificate_the
     auth = write_webhook_client_auth(tmp_path / "webhook-auth", (f"127.0.0.1:{port}",))
     admission = yaml.safe_load(auth.admission_config.read_text())
     assert admission["kind"] == "AdmissionConfiguration"
-    assert {(p["name"], p["configuration"]["kind"], p["configuration"]["kubeConfigFile"]) for p in admission["plugins"]} \
-        == {(name, "WebhookAdmissionConfiguration", str(auth.kubeconfig))
+    plugins = {(p["name"], p["configuration"]["kind"], p["configuration"]["kubeConfigFile"])
+               for p in admission["plugins"]}
+    assert plugins == {(name, "WebhookAdmissionConfiguration", str(auth.kubeconfig))
             for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")}
     users = {u["name"]: u["user"] for u in yaml.safe_load(auth.kubeconfig.read_text())["users"]}
     user = users[f"127.0.0.1:{port}"]

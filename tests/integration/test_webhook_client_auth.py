@@ -59,17 +59,20 @@ async def post(url: str, context: ssl.SSLContext, uid: str) -> dict:
             return await response.json()
 
 
-async def serving(world: World, client_ca: str | None, port: int = 0):
+async def serving(world: World, client_ca: str | None, port: int = 0, *, own_context: bool = False):
+    """`own_context`: as with --webhook-tls-secret, the operator keeps the SSL context Kopf loads into."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH) if own_context else None
     settings = WebhookSettings(host="127.0.0.1", port=port, certfile=str(world.serving.cert),
-                               pkeyfile=str(world.serving.key), client_ca=client_ca)
+                               pkeyfile=str(world.serving.key), ssl_context=context, client_ca=client_ca)
     endpoints = server(settings)(world.handler)
     config = await anext(endpoints)  # yielded once the TLS site listens
     return endpoints, config["url"].rstrip("/") + "/resourceclaims.validate.rocshare.io"
 
 
-async def test_only_a_caller_with_a_certificate_from_the_client_ca_is_answered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_context", [False, True], ids=["certificate-files", "tls-secret-context"])
+async def test_only_a_caller_with_a_certificate_from_the_client_ca_is_answered(tmp_path: Path, own_context) -> None:
     world = World(tmp_path)
-    endpoints, url = await serving(world, readable_client_ca(str(world.ca.cert)))
+    endpoints, url = await serving(world, readable_client_ca(str(world.ca.cert)), own_context=own_context)
     try:
         for uid, pair in (("no-certificate", None), ("other-ca", world.stranger)):
             with pytest.raises(aiohttp.ClientError):

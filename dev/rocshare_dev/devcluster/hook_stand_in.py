@@ -10,7 +10,9 @@ it checks, it does not install). The real-node suite uses the hook the agent ima
 
 from __future__ import annotations
 
+import os
 import subprocess
+import threading
 from pathlib import Path
 
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT
@@ -28,9 +30,13 @@ def stand_in_library() -> Path:
     if library.exists() and source.exists() and source.read_text() == SOURCE:
         return library
     CACHE.mkdir(parents=True, exist_ok=True)
-    source.write_text(SOURCE)
-    partial = library.with_suffix(".part")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(partial), str(source)], check=True,
+    # Simulated nodes start in parallel (the chaos world's threads): each writes and builds under
+    # names of its own and renames into place, so none reads or moves a file another is writing.
+    own = f"{os.getpid()}.{threading.get_ident()}"
+    own_source, partial = CACHE / f"stand-in.{own}.c", library.with_suffix(f".{own}.part")
+    own_source.write_text(SOURCE)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(partial), str(own_source)], check=True,
                    capture_output=True, text=True)
     partial.rename(library)
+    own_source.rename(source)
     return library

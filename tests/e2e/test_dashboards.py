@@ -473,7 +473,8 @@ def test_rocshare_dashboard_rate_panels(scraped: Setting) -> None:
     assert raw[labels(verb="bind", outcome="bound")] == scraped.bound_pods
     requests = prometheus.query(substitute(panels["Extender requests per second by verb [A]"], window), at)
     counts = prometheus.query("sum by (verb) (rocshare_extender_request_duration_seconds_count)", at)
-    assert set(requests) == set(counts) == {labels(verb=verb) for verb in ("filter", "prioritize", "bind")}
+    verbs = ("filter", "prioritize", "bind", "preempt")  # the shipped configuration declares all four
+    assert set(requests) == set(counts) == {labels(verb=verb) for verb in verbs}
     for key, value in counts.items():
         assert math.isclose(requests[key] * window, value, rel_tol=0.05, abs_tol=1e-9), (sorted(key), value)
     # The shipped profile names no prioritize (filter answers with the best nodes): its series stay at 0.

@@ -1,6 +1,6 @@
 /* Stub HIP runtime (libamdhip64.so.5), built from the real hip_runtime_api.h: a simulated GPU for the
- * hook's tests. $ROCSHARE_STUB_DEVICES GPUs (default 1, 0: hipErrorNoDevice), $ROCSHARE_STUB_VRAM_MIB
- * of VRAM each (default 16384), $ROCSHARE_STUB_CUS CUs. Device memory is fake addresses (never
+ * hook's tests. $ROCM_STUB_DEVICES GPUs (default 1, 0: hipErrorNoDevice), $ROCM_STUB_VRAM_MIB
+ * of VRAM each (default 16384), $ROCM_STUB_CUS CUs. Device memory is fake addresses (never
  * dereferenced), counted per device against the VRAM like a real GPU; managed memory is not
  * bounded by VRAM (it pages to the host). Streams with a CU mask go through the stub ROCr's queue
  * calls, as HIP's CLR does, so the hook sees those bindings from this library. */
@@ -40,7 +40,7 @@ static struct mapping mappings_g[MAPPING_SLOTS];
 
 static uint64_t vram_bytes(void)
 {
-	const char *v = getenv("ROCSHARE_STUB_VRAM_MIB");
+	const char *v = getenv("ROCM_STUB_VRAM_MIB");
 	return (uint64_t)(v && *v ? strtoull(v, NULL, 10) : 16384) << 20;
 }
 

@@ -1,6 +1,6 @@
 /* Stub ROCr (libhsa-runtime64.so.1): GPU agents and queues whose CU masks a test can read back.
- * Built from the real hsa.h/hsa_ext_amd.h so the prototypes are the runtime's. GPUs: $ROCSHARE_STUB_DEVICES
- * (default 1) of $ROCSHARE_STUB_CUS CUs (default 104). Agent handles: CPU 0x1000, GPU i 0x2000+i. */
+ * Built from the real hsa.h/hsa_ext_amd.h so the prototypes are the runtime's. GPUs: $ROCM_STUB_DEVICES
+ * (default 1) of $ROCM_STUB_CUS CUs (default 104). Agent handles: CPU 0x1000, GPU i 0x2000+i. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,8 +23,8 @@ static int env_int(const char *name, int fallback)
 	return v && *v ? atoi(v) : fallback;
 }
 
-EXPORT int rocshare_stub_gpu_count(void) { return env_int("ROCSHARE_STUB_DEVICES", 1); }
-EXPORT int rocshare_stub_cu_count(void) { return env_int("ROCSHARE_STUB_CUS", 104); }
+EXPORT int rocshare_stub_gpu_count(void) { return env_int("ROCM_STUB_DEVICES", 1); }
+EXPORT int rocshare_stub_cu_count(void) { return env_int("ROCM_STUB_CUS", 104); }
 
 EXPORT hsa_status_t hsa_init(void) { return HSA_STATUS_SUCCESS; }
 EXPORT hsa_status_t hsa_shut_down(void) { return HSA_STATUS_SUCCESS; }

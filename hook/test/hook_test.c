@@ -626,7 +626,7 @@ int main(int argc, char **argv)
 		setenv("ROCSHARE_HOOK_DIR", dir, 1);
 		setenv("HIP_DEVICE_MEMORY_LIMIT_0", "64m", 1);
 		setenv("HSA_CU_MASK", "0:16-35;1:40-47", 1);
-		setenv("ROCSHARE_STUB_DEVICES", "2", 1);
+		setenv("ROCM_STUB_DEVICES", "2", 1);
 	}
 	la_version(LAV_CURRENT);
 	hip_g = map_of("libamdhip64.so.5");

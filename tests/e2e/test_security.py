@@ -14,7 +14,11 @@
 * the agent's device plugin socket on the node is not writable by group or others;
 * the extender serves TLS with a certificate from the cluster CA, and kube-scheduler (config
   `enableHTTPS: true`, `tlsConfig.caData`) schedules and binds through it; plain HTTP and an
-  untrusted client are refused.
+  untrusted client are refused;
+* the admission webhook authenticates its caller (issue 39, `--webhook-client-ca`): kube-apiserver,
+  restarted with an AdmissionConfiguration whose kubeconfig presents a client certificate, has GPU
+  pods mutated and refused through the webhook, while an AdmissionReview posted without that
+  certificate is refused at the TLS handshake (and one with it is answered).
 
 The node agent's ValidatingAdmissionPolicy (an agent may write only its own node's objects) is
 proven on the real API server in tests/e2e/test_manifests.py (test_agent_writes_its_own_amdgpunode_and_not_another
@@ -38,7 +42,7 @@ import yaml
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import API_VERSION
 from rocshare_dev.devcluster import certs
-from rocshare_dev.devcluster.controlplane import ControlPlane, stop_process
+from rocshare_dev.devcluster.controlplane import ControlPlane, free_port, stop_process, write_webhook_client_auth
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from rocshare.kube.client import ApiError, Forbidden, Invalid, Kube, object_path
@@ -311,3 +315,61 @@ async def test_extender_serves_tls_and_kube_scheduler_binds_through_it(ready, ku
         restart_scheduler(cluster, None)
         operator.start()
         operator.wait_webhook_serving()
+
+
+# ---- the webhook authenticates its caller -------------------------------------------------------------
+
+
+def forged_review(url: str, context: ssl.SSLContext) -> dict:
+    """A pod AdmissionReview posted straight to the webhook, as any pod on the network could."""
+    pod = gpu_pod("forged", namespace=NAMESPACE, gpu="1", gpumem="1024")
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "forged-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "resource": {"group": "", "version": "v1", "resource": "pods"},
+                          "namespace": NAMESPACE, "operation": "CREATE", "object": pod,
+                          "userInfo": {"username": "mallory"}}}
+    request = urllib.request.Request(url, data=json.dumps(review).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        return json.loads(answer.read())
+
+
+async def test_the_webhook_answers_only_the_api_servers_certificate(ready, kube: Kube, mallory: Kube, cluster,
+                                                                    tmp_path) -> None:
+    operator, _ = ready
+    port = free_port()
+    auth = write_webhook_client_auth(tmp_path / "webhook-client", (f"127.0.0.1:{port}",))
+    before = cluster.extra_apiserver_args
+    cluster.extra_apiserver_args = (*before, auth.apiserver_arg)
+    cluster.restart_apiserver()
+    guarded = OperatorProcess(cluster, metrics_port=free_port(), webhook_port=port,
+                              extra_args=(f"--webhook-client-ca={auth.client_ca}",))
+    operator.stop()
+    try:
+        guarded.start()
+        guarded.install_webhooks()
+        # The API server's calls carry its certificate: the mutating webhook sets the scheduler,
+        # and the validating one refuses a slice that sets its own memory limit, with its reason.
+        created = await create_pod(mallory, gpu_pod("through-api", namespace=NAMESPACE, gpu="1", gpumem="1024"))
+        assert created["spec"]["schedulerName"] != "default-scheduler", created["spec"]
+        widened = gpu_pod("widened", namespace=NAMESPACE, gpu="1", gpumem="1024")
+        widened["spec"]["containers"][0]["env"] = [{"name": "HIP_DEVICE_MEMORY_LIMIT_0", "value": "65536m"}]
+        with pytest.raises(ApiError) as refused:
+            await create_pod(mallory, widened)
+        assert "HIP_DEVICE_MEMORY_LIMIT_0" in refused.value.message, refused.value.message
+        # Straight to the webhook: without the certificate the handshake fails; with it, answered.
+        url = f"https://127.0.0.1:{port}/pods.validate.rocshare.io"
+        server_ca = ssl.create_default_context(cafile=str(cluster.pki / "ca.crt"))
+        with pytest.raises((urllib.error.URLError, ConnectionError, ssl.SSLError)):
+            forged_review(url, server_ca)
+        client = yaml.safe_load(auth.kubeconfig.read_text())["users"][0]["user"]
+        server_ca.load_cert_chain(client["client-certificate"], client["client-key"])
+        assert forged_review(url, server_ca)["response"]["uid"] == "forged-1"
+    finally:
+        guarded.stop()
+        cluster.extra_apiserver_args = before
+        cluster.restart_apiserver()
+        operator.start()
+        operator.install_webhooks()
+        cluster.kubectl("delete", "pod", "through-api", "-n", NAMESPACE, "--force", "--grace-period=0",
+                        "--ignore-not-found", "--wait=false", check=False)

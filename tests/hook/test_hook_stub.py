@@ -84,7 +84,7 @@ def test_no_limit_means_no_change(hook_build: HookBuild, tmp_path):
 
 def test_cu_mask_is_narrowed_to_the_slice(hook_build: HookBuild, tmp_path):
     # a queue asking for every CU of a 104-CU GPU gets the slice's 0-25 and 78-103 only
-    env = _slice_env(hook_build, tmp_path, HSA_CU_MASK="0:0-25,78-103", ROCSHARE_STUB_CUS="104")
+    env = _slice_env(hook_build, tmp_path, HSA_CU_MASK="0:0-25,78-103", ROCM_STUB_CUS="104")
     assert hook_build.probe_json(env)["cu_mask"] == {"result": "hipSuccess", "cus": [*range(26), *range(78, 104)]}
     bare = hook_build.probe_json(_slice_env(hook_build, tmp_path, hooked=False, HSA_CU_MASK="0:0-25"))
     assert bare["cu_mask"]["cus"] == list(range(256))  # the stub alone trusts the caller
@@ -173,7 +173,7 @@ def test_python_through_ctypes(hook_build: HookBuild, tmp_path):
 
 def test_oversubscribed_slice_falls_back_to_managed_memory(hook_build: HookBuild, tmp_path):
     # deviceMemoryScaling 2: a 1024 MiB slice on a GPU that has only 512 MiB
-    small_gpu = {"ROCSHARE_STUB_VRAM_MIB": "512"}
+    small_gpu = {"ROCM_STUB_VRAM_MIB": "512"}
     plain_env = _slice_env(hook_build, tmp_path, **small_gpu)
     over_env = _slice_env(hook_build, tmp_path, HIP_OVERSUBSCRIBE="true", **small_gpu)
     assert _alloc_once(hook_build, plain_env, 800) == "hipErrorOutOfMemory"  # the GPU's own refusal, passed through
@@ -190,8 +190,8 @@ def test_oversubscribed_slice_falls_back_to_managed_memory(hook_build: HookBuild
 
 def test_a_gpu_without_a_limit_is_untouched(hook_build: HookBuild, tmp_path):
     # a limit on GPU 1 only: everything the probe does on GPU 0 is as without the hook
-    env = hook_build.env(tmp_path, ROCSHARE_STUB_DEVICES="2", HIP_DEVICE_MEMORY_LIMIT_1="256m")
-    bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False, ROCSHARE_STUB_DEVICES="2"))
+    env = hook_build.env(tmp_path, ROCM_STUB_DEVICES="2", HIP_DEVICE_MEMORY_LIMIT_1="256m")
+    bare = hook_build.probe_json(hook_build.env(tmp_path, hooked=False, ROCM_STUB_DEVICES="2"))
     assert hook_build.probe_json(env) == bare
 
 

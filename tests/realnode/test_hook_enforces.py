@@ -82,9 +82,9 @@ def hook_mounted(deployed: Deployed, pod: str) -> bool:
 def stub_env(deployed: Deployed) -> list[dict[str, str]]:
     """The stub runtime's one simulated device, sized like the node's GPU (an MI210 of the capture)."""
     gpu = next(iter(kfd_gpu_nodes(deployed.host.sysfs_root).values()))
-    return [{"name": "ROCSHARE_STUB_DEVICES", "value": "1"},
-            {"name": "ROCSHARE_STUB_VRAM_MIB", "value": str(vram_mib(gpu, deployed.host.sysfs_root))},
-            {"name": "ROCSHARE_STUB_CUS", "value": str(gpu["simd_count"] // gpu["simd_per_cu"])}]
+    return [{"name": "ROCM_STUB_DEVICES", "value": "1"},
+            {"name": "ROCM_STUB_VRAM_MIB", "value": str(vram_mib(gpu, deployed.host.sysfs_root))},
+            {"name": "ROCM_STUB_CUS", "value": str(gpu["simd_count"] // gpu["simd_per_cu"])}]
 
 
 def run_pod(deployed: Deployed, name: str, limits: dict[str, str], image: str = deploy.WORKLOAD_IMAGE) -> dict:

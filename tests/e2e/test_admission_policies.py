@@ -49,10 +49,15 @@ def operator(cluster) -> Iterator[OperatorProcess]:
         process.stop()
         cluster.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--force", "--grace-period=0", "--wait=false",
                         check=False)
-        cluster.kubectl("delete", "amdgpupool", POOL, "--ignore-not-found", "--wait=false", check=False)
-        cluster.kubectl("delete", "runtimeclass", RUNTIME_CLASS, "--ignore-not-found", check=False)
-        cluster.kubectl("delete", "configmap", "rocshare-admission", "-n", "rocshare-system", "--ignore-not-found",
+        # The operator is stopped (operator_down stops it for good), so nobody would run the pool's
+        # finalizer: a pool left terminating would go on naming RUNTIME_CLASS, deleted below, in the
+        # policy parameters the next module's operator writes (its pods then refused at admission).
+        cluster.kubectl("patch", "amdgpupool", POOL, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
                         check=False)
+        cluster.kubectl("delete", "amdgpupool", POOL, "--ignore-not-found", "--timeout=60s", check=False)
+        cluster.kubectl("delete", "runtimeclass", RUNTIME_CLASS, "--ignore-not-found", check=False)
+        # The policy parameters stay: the next operator rewrites them without this module's pool (a
+        # ConfigMap deleted and made again left kube-apiserver 1.35 answering "no params found").
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 

@@ -88,6 +88,7 @@ from rocshare_dev.devcluster.evidence import PodEvidence, stop_tasks
 from rocshare_dev.devcluster.observe import LeaseLog, bindings, deciders_against_lease, scheduling_events, \
     wait_bind_refused_behind
 from rocshare_dev.devcluster.replica import LEASE, OperatorReplica, install_peering
+from rocshare_dev.devcluster.operator_proc import remove_admission_policies
 from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
 from tests.e2e.fleet import add_kubeletless_node, gpu_pod, mi210_with_synthetic_vram, remove_kubeletless_node
 
@@ -193,10 +194,13 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[Fleet]:
     replicas = [OperatorReplica(cluster, f"chaos-replica-{letter}") for letter in "ab"]
     for replica in replicas:
         replica.start()
-    replicas[0].operator.install_webhooks(admission_policies=True)
-    policies, replicas[0].operator.policies = replicas[0].operator.policies, ()  # not removed by a graceful stop
     for kind in (*PROFILE.nodes, "gate"):
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pool(kind)))
+    # The policies once their parameters name these pools only: a binding made while the ConfigMap
+    # still named an earlier module's pool went on using it.
+    replicas[0].operator.wait_admission_params()
+    replicas[0].operator.install_webhooks(admission_policies=True)
+    policies, replicas[0].operator.policies = replicas[0].operator.policies, ()  # not removed by a graceful stop
     kinds: dict[str, str] = {}
     nodes: dict[str, SimulatedNode] = {}
     for kind, count in PROFILE.nodes.items():
@@ -211,7 +215,7 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[Fleet]:
             list(pool_.map(lambda node: node.start(timeout_s=60), nodes.values()))
         yield Fleet(replicas, nodes, kinds)
     finally:
-        cluster.kubectl("delete", *policies, "--ignore-not-found", check=False)
+        remove_admission_policies(cluster, policies)
         for namespace in NAMESPACES:
             cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0",
                             "--wait=false", check=False)

@@ -89,9 +89,12 @@ def pair(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[Pair]:
     try:
         for replica in replicas:
             replica.start()
-        replicas[0].operator.install_admission_policies()
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pool))
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(gate_pool))
+        # The policies once their parameters name these pools only: a binding made while the
+        # ConfigMap still named an earlier module's pool went on using it.
+        replicas[0].operator.wait_admission_params()
+        replicas[0].operator.install_admission_policies()
         for node in nodes:
             node.start()
         yield Pair(replicas)

@@ -94,7 +94,7 @@ class OperatorProcess:
             stop_process(self.pid, self.name)
             self.pid = None
         if self.policies:
-            self.cluster.kubectl("delete", *self.policies, "--ignore-not-found", check=False)
+            remove_admission_policies(self.cluster, self.policies)
             self.policies = ()
 
     def install_webhooks(self, *, admission_policies: bool = False) -> None:
@@ -136,6 +136,22 @@ class OperatorProcess:
                              input_text=yaml.safe_dump_all(documents))
         self.policies = tuple(f"{document['kind'].lower()}.{document['apiVersion'].split('/')[0]}/"
                               f"{document['metadata']['name']}" for document in documents)
+
+    def wait_admission_params(self, runtime_classes: dict[str, str] | None = None, *, timeout_s: float = 60.0) -> None:
+        """Until the policy parameters (ConfigMap rocshare-admission, written by a running operator
+        every few seconds) name exactly these pools' RuntimeClasses and no other pool's: pods created
+        before that are refused (no parameters) or take a pool that is gone (an earlier module's)."""
+        expected = {f"pool.{pool}": runtime_class for pool, runtime_class in (runtime_classes or {}).items()}
+        deadline, data = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            result = self.cluster.kubectl("get", "configmap", "rocshare-admission", "-n", "rocshare-system", "-o",
+                                          "json", check=False)
+            data = json.loads(result.stdout).get("data") or {} if result.returncode == 0 else None
+            if data is not None and {k: v for k, v in data.items() if k.startswith("pool.")} == expected \
+                    and data.get("onlyPool") in (None, *expected.values()):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"the admission policy parameters never named just {expected}: {data}")
 
     def mutating_admission_policy_version(self) -> str | None:
         """The API version serving MutatingAdmissionPolicy: v1 from 1.36 (GA), v1beta1 on 1.34-1.35 with
@@ -240,3 +256,14 @@ def _alive(pid: int) -> bool:
             return True
         except ProcessLookupError:
             return False
+
+
+def remove_admission_policies(cluster: ControlPlane, policies: tuple[str, ...]) -> None:
+    """Delete the policies `install_admission_policies` made. Seen on kube-apiserver 1.35: once a
+    MutatingAdmissionPolicy and its binding were deleted, the same policy applied again went on
+    reading its parameters (ConfigMap rocshare-admission) as they were at the deletion, whatever
+    was written since; a restart of the API server after the removal gives the next module's
+    policies parameters that follow the ConfigMap."""
+    cluster.kubectl("delete", *policies, "--ignore-not-found", check=False)
+    if any(policy.startswith("mutatingadmissionpolicy") for policy in policies):
+        cluster.restart_apiserver()

@@ -24,7 +24,8 @@ class HookBuild:
 
     def env(self, tmp_path: Path, hooked: bool = True, **extra: str) -> dict[str, str]:
         """A slice container's environment: the hook under LD_AUDIT, its account in tmp_path."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HIP_", "HSA_", "LD_AUDIT", "ROCSHARE_", "ROCM_STUB_"))}
+        ours = ("HIP_", "HSA_", "LD_AUDIT", "ROCSHARE_", "ROCM_STUB_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
         env["ROCSHARE_HOOK_DIR"] = str(tmp_path)
         if hooked:
             env["LD_AUDIT"] = str(self.library)

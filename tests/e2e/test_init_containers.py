@@ -82,6 +82,11 @@ async def test_init_then_app_runs_and_a_sidecar_beside_the_app_is_refused(fleet,
     await kube.create(object_path(API_VERSION, "amdgpushares", namespace=NAMESPACE), {
         "apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": SHARE, "namespace": NAMESPACE},
         "spec": {"limits": {"memoryMiB": 10000, "coresPercent": 200, "gpus": 4}}})
+    # The operator writes the share's ResourceQuota; kube-controller-manager's quota controller gives it its
+    # first status. From then on the API server's quota admission counts each pod as it admits it, so the
+    # figure checked below does not wait on the controller (its workers pause while discovery re-syncs
+    # monitors for kinds other tests install, and after kube-apiserver restarts: CI once saw no count in 120 s).
+    await wait_quota_gpus_used(kube, "0", timeout_s=120)
 
     # The sidecar runs beside the app: 39 + 39 CUs of 64, on the node's only GPU.
     await create_pod(kube, pod("sidecar-and-app",
@@ -116,11 +121,21 @@ async def test_init_then_app_runs_and_a_sidecar_beside_the_app_is_refused(fleet,
 
     # The API server's own quota counts every admitted pod's requests.amd.com/gpu by Kubernetes' rule:
     # max(init 1, app 1) = 1 for the init pod, sidecar 1 + app 1 = 2 for the sidecar pod.
-    async def counted():
+    await wait_quota_gpus_used(kube, "3", timeout_s=60)
+
+
+async def wait_quota_gpus_used(kube: Kube, want: str, *, timeout_s: float) -> None:
+    """Wait until the namespace's one ResourceQuota says `want` for requests.amd.com/gpu used; on a timeout,
+    say every reading the API server gave, in order."""
+    seen: list[list[str | None]] = []
+
+    async def reading() -> bool:
         quotas = await kube.list(object_path("v1", "resourcequotas", namespace=NAMESPACE))
         used = [item.get("status", {}).get("used", {}).get("requests.amd.com/gpu") for item in quotas["items"]]
-        return used if used == ["3"] else None
-    # kube-controller-manager's quota controller writes this; it pauses its workers while discovery
-    # re-syncs monitors for new kinds (other tests install CRDs), the likely reason it once took over 30 s
-    # in the full suite on a loaded 2-core machine.
-    await wait_for(counted, timeout_s=120, what="the ResourceQuota's requests.amd.com/gpu at 3")
+        if not seen or seen[-1] != used:
+            seen.append(used)
+        return used == [want]
+    try:
+        await wait_for(reading, timeout_s=timeout_s, what=f"the ResourceQuota's requests.amd.com/gpu used at {want}")
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}; readings in order: {seen}") from timeout

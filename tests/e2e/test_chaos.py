@@ -1024,6 +1024,7 @@ def fleet_rss_mib(fleet: Fleet) -> float:
     return total / 1024
 
 
+@pytest.mark.timeout(int(PROFILE.fault_phase_s) + 900)  # the fault phase, and the fleet's start and settling
 async def test_chaos_keeps_every_invariant(fleet: Fleet, kube: Kube, cluster) -> None:
     began = time.monotonic()
     chaos = Chaos(kube, cluster, fleet)

@@ -12,10 +12,11 @@ README says): a slice container in which the memory hook cannot load does not ru
 
 The two images are made here: docker archives of one layer (the program, and for musl its loader,
 from Debian's musl-tools; the static one from the host's glibc, libc6-dev's libc.a) imported into
-the node's containerd. A glibc image whose libc lacks a version the shipped hook needs cannot be made:
-the hook needs GLIBC_2.2.5 alone (tests/hook/test_hook_in_image.py), the x86-64 baseline that every
-x86-64 glibc defines; that refusal is proven on a glibc 2.36 root against a library needing
-GLIBC_2.38 in tests/hook/test_loadcheck.py.
+the node's containerd. A glibc image whose libc lacks a version the shipped hook needs cannot be made
+here: the hook in the built node-agent image needs GLIBC_2.2.5 alone (`readelf -V`; held at or below
+hook/GLIBC_FLOOR, 2.17, by tests/hook/test_hook_in_image.py), the x86-64 baseline that every x86-64
+glibc defines, and Debian's mirror serves no suite below bullseye (2.31). That refusal is proven on a
+glibc 2.36 root against a library needing GLIBC_2.38 in tests/hook/test_loadcheck.py.
 """
 
 from __future__ import annotations

@@ -245,6 +245,35 @@ def test_a_slice_pod_cannot_take_them_from_a_config_map(deployed: Deployed, slic
         deployed.kubectl("delete", "configmap", "widen", "-n", WORKLOADS, "--ignore-not-found")
 
 
+SPEC_DOORS = [  # (reason, the container's added fields, the pod's volumes, a word of the refusal)
+    ("HookPathMount", {"volumeMounts": [{"name": "cover", "mountPath": "/usr/local/vgpu"}]},
+     [{"name": "cover", "emptyDir": {}}], "volume cover mounted at /usr/local/vgpu"),
+    ("HostDeviceVolume", {"volumeMounts": [{"name": "kfd", "mountPath": "/host/kfd"}]},
+     [{"name": "kfd", "hostPath": {"path": "/dev/kfd"}}], "is the host's /dev/kfd"),
+    ("HostDeviceVolume", {"volumeMounts": [{"name": "dri", "mountPath": "/host/dri"}]},
+     [{"name": "dri", "hostPath": {"path": "/dev/dri"}}], "is the host's /dev/dri"),
+    ("PrivilegedSlice", {"securityContext": {"privileged": True}}, [], "a privileged container sees every GPU"),
+]
+"""Issue 39's pod-spec doors beside env: a mount over the hook's folder (it would hide the library
+LD_AUDIT names), the host's GPU device nodes by hostPath, a privileged slice (every GPU, no CU mask)."""
+
+
+def test_a_slice_pod_cannot_cover_the_hook_reach_host_devices_or_be_privileged(deployed: Deployed,
+                                                                                slice_pod: dict) -> None:
+    """Device-plugin mode on the real node, each door through the installed webhook: the well-formed
+    slice pod (the positive control) is admitted and Running; the same pod with one door added is
+    refused by the API server, naming the reason. A door left open fails with what the container got."""
+    assert slice_pod["status"]["phase"] == "Running" and slice_pod["spec"]["nodeName"] == deployed.node.node_name
+    for index, (reason, container_fields, volumes, detail) in enumerate(SPEC_DOORS):
+        attack = deploy.slice_pod(f"door-{index}-{reason.lower()}", WORKLOADS, memory_mib=2048, cores_pct=25)
+        attack["spec"]["containers"][0].update(container_fields)
+        if volumes:
+            attack["spec"]["volumes"] = volumes
+        refused = attempt_widening(deployed, attack)
+        assert f'admission webhook "pods.mutate.rocshare.io" denied the request: {reason}' in refused, refused
+        assert detail in refused, refused
+
+
 def test_deleting_the_pod_frees_its_slice(deployed: Deployed, slice_pod: dict) -> None:
     def pool_status() -> dict:
         return deployed.json("get", "amdgpupool", deploy.POOL).get("status", {})

@@ -1,16 +1,22 @@
 """Issue 39 item 2 on the real node (a real kubelet and container runtime, rocshare deployed as the
 README says): a slice container in which the memory hook cannot load does not run unlimited unseen.
 
-* containerd 2 (CDI on; the default rig): a slice pod whose image runs a musl-built program fails to
-  start, and its container status carries rocshare-loadcheck's line naming the program and musl; a
-  slice pod on the workload image (glibc) runs, and the check's witness for it is on the host.
+* containerd 2 (CDI on; the default rig): a slice pod whose image runs a musl-built program, and one
+  whose image runs a static glibc program (no loader, so nothing reads LD_AUDIT), fail to start, and
+  their container status carries rocshare-loadcheck's line naming the program and the cause; a slice
+  pod on the workload image (glibc) runs, and the check's witness for it is on the host.
 * Debian's containerd 1.6 (`ROCSHARE_REALNODE_RUNTIME=containerd`, no CDI): the check never runs. The
   agent sees the slice container started without the check's witness and says `LoadCheckNotRun` on
   the pod; with the pool's default hookMissing (Refuse) the next slice pod is refused at Allocate.
   The agent is restarted at the end (it forgets the verdict), for the modules after this one.
 
-The musl image is made here: a docker archive of one layer (the program and musl's loader, from
-Debian's musl-tools) imported into the node's containerd.
+The two images are made here: docker archives of one layer (the program, and for musl its loader,
+from Debian's musl-tools; the static one from the host's glibc, libc6-dev's libc.a) imported into
+the node's containerd. A glibc image whose libc lacks a version the shipped hook needs cannot be made
+here: the hook in the built node-agent image needs GLIBC_2.2.5 alone (`readelf -V`; held at or below
+hook/GLIBC_FLOOR, 2.17, by tests/hook/test_hook_in_image.py), the x86-64 baseline that every x86-64
+glibc defines, and Debian's mirror serves no suite below bullseye (2.31). That refusal is proven on a
+glibc 2.36 root against a library needing GLIBC_2.38 in tests/hook/test_loadcheck.py.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tests.realnode.conftest import AGENT_LABEL, NAMESPACE, RUNTIME, WORKLOADS, 
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 MUSL_IMAGE = "localhost/rocshare/loadcheck-musl:test"
+STATIC_IMAGE = "localhost/rocshare/loadcheck-static:test"
 MUSL_LOADER = Path("/usr/lib/x86_64-linux-musl/libc.so")
 PROGRAM_C = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"
 CDI = RUNTIME != "containerd"  # Debian's containerd 1.6 predates the CRI's CDI devices
@@ -46,17 +53,22 @@ def _tar_bytes(files: dict[str, tuple[bytes, int]]) -> bytes:
     return out.getvalue()
 
 
-def musl_image_archive(folder: Path) -> Path:
+def program_image_archive(folder: Path, image: str, compile_command: list[str]) -> Path:
+    """A one-layer image of /app (PROGRAM_C built by `compile_command`), with musl's loader for musl."""
+    folder = folder / image.rpartition("/")[2].replace(":", "-")
+    folder.mkdir()
     source = folder / "app.c"
     source.write_text(PROGRAM_C)
-    subprocess.run(["musl-gcc", "-O1", "-o", str(folder / "app"), str(source)], check=True, timeout=120)
-    layer = _tar_bytes({"app": ((folder / "app").read_bytes(), 0o755),
-                        "lib/ld-musl-x86_64.so.1": (MUSL_LOADER.read_bytes(), 0o755)})
+    subprocess.run([*compile_command, "-O1", "-o", str(folder / "app"), str(source)], check=True, timeout=120)
+    files = {"app": ((folder / "app").read_bytes(), 0o755)}
+    if compile_command[0] == "musl-gcc":
+        files["lib/ld-musl-x86_64.so.1"] = (MUSL_LOADER.read_bytes(), 0o755)
+    layer = _tar_bytes(files)
     config = json.dumps({"architecture": "amd64", "os": "linux",
                          "config": {"Env": ["PATH=/"], "Entrypoint": ["/app"]},
                          "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]}})
-    manifest = json.dumps([{"Config": "config.json", "RepoTags": [MUSL_IMAGE], "Layers": ["layer.tar"]}])
-    archive = folder / "musl-image.tar"
+    manifest = json.dumps([{"Config": "config.json", "RepoTags": [image], "Layers": ["layer.tar"]}])
+    archive = folder / "image.tar"
     archive.write_bytes(_tar_bytes({"layer.tar": (layer, 0o644), "config.json": (config.encode(), 0o644),
                                     "manifest.json": (manifest.encode(), 0o644)}))
     return archive
@@ -99,22 +111,27 @@ def delete(deployed: Deployed, *names: str) -> None:
 
 
 @pytest.mark.skipif(not CDI, reason="the runtime has no CDI: see test_without_cdi_the_agent_says_so_and_refuses")
-def test_a_musl_program_is_refused_and_a_glibc_one_runs(deployed: Deployed, tmp_path: Path) -> None:
-    deployed.node.containerd.ctr("images", "import", str(musl_image_archive(tmp_path)))
+def test_a_musl_or_static_program_is_refused_and_a_glibc_one_runs(deployed: Deployed, tmp_path: Path) -> None:
+    for image, compile_command in ((MUSL_IMAGE, ["musl-gcc"]), (STATIC_IMAGE, ["gcc", "-static"])):
+        deployed.node.containerd.ctr("images", "import", str(program_image_archive(tmp_path, image, compile_command)))
     create(deployed, slice_pod("lc-musl", image=MUSL_IMAGE))
+    create(deployed, slice_pod("lc-static", image=STATIC_IMAGE))
     create(deployed, slice_pod("lc-glibc"))
     try:
-        message = wait_for("the musl slice pod's start refused by the load check",
-                           lambda: start_failure(status_of(deployed, "lc-musl")), timeout_s=120,
-                           explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} lc-musl"))
-        assert "refusing to start /app: /app's loader /lib/ld-musl-x86_64.so.1 is not glibc's but musl's" in message
-        assert status_of(deployed, "lc-musl")["status"].get("phase") != "Running"
+        for name, cause in (("lc-musl", "/app's loader /lib/ld-musl-x86_64.so.1 is not glibc's but musl's"),
+                            ("lc-static", "/app is a static executable (no program interpreter, so no loader runs "
+                                          "the hook)")):
+            message = wait_for(f"the {name} slice pod's start refused by the load check",
+                               lambda name=name: start_failure(status_of(deployed, name)), timeout_s=120,
+                               explain=lambda name=name: describe(deployed.cluster, f"pod -n {WORKLOADS} {name}"))
+            assert f"refusing to start /app: {cause}" in message, message
+            assert status_of(deployed, name)["status"].get("phase") != "Running"
         pod = wait_for("the glibc slice pod Running", lambda: running(deployed, "lc-glibc"), timeout_s=120,
                        explain=lambda: describe(deployed.cluster, f"pod -n {WORKLOADS} lc-glibc"))
         witness = Path(DEFAULT_LOAD_CHECK_DIR) / WITNESS_DIR / f"{pod['metadata']['uid']}_main"
         assert witness.exists()  # the check ran for it, and let it start
     finally:
-        delete(deployed, "lc-musl", "lc-glibc")
+        delete(deployed, "lc-musl", "lc-static", "lc-glibc")
 
 
 def agent_restarted(deployed: Deployed) -> None:
@@ -138,7 +155,7 @@ def warning(deployed: Deployed, pod: str, reason: str) -> str | None:
     return events[0]["message"] if events else None
 
 
-@pytest.mark.skipif(CDI, reason="the runtime has CDI: the check runs (test_a_musl_program_is_refused...)")
+@pytest.mark.skipif(CDI, reason="the runtime has CDI: the check runs (test_a_musl_or_static_program_is_refused...)")
 def test_without_cdi_the_agent_says_so_and_refuses(deployed: Deployed) -> None:
     create(deployed, slice_pod("lc-first"))
     try:

@@ -86,3 +86,15 @@ def request_generation(text: str | None) -> int:
         return decode_request(text).generation
     except ResizeError:
         return 0
+
+
+def condition_message(generation: int, text: str) -> str:
+    """The rocshare.io/Resized condition's message: the generation it answers, then what happened.
+    The generation leads so `kubectl rocshare resize` (and a user's `kubectl wait --for=jsonpath`)
+    can tell this answer from an earlier one."""
+    return f"generation {generation}: {text}"[:1024]
+
+
+def answers(message: str, generation: int) -> bool:
+    """True when a Resized condition's message answers that generation (see `condition_message`)."""
+    return message.startswith(f"generation {generation}: ")

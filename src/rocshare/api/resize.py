@@ -46,7 +46,7 @@ class ResizeRequest(_Model):
     memory_mib: int | None = Field(default=None, alias="memoryMiB", ge=1, le=MEMORY_MIB_MAX,
                                    description="The new amd.com/gpumem, MiB per GPU; omitted: unchanged.")
     cores_pct: int | None = Field(default=None, alias="coresPct", ge=1, le=100,
-                                  description="The new amd.com/gpucores, percent of each GPU's CUs; omitted: unchanged.")
+                                  description="The new amd.com/gpucores, percent of each GPU's CUs; omitted: same.")
 
     @model_validator(mode="after")
     def _asks_something(self) -> ResizeRequest:

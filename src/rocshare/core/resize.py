@@ -45,7 +45,8 @@ QUOTA_EXCEEDED_REASON = "ResizeQuotaExceeded"
 INVALID_REQUEST_REASON = "ResizeInvalidRequest"
 WHOLE_DEVICE_REASON = "ResizeWholeDevice"
 DRA_CLAIM_REASON = "ResizeDraClaim"
-REASONS = (INSUFFICIENT_MEMORY_REASON, INSUFFICIENT_CORES_REASON, QUOTA_EXCEEDED_REASON, INVALID_REQUEST_REASON, WHOLE_DEVICE_REASON, DRA_CLAIM_REASON)
+REASONS = (INSUFFICIENT_MEMORY_REASON, INSUFFICIENT_CORES_REASON, QUOTA_EXCEEDED_REASON, INVALID_REQUEST_REASON,
+           WHOLE_DEVICE_REASON, DRA_CLAIM_REASON)
 """Why a resize is refused: the reason of the pod's rocshare.io/Resized condition (False) and Event."""
 
 DRA_MESSAGE = ("the pod's GPUs come from a DRA ResourceClaim, whose consumed capacity is fixed by the claim's "
@@ -87,13 +88,13 @@ def decide_resize(record: AllocationRecord, request: ResizeRequest, node: NodeIn
     container = record.containers[index]
     missing = [d.gpu_id for d in container.devices if d.gpu_id not in specs]
     if missing:
-        return Refusal(INVALID_REQUEST_REASON, f"node {node.name} no longer lists GPU(s) {', '.join(missing)} of container "
-                                        f"'{container.name}'")
+        return Refusal(INVALID_REQUEST_REASON,
+                       f"node {node.name} no longer lists GPU(s) {', '.join(missing)} of container '{container.name}'")
     pod_masks = {hold.gpu_id: hold.cu_mask for hold in record_holding(record).gpus}
     devices = []
     for device in container.devices:
-        resized = _resized_device(device, request, specs[device.gpu_id], neighbours.others.get(device.gpu_id, EMPTY_GPU),
-                                  pod_masks.get(device.gpu_id, 0))
+        others = neighbours.others.get(device.gpu_id, EMPTY_GPU)
+        resized = _resized_device(device, request, specs[device.gpu_id], others, pod_masks.get(device.gpu_id, 0))
         if isinstance(resized, Refusal):
             return resized
         devices.append(resized)
@@ -109,11 +110,12 @@ def _container(record: AllocationRecord, name: str | None) -> int | Refusal:
     if name is not None:
         if not any(c.name == name for c in record.containers):
             held = ", ".join(c.name for c in record.containers)
-            return Refusal(INVALID_REQUEST_REASON, f"container '{name}' holds no GPU in this pod (those that do: {held})")
+            return Refusal(INVALID_REQUEST_REASON,
+                           f"container '{name}' holds no GPU in this pod (those that do: {held})")
         index = next(i for i, c in enumerate(record.containers) if c.name == name)
         if is_plain_init(record.containers[index].init, record.containers[index].sidecar):
-            return Refusal(INVALID_REQUEST_REASON, f"'{name}' is an init container: it ran before the app and holds its slice "
-                                            f"no longer; resize an app container or a sidecar")
+            return Refusal(INVALID_REQUEST_REASON, f"'{name}' is an init container: it ran before the app and holds "
+                                                   f"its slice no longer; resize an app container or a sidecar")
         return _sliced(record.containers[index], index)
     sliced = [(i, c) for i, c in running if not all(d.whole for d in c.devices)]
     if len(sliced) != 1:
@@ -125,8 +127,8 @@ def _container(record: AllocationRecord, name: str | None) -> int | Refusal:
 
 def _sliced(container: ContainerAllocation, index: int) -> int | Refusal:
     if any(d.whole for d in container.devices):
-        return Refusal(WHOLE_DEVICE_REASON, f"container '{container.name}' holds whole GPUs or partitions, which have no "
-                                     f"memory or compute limit to change; a resize applies to a GPU slice")
+        return Refusal(WHOLE_DEVICE_REASON, f"container '{container.name}' holds whole GPUs or partitions, which "
+                                            f"have no memory or compute limit to change; a resize applies to a slice")
     return index
 
 
@@ -224,9 +226,10 @@ def _checked(old: AllocationRecord, new: AllocationRecord, specs: Mapping[str, G
         spec = specs[hold.gpu_id]
         others = neighbours.others.get(hold.gpu_id, EMPTY_GPU).memory_mib
         if others + hold.memory_mib > spec.memory_mib:
-            return Refusal(INSUFFICIENT_MEMORY_REASON, f"GPU {spec.gpu_id}: the pod would hold {hold.memory_mib} MiB and its "
-                                                f"neighbours hold {others} MiB of its {spec.memory_mib} MiB "
-                                                f"({max(0, spec.memory_mib - others)} MiB is the most this pod can have)")
+            most = max(0, spec.memory_mib - others)
+            return Refusal(INSUFFICIENT_MEMORY_REASON,
+                           f"GPU {spec.gpu_id}: the pod would hold {hold.memory_mib} MiB and its neighbours hold "
+                           f"{others} MiB of its {spec.memory_mib} MiB ({most} MiB is the most this pod can have)")
     cu_counts = {gpu_id: spec.cu_count for gpu_id, spec in specs.items()}
     grown = after.held(cu_counts) - record_holding(old).held(cu_counts)
     asked = Held(max(0, grown.memory_mib), max(0, grown.cores_pct), max(0, grown.gpus))

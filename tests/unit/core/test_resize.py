@@ -14,7 +14,8 @@ from rocshare.core.holdings import Held, record_holding
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.ledger import GpuUsage
 from rocshare.core.resize import (
-    DRA_CLAIM_REASON, INSUFFICIENT_CORES_REASON, INSUFFICIENT_MEMORY_REASON, INVALID_REQUEST_REASON, QUOTA_EXCEEDED_REASON, REASONS, WHOLE_DEVICE_REASON,
+    DRA_CLAIM_REASON, INSUFFICIENT_CORES_REASON, INSUFFICIENT_MEMORY_REASON, INVALID_REQUEST_REASON,
+    QUOTA_EXCEEDED_REASON, REASONS, WHOLE_DEVICE_REASON,
     Neighbours, Refusal, Resized, covering, decide_resize,
 )
 from tests.unit.core.helpers import gpu, node
@@ -137,7 +138,8 @@ def test_whole_gpu_and_init_and_unknown_container_are_refused():
                                                                             cu_ranges=[(0, 0)], cores_pct=1)])
     record = AllocationRecord(node="n1", containers=[init, *slice_record().containers])
     refused = decide_resize(record, ask(memory_mib=100, container="setup"), MI210, neighbours())
-    assert isinstance(refused, Refusal) and refused.reason == INVALID_REQUEST_REASON and "init container" in refused.message
+    assert isinstance(refused, Refusal) and refused.reason == INVALID_REQUEST_REASON
+    assert "init container" in refused.message
     refused = decide_resize(record, ask(memory_mib=100, container="nope"), MI210, neighbours())
     assert isinstance(refused, Refusal) and refused.reason == INVALID_REQUEST_REASON and "setup, app" in refused.message
     # Without a name, the only app container with a slice is meant (the init container ran already).

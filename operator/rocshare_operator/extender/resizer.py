@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, decode_record, \
     encode_record
-from rocshare.api.hami import companion_annotations
+from rocshare.api.hami import POD_DEVICES_ANNOTATION, companion_annotations
 from rocshare.api.resize import RESIZE_ANNOTATION, RESIZED_CONDITION, RESIZED_REASON, ResizeError, \
-    ResizeRequest, condition_message, decode_request
+    ResizeRequest, answers, condition_message, decode_request
 from rocshare.core.ids import PodKey, pod_key
 from rocshare.core.ledger import EMPTY_GPU, GpuUsage, add_usage
 from rocshare.core.resize import DRA_CLAIM_REASON, DRA_MESSAGE, INVALID_REQUEST_REASON, Neighbours, Refusal, \
@@ -133,6 +133,8 @@ class Resizer:
         except ResizeError as error:
             await self._answer(pod, 0, False, INVALID_REQUEST_REASON, str(error))
             return True
+        if _answered_on(pod, request.generation):
+            return True  # refused earlier (by this replica or the one that led before): it stays refused
         if record_text is None:
             if (pod.get("spec") or {}).get("resourceClaims"):
                 await self._answer(pod, request.generation, False, DRA_CLAIM_REASON, DRA_MESSAGE)
@@ -206,8 +208,9 @@ class Resizer:
         names = [c["name"] for kind in ("initContainers", "containers") for c in spec.get(kind) or ()]
         status = self.state.gpu_status.get(record.node)
         types = {gpu.id: gpu.product for gpu in status.gpus} if status else {}
-        return {ALLOCATION_ANNOTATION: encode_record(record),
-                **companion_annotations(record, device_types=types, container_names=names, now_s=int(time.time()))}
+        companion = companion_annotations(record, device_types=types, container_names=names, now_s=int(time.time()))
+        # HAMi's device list follows the record; its node and bind time stay as bind wrote them.
+        return {ALLOCATION_ANNOTATION: encode_record(record), POD_DEVICES_ANNOTATION: companion[POD_DEVICES_ANNOTATION]}
 
     async def _answer(self, pod: dict, generation: int, applied: bool, reason: str, text: str) -> None:
         meta = pod["metadata"]
@@ -243,6 +246,12 @@ def others_on(holders: Mapping[PodKey, list[tuple[int, GpuUsage]]], key: PodKey,
         for pos, usage in holds:
             found[gpu_ids[pos]] = add_usage(found.get(gpu_ids[pos], EMPTY_GPU), usage)
     return found
+
+
+def _answered_on(pod: dict, generation: int) -> bool:
+    """The pod's Resized condition already answers that generation."""
+    return any(c.get("type") == RESIZED_CONDITION and answers(c.get("message") or "", generation)
+               for c in (pod.get("status") or {}).get("conditions") or ())
 
 
 def _now() -> str:

@@ -122,3 +122,13 @@ async def test_an_applied_generation_is_not_decided_again(state: SchedulerState)
     await Resizer(server, state).decide("ns", "p", "uid-p")
     assert server.patches == server.status == []
     assert json.loads(server.pod["metadata"]["annotations"][RESIZE_ANNOTATION])["generation"] == 1
+
+
+async def test_a_refused_generation_stays_refused_under_a_new_leader(state: SchedulerState) -> None:
+    refused = pod(ResizeRequest(generation=4, memory_mib=8192))  # would fit now
+    refused["status"]["conditions"] = [{"type": RESIZED_CONDITION, "status": "False", "reason": "ResizeQuotaExceeded",
+                                        "message": "generation 4: the namespace's AmdGpuShare would be exceeded"}]
+    server = OnePod(refused)
+    await state.on_pod("MODIFIED", server.pod)
+    await Resizer(server, state).decide("ns", "p", "uid-p")
+    assert server.patches == server.status == [] and state.ledger.record("ns/p") == OLD

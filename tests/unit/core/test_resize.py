@@ -4,12 +4,14 @@ reason (memory, CUs beside the neighbours', quota), and the resize request's cod
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rocshare.api.allocation import AllocationRecord, ContainerAllocation, DeviceSlice, decode_record, encode_record
 from rocshare.api.models import CuLayout, ShareLimits
 from rocshare.api.resize import ResizeError, ResizeRequest, decode_request, encode_request, request_generation
 from rocshare.core.cu_topology import CuTopology
-from rocshare.core.cumask import mask_from_ranges
+from rocshare.core.cumask import cu_count_for, mask_from_ranges, ranges_from_mask
 from rocshare.core.holdings import Held, record_holding
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.ledger import GpuUsage
@@ -201,3 +203,27 @@ def test_request_codec_names_the_problem(text, problem):
 
 def test_reasons_are_distinct():
     assert len(set(REASONS)) == len(REASONS) and DRA_CLAIM_REASON in REASONS
+
+
+@settings(max_examples=100, deadline=None)
+@given(own_start=st.integers(0, 90), own_len=st.integers(1, 13), others=st.integers(0, (1 << 104) - 1),
+       pct=st.integers(1, 100), rdna=st.booleans())
+def test_a_resize_never_takes_a_neighbours_cu_and_keeps_its_own_when_growing(own_start, own_len, others, pct, rdna):
+    cu_total, align = (96, 2) if rdna else (104, 1)
+    spec = gpu(0, cu_count=cu_total, gfx=110000 if rdna else 90010, cu_per_wgp=2 if rdna else 1)
+    start = own_start // align * align
+    own = mask_from_ranges(((start, min(cu_total, start + own_len * align) - 1),))
+    others &= ((1 << cu_total) - 1) & ~own
+    record = slice_record(ranges=ranges_from_mask(own), pct=None)
+    decided = decide_resize(record, ask(cores_pct=pct), node(spec),
+                            Neighbours({GPU0: GpuUsage(0, 1, others)}, NO_LIMITS, Held()))
+    need = cu_count_for(pct, cu_total, align)
+    free = ((1 << cu_total) - 1) & ~others
+    unit = (1 << align) - 1
+    free_cus = sum(align for bit in range(0, cu_total, align) if (free >> bit) & unit == unit)
+    if isinstance(decided, Refusal):
+        assert decided.reason == INSUFFICIENT_CORES_REASON and free_cus < need
+        return
+    mask = mask_from_ranges(decided.record.containers[0].devices[0].cu_ranges)
+    assert mask.bit_count() == need and not mask & others
+    assert (mask & own == own) if need >= own.bit_count() else (mask & ~own == 0)

@@ -11,7 +11,7 @@ a rocshare agent; the capture copied with a synthetic 64 GiB per GPU):
   imply; and bind refuses exactly when status says the limit is reached (a pod taking the last MiB
   runs, one more MiB stays Pending with ResourceQuotaNotFit);
 * resize (issue 43): a running pod's slice grows and shrinks on its own GPU through the kubectl
-  plugin, run as a tenant with `edit` only; it is refused when its neighbour holds the CUs
+  plugin, run as a tenant with `edit` only; a pod bound after the growth gets none of its CUs; it is refused when its neighbour holds the CUs
   (ResizeInsufficientCores) or the share is short (ResizeQuotaExceeded); share status and the
   extender's quota agree with the records before and after; the tenant's request annotation is
   the only part of it the tenant can write (the record and the Resized condition are refused).
@@ -324,16 +324,23 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
     assert after["metadata"]["uid"] == notebook["metadata"]["uid"] and after["status"]["phase"] == "Running"
     await agree_at(operator, kube, (8192 + 4096, 30 + 10, 2))
 
+    # The scheduler's ledger follows at once: a pod bound to the GPU now gets none of the grown CUs.
+    await create_pod(kube, pinned_pod("late", gpu_id, 1024, 10))
+    late = slice_of(await wait_running(kube, "late", RESIZE, timeout_s=90))
+    assert late.gpu_id == gpu_id
+    assert not mask_from_ranges(late.cu_ranges) & (mask_from_ranges(now.cu_ranges) | mask_from_ranges(theirs.cu_ranges))
+    await agree_at(operator, kube, (8192 + 4096 + 1024, 30 + 10 + 10, 3))
+
     # The neighbour cannot take every CU: the notebook holds 32 of them.
     crowded = plugin(tenant, "pod/neighbour", "--gpucores", "100")
     assert crowded.returncode == 1 and "ResizeInsufficientCores: generation 1: " in crowded.stdout, crowded.stdout
     assert slice_of(await read_pod(kube, "neighbour", RESIZE)) == theirs
 
-    # The share is short: 16000 + 4096 MiB > 20000.
+    # The share is short: 16000 + 4096 + 1024 MiB > 20000.
     short = plugin(tenant, "pod/notebook", "--gpumem", "16000")
     assert short.returncode == 1 and "ResizeQuotaExceeded: generation 2: " in short.stdout, short.stdout
     assert slice_of(await read_pod(kube, "notebook", RESIZE)) == now
-    await agree_at(operator, kube, (8192 + 4096, 30 + 10, 2))
+    await agree_at(operator, kube, (8192 + 4096 + 1024, 30 + 10 + 10, 3))
 
     # Shrink, below what it had at the start: its lowest CUs kept.
     shrunk = plugin(tenant, "pod/notebook", "--gpumem", "2048", "--gpucores", "5")
@@ -341,7 +348,7 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
     small = slice_of(await read_pod(kube, "notebook", RESIZE))
     assert (small.memory_mib, small.cu_count) == (2048, math.ceil(CU_COUNT * 0.05))
     assert mask_from_ranges(small.cu_ranges) & ~mask_from_ranges(now.cu_ranges) == 0
-    await agree_at(operator, kube, (2048 + 4096, 5 + 10, 2))
+    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))
 
     # The tenant's doors: the record and the condition are not the tenant's to write.
     forged = record_of(await read_pod(kube, "notebook", RESIZE)).model_copy(update={
@@ -356,4 +363,4 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
                               "-p", json.dumps({"status": {"conditions": [condition]}}), check=False)
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
     assert slice_of(await read_pod(kube, "notebook", RESIZE)) == small
-    await agree_at(operator, kube, (2048 + 4096, 5 + 10, 2))
+    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))

@@ -22,6 +22,7 @@ from pathlib import Path
 from rocshare.api.models import AgentInterface, GpuInfo, HookLibrary, HookMissing
 from rocshare.kube.client import ApiError, Kube
 from rocshare_agent.deviceplugin.pods import KubePods
+from rocshare_agent.slice_limits import follow_resizes
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
 from rocshare_agent.deviceplugin.service import DevicePluginService
 from rocshare_agent.dra.cdi import DEFAULT_CDI_DIR
@@ -65,6 +66,8 @@ class AgentConfig:
     dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     load_check_dir: Path = Path(DEFAULT_LOAD_CHECK_DIR)
+    account_dir: Path | None = None
+    """The containers' account folders (docs/container-account.md); None: no accounts, no resize writes."""
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):
@@ -168,6 +171,8 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
                                              plugin=service))
         tasks.create_task(pods.run())
         tasks.create_task(_sweep_pod_devices(service, pods))
+        if config.account_dir is not None:
+            tasks.create_task(follow_resizes(pods, config.account_dir))
         await first_inventory.wait()
         tasks.create_task(run_plugin_units(service, plugin_dir=config.device_plugin_dir))
 

@@ -9,20 +9,32 @@ a rocshare agent; the capture copied with a synthetic 64 GiB per GPU):
 * for pods mixing init, native sidecar and app containers, on an Exclusive and a Shared pool, the
   share status and the extender's quota figures are the same numbers, those the pods' requests
   imply; and bind refuses exactly when status says the limit is reached (a pod taking the last MiB
-  runs, one more MiB stays Pending with ResourceQuotaNotFit).
+  runs, one more MiB stays Pending with ResourceQuotaNotFit);
+* resize (issue 43): a running pod's slice grows and shrinks on its own GPU through the kubectl
+  plugin, run as a tenant with `edit` only; a pod bound after the growth gets none of its CUs; it is refused when its neighbour holds the CUs
+  (ResizeInsufficientCores) or the share is short (ResizeQuotaExceeded); share status and the
+  extender's quota agree with the records before and after; the tenant's request annotation is
+  the only part of it the tenant can write (the record and the Resized condition are refused).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, ContainerAllocation, DeviceSlice, encode_record
 from rocshare.api.models import API_VERSION
+from rocshare.api.resize import RESIZED_CONDITION
+from rocshare.core.cumask import mask_from_ranges
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
@@ -42,7 +54,7 @@ from tests.e2e.fleet import (
 pytestmark = pytest.mark.e2e
 
 EXCLUSIVE, SHARED = "acct-excl", "acct-shared"
-VALUES, QUOTA = "acct-values", "acct-quota"
+VALUES, QUOTA, RESIZE = "acct-values", "acct-quota", "acct-resize"
 GPU_MIB = 65536
 SHARE = "team"
 
@@ -55,7 +67,7 @@ def pool(name: str, **sharing: str) -> dict:
 @pytest.fixture(scope="module")
 def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[OperatorProcess]:
     work = tmp_path_factory.mktemp("accounting")
-    for namespace in (VALUES, QUOTA):
+    for namespace in (VALUES, QUOTA, RESIZE):
         cluster.kubectl("create", "namespace", namespace)
     operator = OperatorProcess(cluster)
     operator.start()
@@ -72,7 +84,7 @@ def fleet(cluster, tmp_path_factory, sysfs_fixtures) -> Iterator[OperatorProcess
     finally:
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
                         "--ignore-not-found", check=False)
-        for namespace in (VALUES, QUOTA):
+        for namespace in (VALUES, QUOTA, RESIZE):
             cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--force", "--grace-period=0", "--wait=false",
                             check=False)
         cluster.kubectl("delete", "amdgpupools", EXCLUSIVE, SHARED, "--ignore-not-found", "--timeout=30s", check=False)
@@ -231,3 +243,124 @@ async def test_status_quota_and_bind_agree_on_the_same_pods(ready, kube: Kube) -
     # Room freed is room again: the pod over quota runs once another ends.
     await delete_pod(kube, "last-mib", QUOTA)
     await wait_running(kube, "one-more", QUOTA, timeout_s=90)
+
+
+# ---- resize (issue 43) ---------------------------------------------------------------------------
+
+CU_COUNT = 104  # the MI210 capture's CUs
+TENANT = "resize-tenant"
+PLUGIN = Path(sys.executable).with_name("kubectl-rocshare")
+
+
+async def free_gpu(kube: Kube, node: str) -> str:
+    """A GPU of the node no pod's record names (read from the API server's records)."""
+    status = (await kube.get(object_path(API_VERSION, "amdgpunodes", node))).get("status") or {}
+    pods = (await kube.list(object_path("v1", "pods"), fieldSelector=f"spec.nodeName={node}")).get("items") or []
+    held = {gpu for pod in pods if ALLOCATION_ANNOTATION in (pod["metadata"].get("annotations") or {})
+            for gpu in record_of(pod).gpu_ids()}
+    return next(gpu["id"] for gpu in reversed(status["gpus"]) if gpu["id"] not in held)
+
+
+def pinned_pod(name: str, gpu_id: str, mib: int, pct: int) -> dict[str, Any]:
+    pod = mixed_pod(name, SHARED, containers=[container("main", gpu="1", gpumem=str(mib), gpucores=str(pct))])
+    pod["metadata"].update(namespace=RESIZE, annotations={"amd.com/use-gpu-uuid": gpu_id})
+    return pod
+
+
+def plugin(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PLUGIN), "resize", *args, "-n", RESIZE, "--kubeconfig", str(kubeconfig), "--wait", "30"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def slice_of(pod: dict[str, Any]) -> DeviceSlice:
+    return record_of(pod).containers[0].devices[0]
+
+
+async def agree_at(operator: OperatorProcess, kube: Kube, figures: tuple[int, int, int]) -> None:
+    """Share status and the extender's quota (its metrics) both at `figures` (MiB, cores %, GPUs)."""
+    seen: list[tuple] = []
+
+    async def agreeing():
+        status = (await kube.get(object_path(API_VERSION, "amdgpushares", SHARE, namespace=RESIZE))).get("status") or {}
+        used = status.get("used") or {}
+        seen[:] = [(used.get("memoryMiB"), used.get("coresPercent"), used.get("gpus")),
+                   as_figures(quota_used(operator.metrics_port, RESIZE))]
+        return seen[0] == seen[1] == figures
+    try:
+        await wait_for(agreeing, timeout_s=30, what=f"share status and the extender's quota at {figures}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; share status, extender: {seen}") from None
+
+
+def resized_condition(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["status"].get("conditions") or () if c["type"] == RESIZED_CONDITION)
+
+
+async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(ready, kube: Kube, cluster) -> None:
+    operator = ready
+    cluster.kubectl("create", "rolebinding", "tenant-edit", "--clusterrole=edit", f"--user={TENANT}", "-n", RESIZE)
+    tenant = cluster.user_kubeconfig(TENANT)
+    gpu_id = await free_gpu(kube, SHARED)
+    await kube.create(object_path(API_VERSION, "amdgpushares", namespace=RESIZE),
+                      {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": SHARE, "namespace": RESIZE},
+                       "spec": {"limits": {"memoryMiB": 20000, "coresPercent": 60}}})
+    for name in ("notebook", "neighbour"):
+        await create_pod(kube, pinned_pod(name, gpu_id, 4096, 10))
+        await wait_running(kube, name, RESIZE, timeout_s=90)
+    notebook, neighbour = (await read_pod(kube, "notebook", RESIZE), await read_pod(kube, "neighbour", RESIZE))
+    before, theirs = slice_of(notebook), slice_of(neighbour)
+    assert before.gpu_id == theirs.gpu_id == gpu_id and before.cu_count == theirs.cu_count == math.ceil(CU_COUNT * 0.1)
+    await agree_at(operator, kube, (4096 + 4096, 10 + 10, 2))
+
+    # Grow, as the tenant: the same GPU, its own CUs kept, 32 = ceil(104 x 30 %) in all, none of the neighbour's.
+    grown = plugin(tenant, "pod/notebook", "--gpumem", "8192", "--gpucores", "30")
+    assert grown.returncode == 0 and "Resized: generation 1: " in grown.stdout, (grown.stdout, grown.stderr)
+    after = await read_pod(kube, "notebook", RESIZE)
+    now = slice_of(after)
+    assert (now.gpu_id, now.memory_mib, now.cu_count, now.cores_pct) == (gpu_id, 8192, math.ceil(CU_COUNT * 0.3), 30)
+    assert record_of(after).generation == 1 and resized_condition(after)["status"] == "True"
+    assert mask_from_ranges(now.cu_ranges) & mask_from_ranges(before.cu_ranges) == mask_from_ranges(before.cu_ranges)
+    assert not mask_from_ranges(now.cu_ranges) & mask_from_ranges(theirs.cu_ranges)
+    assert after["metadata"]["uid"] == notebook["metadata"]["uid"] and after["status"]["phase"] == "Running"
+    await agree_at(operator, kube, (8192 + 4096, 30 + 10, 2))
+
+    # The scheduler's ledger follows at once: a pod bound to the GPU now gets none of the grown CUs.
+    await create_pod(kube, pinned_pod("late", gpu_id, 1024, 10))
+    late = slice_of(await wait_running(kube, "late", RESIZE, timeout_s=90))
+    assert late.gpu_id == gpu_id
+    assert not mask_from_ranges(late.cu_ranges) & (mask_from_ranges(now.cu_ranges) | mask_from_ranges(theirs.cu_ranges))
+    await agree_at(operator, kube, (8192 + 4096 + 1024, 30 + 10 + 10, 3))
+
+    # The neighbour cannot take every CU: the notebook holds 32 of them.
+    crowded = plugin(tenant, "pod/neighbour", "--gpucores", "100")
+    assert crowded.returncode == 1 and "ResizeInsufficientCores: generation 1: " in crowded.stdout, crowded.stdout
+    assert slice_of(await read_pod(kube, "neighbour", RESIZE)) == theirs
+
+    # The share is short: 16000 + 4096 + 1024 MiB > 20000.
+    short = plugin(tenant, "pod/notebook", "--gpumem", "16000")
+    assert short.returncode == 1 and "ResizeQuotaExceeded: generation 2: " in short.stdout, short.stdout
+    assert slice_of(await read_pod(kube, "notebook", RESIZE)) == now
+    await agree_at(operator, kube, (8192 + 4096 + 1024, 30 + 10 + 10, 3))
+
+    # Shrink, below what it had at the start: its lowest CUs kept.
+    shrunk = plugin(tenant, "pod/notebook", "--gpumem", "2048", "--gpucores", "5")
+    assert shrunk.returncode == 0 and "Resized: generation 3: " in shrunk.stdout, shrunk.stdout
+    small = slice_of(await read_pod(kube, "notebook", RESIZE))
+    assert (small.memory_mib, small.cu_count) == (2048, math.ceil(CU_COUNT * 0.05))
+    assert mask_from_ranges(small.cu_ranges) & ~mask_from_ranges(now.cu_ranges) == 0
+    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))
+
+    # The tenant's doors: the record and the condition are not the tenant's to write.
+    forged = record_of(await read_pod(kube, "notebook", RESIZE)).model_copy(update={
+        "resize_generation": 99, "containers": [ContainerAllocation(name="main", devices=[DeviceSlice(
+            gpu_id=gpu_id, memory_mib=GPU_MIB, cu_count=CU_COUNT, reserves_all_cores=True)])]})
+    as_tenant = ["--kubeconfig", str(tenant), "-n", RESIZE]
+    refused = cluster.kubectl(*as_tenant, "annotate", "pod", "notebook", "--overwrite",
+                              f"{ALLOCATION_ANNOTATION}={encode_record(forged)}", check=False)
+    assert refused.returncode != 0 and "written only by the rocshare scheduler" in refused.stderr, refused.stderr
+    condition = {"type": RESIZED_CONDITION, "status": "True", "reason": "Resized", "message": "generation 99: forged"}
+    refused = cluster.kubectl(*as_tenant, "patch", "pod", "notebook", "--subresource=status", "--type=strategic",
+                              "-p", json.dumps({"status": {"conditions": [condition]}}), check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+    assert slice_of(await read_pod(kube, "notebook", RESIZE)) == small
+    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))

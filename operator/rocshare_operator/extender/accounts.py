@@ -104,6 +104,10 @@ class Accounts:
         self._cu_counts = cu_counts
         self.hami_seen: dict[PodKey, tuple[object, str]] = {}
         """Pod -> (HAMi placement, node) last accounted, for pods HAMi placed."""
+        self.record_texts: dict[PodKey, str] = {}
+        """Pod -> the record text the watch last showed, so a resized record is read once."""
+        self.interim: set[PodKey] = set()
+        """Pods whose ledger entry is a resize's covering record (Accounts.replace)."""
 
     # ---- the pod watch -------------------------------------------------------------------
 
@@ -128,6 +132,8 @@ class Accounts:
             self._account_hami(key, pod)
         elif self.ledger.record(key) is None:
             self._account(key, pod)
+        elif self.record_texts.get(key) != pod.allocation:
+            self._account_resized(key, pod)
         node = self.pod_nodes.get(key)
         if node and not awaiting_allocation(phase=pod.phase, started=pod.started, deleting=pod.deleting):
             self.gate.release(node, key)
@@ -143,6 +149,23 @@ class Accounts:
             return
         self.unaccountable.pop(key, None)
         self.commit(key, pod.namespace, record, pod.host)
+        self.record_texts[key] = pod.allocation or ""
+
+    def _account_resized(self, key: PodKey, pod: PodFacts) -> None:
+        """The pod's record text differs from the one accounted: a resize (rocshare.core.resize)
+        wrote a new one. It replaces the ledger's when its generation is newer, or equal while the
+        ledger holds the resize's covering record; an older one is an event that predates the resize
+        (the watch lags behind the resizer's own commit) and changes nothing. A record of the same
+        generation that cannot be read, or names another node, keeps what is accounted (bind and
+        resize write only records that can be read)."""
+        record, _holding = read_record(pod.allocation or "", pod.node)
+        held = self.ledger.record(key)
+        if record is None or held is None:
+            return
+        newer = record.generation > held.generation or (record.generation == held.generation and key in self.interim)
+        if newer:
+            self.replace(key, pod.namespace, record)
+        self.record_texts[key] = pod.allocation or ""
 
     def _account_host(self, key: PodKey, pod: PodFacts) -> None:
         """A bound pod without a GPU record: its CPU and memory on its node (requests do not
@@ -196,6 +219,8 @@ class Accounts:
         unknown = self.unaccountable.pop(key, None)
         was_blocking = unknown is not None
         self.hami_seen.pop(key, None)
+        self.record_texts.pop(key, None)
+        self.interim.discard(key)
         node = self.pod_nodes.pop(key, None)
         namespace = self._uncount(key) or (unknown[0] if unknown else None)
         released = key in self.ledger  # a slice, or CPU and memory
@@ -237,6 +262,25 @@ class Accounts:
             return
         self.ledger.apply(record, key, cpu_milli=host.cpu_milli, memory_mib=host.memory_mib)
         self.pod_nodes[key] = record.node
+        self._count(key, namespace, record)
+
+    def replace(self, key: PodKey, namespace: str, record: AllocationRecord, *, interim: bool = False) -> None:
+        """A resized pod's record takes the place of the one accounted -- in the ledger, the namespace's
+        figures and every `on_hold` reader at once, never beside it. `interim`: the resizer's covering
+        record while the new one is being written (the watch's echo of it replaces it)."""
+        if self.ledger.record(key) is None:
+            self.commit(key, namespace, record)
+        else:
+            cpu_milli, memory_mib = self.ledger.host_of(key)
+            self._uncount(key)
+            self.ledger.apply(record, key, cpu_milli=cpu_milli, memory_mib=memory_mib)
+            self._count(key, namespace, record)
+        if interim:
+            self.interim.add(key)
+        else:
+            self.interim.discard(key)
+
+    def _count(self, key: PodKey, namespace: str, record: AllocationRecord) -> None:
         holding = record_holding(record)
         held = holding.held(self._cu_counts(record.node))
         self.pod_held[key] = (namespace, held)

@@ -38,6 +38,7 @@ from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.preemption import pod_priority
 from rocshare_operator.extender.preemptor import Preemptor
 from rocshare_operator.extender.refresh import Refresher
+from rocshare_operator.extender.resizer import Resizer
 from rocshare_operator.extender.retry import Retrier
 from rocshare_operator.extender.state import SchedulerState
 from rocshare_operator.leadership import DecisionGate, NotDeciding
@@ -238,6 +239,8 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
                               problems=lambda: _failing(watches), gate=gate,
                               preemptor=Preemptor(kube, state, metrics))
     metrics.registry.register(service.gate)
+    resizer = Resizer(kube, state, gate)
+    state.on_resize.append(resizer.on_pod)
     metrics_server, _ = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
     runner = web.AppRunner(make_app(service), access_log=None)
     await runner.setup()
@@ -250,6 +253,7 @@ async def run_extender(kube: Kube, settings: ExtenderSettings, state: SchedulerS
     tasks.append(asyncio.create_task(state.retrier.run(), name="retrier"))
     tasks.append(asyncio.create_task(Refresher(state).run(), name="plan-refresher"))
     tasks.append(asyncio.create_task(_freeze_when_synced(feed), name="gc-freeze"))
+    tasks.append(asyncio.create_task(_resize_when_synced(feed, resizer), name="resizer"))
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -269,6 +273,12 @@ async def _freeze_when_synced(feed: ClusterFeed) -> None:
     the process, and scanning them on every collection shows up as decision-latency spikes."""
     await feed.wait_synced()
     settle_heap()  # the bench calls the same
+
+
+async def _resize_when_synced(feed: ClusterFeed, resizer: Resizer) -> None:
+    """Resize requests are decided from full caches only, as binds are."""
+    await feed.wait_synced()
+    await resizer.run()
 
 
 def _tls(settings: ExtenderSettings) -> ssl.SSLContext | None:

@@ -87,6 +87,11 @@ class SchedulerState:
     retrier: Retrier | None = None
     pods: PodIndex = field(default_factory=PodIndex)
     scheduler_name: str = "rocshare-scheduler"
+    resize_asked: dict[PodKey, PodFacts] = field(default_factory=dict)
+    """Live pods carrying a resize request (rocshare.api.resize), as last seen: the resizer looks at
+    them again when this replica starts deciding (resizer.py)."""
+    on_resize: list = field(default_factory=list)
+    """Called with the PodFacts of every event of a pod carrying a resize request (the resizer)."""
     changes: int = 0
     """Counts every event and commit taken: a decision made at one count still stands at the same
     count (nothing it read has changed), so bind need not plan twice when it did not wait."""
@@ -146,7 +151,8 @@ class SchedulerState:
         self.changes += 1
         failures = [error for error in (self._account(kind, pod), self._guarded(self.pods.on_pod, kind, pod),
                                         self._guarded(self._track_waiting, kind, pod),
-                                        self._guarded(self.workloads.on_pod, kind, pod)) if error is not None]
+                                        self._guarded(self.workloads.on_pod, kind, pod),
+                                        self._guarded(self._track_resize, kind, pod)) if error is not None]
         if failures:
             raise failures[0]
 
@@ -179,6 +185,15 @@ class SchedulerState:
         if pod.unschedulable is not None:
             self.retrier.note_waiting(pod.key, pod.namespace)
 
+    def _track_resize(self, kind: str, pod: PodFacts) -> None:
+        """After the ledger took the event: a pod asking a resize is handed to the resizer."""
+        if kind == "DELETED" or pod.finished or pod.resize is None:
+            self.resize_asked.pop(pod.key, None)
+            return
+        self.resize_asked[pod.key] = pod
+        for callback in self.on_resize:
+            callback(pod)
+
     def _inventory_changed(self, name: str, offers: bool) -> None:
         self.plans.forget(name)
         if offers and self.retrier is not None:
@@ -201,6 +216,11 @@ class SchedulerState:
     def commit_host(self, key: PodKey, node: str, host: HostRequest) -> None:
         self.changes += 1
         self.accounts.commit_host(key, node, host)
+
+    def replace(self, key: PodKey, namespace: str, record: AllocationRecord, *, interim: bool = False) -> None:
+        """A resize's record in place of the pod's current one (Accounts.replace)."""
+        self.changes += 1
+        self.accounts.replace(key, namespace, record, interim=interim)
 
     async def uncommit(self, key: PodKey) -> None:
         self.changes += 1

@@ -41,6 +41,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, CuTopologyInfo, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
+from rocshare.api.resize import RESIZE_ANNOTATION
 from rocshare.core.dra_shares import AllocatedDevice
 from rocshare.core.holdings import NO_HOST_REQUEST, HostRequest, host_request, placement_request
 from rocshare.core.ids import PodKey, pod_key
@@ -86,6 +87,8 @@ class PodFacts:
     started_at: str = ""  # status.startTime, RFC 3339
     labels: tuple[tuple[str, str], ...] = ()  # for PodDisruptionBudget selectors (preemption)
     request: PodRequest | None = None  # what it asks, read only while it is nominated and unbound (the hold)
+    resize: str | None = None  # the resize request as written on the pod (rocshare.api.resize), None: none
+    claims: bool = False  # spec.resourceClaims names a claim (a DRA pod: its slice cannot be resized)
 
     @property
     def key(self) -> PodKey:
@@ -292,6 +295,7 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         nominated=status.get("nominatedNodeName") or "", started_at=status.get("startTime") or "",
         labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
         request=_nominated_request(pod, spec, status),
+        resize=annotations.get(RESIZE_ANNOTATION), claims=bool(spec.get("resourceClaims")),
     )
 
 

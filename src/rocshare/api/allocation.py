@@ -69,6 +69,15 @@ class AllocationRecord(_Model):
     node: str = Field(min_length=1, description="Node the pod was bound to.")
     containers: list[ContainerAllocation] = Field(min_length=1, description="Init containers first, in pod order.")
     oversubscribed: bool = Field(default=False, description="The pool scales VRAM above 1.0: set HIP_OVERSUBSCRIBE.")
+    resize_generation: int | None = Field(
+        default=None, alias="resizeGeneration", ge=1,
+        description="The generation of the resize request (rocshare.api.resize) this record applies; absent: as bound.",
+    )
+
+    @property
+    def generation(self) -> int:
+        """0 for the record bind wrote; the applied resize request's generation after a resize."""
+        return self.resize_generation or 0
 
     def gpu_ids(self) -> list[str]:
         seen: dict[str, None] = {}

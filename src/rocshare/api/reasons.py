@@ -89,6 +89,14 @@ ADMISSION_REASONS = _reasons(Where.ADMISSION, "MixedPoolInterfaces", "DraRequest
 """Why the webhook refused a pod with amd.com/* limits that would go to a DRA pool
 (rocshare_operator.admission.dra_pods): the first word of the refusal."""
 
+RESIZE_REASONS = tuple(
+    EmittedReason(name, (Where.POD_CONDITION, Where.POD_EVENT), healthy=name == "Resized")
+    for name in ("Resized", "ResizeInsufficientMemory", "ResizeInsufficientCores", "ResizeQuotaExceeded",
+                 "ResizeInvalidRequest", "ResizeWholeDevice", "ResizeDraClaim")
+)
+"""The operator's answer to a resize request (rocshare.core.resize): the reason of the pod's
+rocshare.io/Resized condition and of the Event beside it."""
+
 SHARED_REASONS = (
     # One word, several places: the same state reported by the agent and summed by the operator.
     EmittedReason("NoHealthyGpus", (Where.NODE_CONDITION, Where.POOL_CONDITION)),
@@ -109,7 +117,8 @@ def _merged(*groups: tuple[EmittedReason, ...]) -> dict[str, EmittedReason]:
 
 
 ALL: dict[str, EmittedReason] = _merged(
-    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, PREPARE_REASONS, ADMISSION_REASONS, SHARED_REASONS,
+    FILTER_REASONS, EVENT_REASONS, CONDITION_REASONS, PREPARE_REASONS, ADMISSION_REASONS, RESIZE_REASONS,
+    SHARED_REASONS,
     _reasons(Where.POOL_CONDITION, "DrainRequired"),
 )
 """Every reason rocshare emits, by name."""

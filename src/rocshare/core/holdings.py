@@ -210,8 +210,8 @@ def _grown(total: GpuHold, base: DeviceSlice, inits: list[DeviceSlice]) -> GpuHo
 def read_record(text: str, node: str) -> tuple[AllocationRecord | None, Holding]:
     """A record as written on a pod bound to `node` (\"\" while unbound) and its hold. A record that
     cannot be decoded, or names another node, gives no record and a hold of unknown GPUs on `node`
-    (``problem`` says why). Memoised: a record never changes once written, and one pod event
-    reaches several readers."""
+    (``problem`` says why). Memoised by text: a text always reads the same (a resize writes a new
+    text), and one pod event reaches several readers."""
     try:
         record = decode_record(text)
     except AllocationError as error:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
@@ -131,6 +132,30 @@ async def test_inference_pair_on_an_mi300x_in_spx_mode_is_on_disjoint_xcds(runni
     for bits, on in zip(slices, xcds):
         assert len(on) == 2 and bits == {bit for bit in range(304) if mi300x_spx_xcd(bit) in on}  # whole XCDs
     assert not xcds[0] & xcds[1]
+
+
+async def test_amdgpunode_status_shows_the_pair_on_its_own_xcds(running, cluster) -> None:
+    """What `kubectl get amdgpunode -o yaml` shows an admin (status.isolation, written by the operator):
+    per XCD of the pair's GPU, which pod holds how many CUs -- checked against the containers'
+    HSA_CU_MASK mapped by the test's own table, not against the product's rule."""
+    pods = {name: running[f"gpu-samples/{name}"] for name in ("inference-a", "inference-b")}
+    (gpu_id,) = {device.gpu_id for pod in pods.values() for device in _devices(pod)}
+    want: dict[int, dict[str, int]] = {}  # XCD -> pod -> CUs, from what the kubelet handed the containers
+    for name, pod in pods.items():
+        for bit in mask_bits(runtime_of(pod)["main"]["envs"]["HSA_CU_MASK"])[0]:
+            on = want.setdefault(mi300x_spx_xcd(bit), {})
+            on[f"gpu-samples/{name}"] = on.get(f"gpu-samples/{name}", 0) + 1
+
+    async def shown() -> dict | None:
+        status = yaml.safe_load(cluster.kubectl("get", "amdgpunode", "demo-mi300x-spx", "-o", "yaml").stdout)["status"]
+        found = [gpu for gpu in status.get("isolation") or [] if gpu["gpuId"] == gpu_id]
+        return found[0] if found and sum(len(unit["tenants"]) for unit in found[0]["units"]) == 4 else None
+
+    gpu = await wait_for(shown, timeout_s=90, what="status.isolation naming both pods' XCDs")
+    assert gpu["unit"] == "XCD" and [unit["cuCount"] for unit in gpu["units"]] == [38] * 8
+    got = {unit["index"]: {tenant["pod"]: tenant["cusHeld"] for tenant in unit["tenants"]}
+           for unit in gpu["units"] if unit["tenants"]}
+    assert got == want and len(got) == 4 and all(len(on) == 1 for on in got.values())
 
 
 async def test_whole_gpu_gets_no_limit_and_no_hook(running) -> None:

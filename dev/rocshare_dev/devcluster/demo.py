@@ -204,6 +204,13 @@ def _show(cluster: ControlPlane) -> None:
     for pod in pods:
         for line in _slices(pod):
             print(line)
+    print(f"\n{'NODE':<16} {'GPU':<24} pods per XCD or shader engine (AmdGpuNode status.isolation)")
+    for node in json.loads(cluster.kubectl("get", "amdgpunodes", "-o", "json").stdout)["items"]:
+        for gpu in node.get("status", {}).get("isolation") or []:
+            units = " ".join(f"{gpu['unit']}{unit['index']}:" + ("+".join(tenant["pod"].partition("/")[2]
+                                                                        for tenant in unit["tenants"]) or "-")
+                             for unit in gpu["units"])
+            print(f"{node['metadata']['name']:<16} {gpu['gpuId']:<24} {units}")
 
 
 def _slices(pod: dict) -> list[str]:

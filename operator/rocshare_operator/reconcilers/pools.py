@@ -35,6 +35,7 @@ from rocshare_operator.status.pool_logic import (
     orphaned_nodes,
     pool_view,
 )
+from rocshare_operator.status.node_isolation import node_isolation
 from rocshare_operator.status.pool_status import PoolFacts, pool_status
 from rocshare_operator.retrying import with_retries
 
@@ -114,6 +115,27 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: dict[str,
         path = object_path(API_VERSION, "amdgpupools", view.name, subresource="status")
         await with_retries(f"status of pool {view.name}", lambda: ctx.kube.merge_patch(path, {"status": status}),
                            logger=logger)
+    for node in facts.members:
+        await publish_isolation(ctx, node, logger=logger)
+
+
+async def publish_isolation(ctx: OperatorContext, node: str, *, logger: logging.Logger) -> None:
+    """The node's AmdGpuNode status.isolation, by server-side apply with the operator's field manager
+    (the agent applies the rest of status with its own, so neither removes the other's fields)."""
+    gpu_node = ctx.feed.gpu_node(node)
+    if gpu_node is None or gpu_node.gpus is None:
+        return  # nothing published yet (or refused): no GPUs to lay pods on
+    isolation = node_isolation(gpu_node.gpus, ctx.slices.on_node(node))
+    if json.dumps(isolation, sort_keys=True) == gpu_node.isolation_json:
+        return
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": node},
+            "status": {"isolation": isolation}}
+    path = object_path(API_VERSION, "amdgpunodes", node, subresource="status")
+    try:
+        await with_retries(f"isolation of node {node}",
+                           lambda: ctx.kube.apply(path, body, field_manager=FIELD_MANAGER), logger=logger)
+    except NotFound:
+        pass  # the agent creates it again; the next pass writes it
 
 
 async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,

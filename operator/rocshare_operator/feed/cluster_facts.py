@@ -141,8 +141,6 @@ class GpuNodeFacts:
     problem: str | None = None  # why the status was refused
     unvalidated: tuple[GpuSummary, ...] = ()  # a refused status's GPUs, as written
     plugin_serving: bool = True  # the DevicePlugin condition (AmdGpuNodeStatus.device_plugin_serving)
-    isolation_json: str | None = field(default=None, compare=False)
-    """status.isolation as stored (the operator's, sorted-key JSON), None when absent: its writer skips a no-op."""
     _summaries: tuple[GpuSummary, ...] | None = field(default=None, compare=False, repr=False)
 
     def summaries(self) -> tuple[GpuSummary, ...]:
@@ -191,10 +189,8 @@ def _gpu_node_facts(obj: Mapping) -> GpuNodeFacts:
     except ValidationError as error:
         return GpuNodeFacts(name, None, problem=f"invalid status: {error.errors()[0]}",
                             unvalidated=gpu_summaries((obj.get("status") or {}).get("gpus") or []))
-    isolation = None if status.isolation is None else \
-        json.dumps([gpu.to_json_dict() for gpu in status.isolation], sort_keys=True)
     return GpuNodeFacts(name, tuple(gpu_facts(info) for info in status.gpus),
-                        plugin_serving=status.device_plugin_serving(), isolation_json=isolation)
+                        plugin_serving=status.device_plugin_serving())
 
 
 def gpu_summaries(gpus: Iterable[Mapping]) -> tuple[GpuSummary, ...]:

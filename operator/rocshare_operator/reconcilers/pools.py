@@ -116,17 +116,22 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: dict[str,
         await with_retries(f"status of pool {view.name}", lambda: ctx.kube.merge_patch(path, {"status": status}),
                            logger=logger)
     for node in facts.members:
-        await publish_isolation(ctx, node, logger=logger)
+        await publish_isolation(ctx, state, node, logger=logger)
 
 
-async def publish_isolation(ctx: OperatorContext, node: str, *, logger: logging.Logger) -> None:
+async def publish_isolation(ctx: OperatorContext, state: LoopState, node: str, *, logger: logging.Logger) -> None:
     """The node's AmdGpuNode status.isolation, by server-side apply with the operator's field manager
-    (the agent applies the rest of status with its own, so neither removes the other's fields)."""
+    (the agent applies the rest of status with its own, so neither removes the other's fields).
+    Written again only when it changed or the AmdGpuNode's facts did (a re-created object among
+    them): the loop remembers what it wrote against the facts object it read, so no event of its own
+    write has to reach the extender, which rebuilds a node's inventory on each AmdGpuNode change."""
     gpu_node = ctx.feed.gpu_node(node)
     if gpu_node is None or gpu_node.gpus is None:
         return  # nothing published yet (or refused): no GPUs to lay pods on
     isolation = node_isolation(gpu_node.gpus, ctx.slices.on_node(node))
-    if json.dumps(isolation, sort_keys=True) == gpu_node.isolation_json:
+    fingerprint = json.dumps(isolation, sort_keys=True)
+    written = state.applied.get(f"isolation/{node}")
+    if written is not None and written[0] is gpu_node and written[1] == fingerprint:
         return
     body = {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": node},
             "status": {"isolation": isolation}}
@@ -135,7 +140,8 @@ async def publish_isolation(ctx: OperatorContext, node: str, *, logger: logging.
         await with_retries(f"isolation of node {node}",
                            lambda: ctx.kube.apply(path, body, field_manager=FIELD_MANAGER), logger=logger)
     except NotFound:
-        pass  # the agent creates it again; the next pass writes it
+        return  # the agent creates it again; a pass after that writes it
+    state.applied[f"isolation/{node}"] = (gpu_node, fingerprint)
 
 
 async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,

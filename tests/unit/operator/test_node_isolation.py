@@ -5,10 +5,20 @@ node, mask bit i goes to XCC i mod n; n = 8 on an MI300X in SPX mode, 38 CUs eac
 
 from __future__ import annotations
 
-from rocshare.api.models import AmdGpuNodeStatus, GpuInfo
+import asyncio
+import logging
+
+from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo
+from rocshare.kube.client import object_path
+from rocshare_operator.context import LoopState
 from rocshare_operator.feed.cluster_facts import gpu_facts
+from rocshare_operator.reconcilers import nodes_status
+from rocshare_operator.reconcilers.pools import FIELD_MANAGER, publish_isolation
 from rocshare_operator.status.node_isolation import node_isolation
 from rocshare_operator.status.usage import pod_slices
+from tests.unit.operator.test_cluster_feed import GPU_NODES, NODES, PODS, node, operator_context, settle
+from tests.unit.operator.test_cluster_feed import pod as feed_pod
+from tests.unit.operator.test_pool_loops import WritingKube
 from tests.unit.operator.test_status_logic import container, pod
 
 NODE = "n"
@@ -66,3 +76,44 @@ def test_the_agents_status_never_writes_isolation() -> None:
     # The agent applies its whole status with its own field manager: a field it serialises, it owns
     # (and would clear). Unset, isolation stays out of its body, so the operator's stays.
     assert "isolation" not in AmdGpuNodeStatus(gpus=[gpu("GPU-a", 0)]).to_json_dict()
+
+
+# ---- the writer (reconcilers/pools.publish_isolation), on the scripted API of test_pool_loops ----------------
+
+
+def spx_gpu_node(name: str, *, healthy: bool = True) -> dict:
+    return {"metadata": {"name": name}, "status": {"gpus": [gpu("GPU-a", 0).to_json_dict() | {"healthy": healthy}]}}
+
+
+async def test_the_pool_loop_applies_isolation_once_per_change_with_its_own_field_manager() -> None:
+    allocation = '{"version": 1, "node": "n1", "containers": [{"name": "c", "devices": [%s]}]}'
+    record = allocation % ('{"gpuId": "GPU-a", "memoryMiB": 1024, "cuCount": 76, "coresPct": 25, "cuRanges": '
+                           + str(on_xcds(0, 1)) + '}')
+    kube = WritingKube({NODES: [node("n1")], GPU_NODES: [spx_gpu_node("n1")],
+                        PODS: [feed_pod("svc", allocation=record, phase="Running")]})
+    applied: list[tuple[str, dict, str]] = []
+
+    async def apply(path: str, body: dict, *, field_manager: str, force: bool = True) -> dict:
+        applied.append((path, body, field_manager))
+        return {}
+
+    kube.apply = apply
+    ctx = operator_context(kube)
+    nodes_status.subscribe(ctx)
+    task = asyncio.create_task(ctx.feed.run())
+    await ctx.feed.wait_synced()
+    await settle()
+    state, log = LoopState(), logging.getLogger("test")
+    await publish_isolation(ctx, state, "n1", logger=log)
+    await publish_isolation(ctx, state, "n1", logger=log)  # nothing changed: no second write
+    ((path, body, manager),) = applied
+    assert path == object_path(API_VERSION, "amdgpunodes", "n1", subresource="status") and manager == FIELD_MANAGER
+    assert set(body["status"]) == {"isolation"}  # only the operator's field: the agent's stay its own
+    (found,) = body["status"]["isolation"]
+    assert [[t["pod"] for t in unit["tenants"]] for unit in found["units"]] == [["ns/svc"]] * 2 + [[]] * 6
+
+    kube.push(GPU_NODES, "MODIFIED", spx_gpu_node("n1", healthy=False))  # new facts (or a re-created object)
+    await settle()
+    await publish_isolation(ctx, state, "n1", logger=log)
+    assert len(applied) == 2 and applied[1][1] == body  # written again, the same
+    task.cancel()

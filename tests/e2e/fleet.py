@@ -100,6 +100,24 @@ def runtime_of(pod: dict[str, Any]) -> dict[str, Any]:
     return specs
 
 
+def mask_bits(text: str) -> dict[int, set[int]]:
+    """HSA_CU_MASK "<i>:<ranges>[;...]" as the test reads it: per GPU position, the bits."""
+    found: dict[int, set[int]] = {}
+    for part in text.split(";"):
+        index, _, ranges = part.partition(":")
+        bits = found.setdefault(int(index), set())
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            bits.update(range(int(low), int(high or low) + 1))
+    return found
+
+
+def mi300x_spx_xcd(bit: int) -> int:
+    """The tests' own table, from amdkfd mqd_symmetrically_map_cu_mask's comment for GFX 9.4.3:
+    with n XCCs under one node, cu_mask bit i goes to XCC i mod n (n = 8 on an MI300X in SPX mode)."""
+    return bit % 8
+
+
 async def scheduling_failures(kube: Kube, name: str, namespace: str = "default") -> list[str]:
     events = await kube.list(object_path("v1", "events", namespace=namespace),
                              fieldSelector=f"involvedObject.name={name},reason=FailedScheduling")

@@ -5,19 +5,21 @@ in HAMI_QUERIES below, the file is not copied).
 
 The setting is `make demo`'s, started by the same function (demo.start_samples_fleet): the real
 control plane, the operator (extender, webhook), samples/ applied (pools, shares, every sample
-pod), and the demo's four simulated nodes — each the kubelet peer plus the real agent, here with
+pod), and the demo's five simulated nodes — each the kubelet peer plus the real agent, here with
 its monitor on a loopback port and its own copy of its capture:
 
 * two MI210 nodes: the capture with a synthetic 64 GiB per GPU (as the demo) and synthetic DRM
   folders (the capture has none: sensors, VRAM used, PCI device 0x740f revision 0x02);
 * the MI300X in CPX mode: KFD only (no DRM folder, so no host sensor series);
+* the MI300X in SPX mode derived from it (captures.mi300x_spx), KFD only as well, holding the two
+  inference pods its taint keeps for them;
 * the Strix Point APU, whose DRM folder is real (its sensor values are the captured ones).
 
 Once the sample pods run, the test plays their processes: for every container and GPU of the
 allocation records it writes KFD per-process files (vram_<gpu_id>, stats_<gpu_id>/cu_occupancy)
 into the node's sysfs copy and /proc/<pid>/cgroup + environ (the environment the kubelet peer
 handed the container) into a proc root the agent reads. A Prometheus server (Debian package,
-`make observability-deps`) scrapes the extender and the four monitors; every query of
+`make observability-deps`) scrapes the extender and the five monitors; every query of
 both dashboards (panels and template variables) goes to its HTTP API, and each answer must hold
 exactly the series the sample pods imply, with their values: computed here from the pods'
 specs, their allocation records, the nodes' published inventory and the files written above.

@@ -3,7 +3,8 @@ samples/README.md gives it: Running with the expected slice, Pending with the ex
 or refused with the expected message.
 
 The fleet is `make demo`'s (dev/rocshare_dev/devcluster/demo.py: two MI210 nodes with a synthetic
-64 GiB per GPU, an MI300X in CPX mode, a Strix Point APU), started by the same function, so the
+64 GiB per GPU, an MI300X in CPX mode, an MI300X in SPX mode derived from the CPX capture (tainted for
+the inference pair), a Strix Point APU), started by the same function, so the
 demo and this test cannot drift apart. Placement assertions are about properties (the GPU's own
 CU count, NUMA node, XGMI peers) rather than one node or GPU, where the samples leave the choice
 to the scheduler.
@@ -16,13 +17,23 @@ import math
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT
 from rocshare_dev.devcluster.demo import start_samples_fleet
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from tests.e2e.fleet import read_pod, record_of, runtime_of, scheduling_failures, wait_for, wait_running
+from tests.e2e.fleet import (
+    mask_bits,
+    mi300x_spx_xcd,
+    read_pod,
+    record_of,
+    runtime_of,
+    scheduling_failures,
+    wait_for,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +41,7 @@ SAMPLES = PROJECT_ROOT / "samples"
 RUNNING = {  # namespace -> pods README.md says run
     "gpu-demo": ("slice-4g-25pct", "slice-25pct-vram", "numa-pair", "xgmi-pair"),
     "gpu-samples": ("whole-gpu", "two-partitions", "mi210-only", "one-gpu-by-uuid", "spread-me", "non-root",
-                    "pytorch", "user-a", "user-b"),
+                    "pytorch", "user-a", "user-b", "inference-a", "inference-b"),
 }
 REFUSED = {
     "gpumem-without-gpu.yaml": "amd.com/gpumem needs amd.com/gpu",
@@ -107,6 +118,46 @@ async def test_seed_pods_get_their_slices(running, kube: Kube) -> None:
     assert second["pciBDF"] in first["xgmiPeers"]
 
 
+async def test_inference_pair_on_an_mi300x_in_spx_mode_is_on_disjoint_xcds(running) -> None:
+    """Issue 41's demo: two 25 % slices on one MI300X in SPX mode (pool mi300x-cu, cuLayout Isolated) are
+    on disjoint XCDs, read from the HSA_CU_MASK the kubelet peer recorded for each container and mapped
+    by the test's own table (bit i -> XCD i mod 8)."""
+    pods = [running[f"gpu-samples/inference-{name}"] for name in ("a", "b")]
+    assert {record_of(pod).node for pod in pods} == {"demo-mi300x-spx"}
+    envs = [runtime_of(pod)["main"]["envs"] for pod in pods]
+    assert envs[0]["ROCR_VISIBLE_DEVICES"] == envs[1]["ROCR_VISIBLE_DEVICES"]  # binpack: co-tenants of one GPU
+    slices = [mask_bits(env["HSA_CU_MASK"])[0] for env in envs]
+    assert [len(bits) for bits in slices] == [76, 76]  # ceil(25 % of 304)
+    xcds = [{mi300x_spx_xcd(bit) for bit in bits} for bits in slices]
+    for bits, on in zip(slices, xcds):
+        assert len(on) == 2 and bits == {bit for bit in range(304) if mi300x_spx_xcd(bit) in on}  # whole XCDs
+    assert not xcds[0] & xcds[1]
+
+
+async def test_amdgpunode_status_shows_the_pair_on_its_own_xcds(running, cluster) -> None:
+    """What `kubectl get amdgpunode -o yaml` shows an admin (status.isolation, written by the operator):
+    per XCD of the pair's GPU, which pod holds how many CUs -- checked against the containers'
+    HSA_CU_MASK mapped by the test's own table, not against the product's rule."""
+    pods = {name: running[f"gpu-samples/{name}"] for name in ("inference-a", "inference-b")}
+    (gpu_id,) = {device.gpu_id for pod in pods.values() for device in _devices(pod)}
+    want: dict[int, dict[str, int]] = {}  # XCD -> pod -> CUs, from what the kubelet handed the containers
+    for name, pod in pods.items():
+        for bit in mask_bits(runtime_of(pod)["main"]["envs"]["HSA_CU_MASK"])[0]:
+            on = want.setdefault(mi300x_spx_xcd(bit), {})
+            on[f"gpu-samples/{name}"] = on.get(f"gpu-samples/{name}", 0) + 1
+
+    async def shown() -> dict | None:
+        status = yaml.safe_load(cluster.kubectl("get", "amdgpunode", "demo-mi300x-spx", "-o", "yaml").stdout)["status"]
+        found = [gpu for gpu in status.get("isolation") or [] if gpu["gpuId"] == gpu_id]
+        return found[0] if found and sum(len(unit["tenants"]) for unit in found[0]["units"]) == 4 else None
+
+    gpu = await wait_for(shown, timeout_s=90, what="status.isolation naming both pods' XCDs")
+    assert gpu["unit"] == "XCD" and [unit["cuCount"] for unit in gpu["units"]] == [38] * 8
+    got = {unit["index"]: {tenant["pod"]: tenant["cusHeld"] for tenant in unit["tenants"]}
+           for unit in gpu["units"] if unit["tenants"]}
+    assert got == want and len(got) == 4 and all(len(on) == 1 for on in got.values())
+
+
 async def test_whole_gpu_gets_no_limit_and_no_hook(running) -> None:
     pod = running["gpu-samples/whole-gpu"]
     (device,) = _devices(pod)
@@ -172,15 +223,13 @@ async def test_pools_and_shares_report(running, cluster) -> None:
         return json.loads(cluster.kubectl("get", "amdgpupool", name, "-o", "json").stdout).get("status", {})
 
     async def counted():
-        return all(pool(name).get("gpusTotal") for name in ("mi210", "mi300x-partition", "radeon")) or None
+        return all(pool(name).get("gpusTotal") for name in ("mi210", "mi300x-partition", "mi300x-cu", "radeon")) or None
 
     await wait_for(counted, timeout_s=60, what="pools counting their GPUs")
     assert (pool("mi210")["nodes"], pool("mi210")["gpusTotal"]) == (2, 16)
     assert (pool("mi300x-partition")["nodes"], pool("mi300x-partition")["gpusTotal"]) == (1, 63)
     assert (pool("radeon")["nodes"], pool("radeon")["gpusTotal"]) == (1, 1)
-    empty = pool("mi300x-cu")
-    assert empty.get("nodes", 0) == 0
-    assert [c["status"] for c in empty.get("conditions", []) if c["type"] == "Ready"] == ["False"]
+    assert (pool("mi300x-cu")["nodes"], pool("mi300x-cu")["gpusTotal"]) == (1, 8)
     quota = json.loads(cluster.kubectl("get", "resourcequota", "-n", "gpu-quota-demo", "-o", "json").stdout)["items"]
     assert [q["spec"]["hard"]["limits.amd.com/gpumem"] for q in quota] == ["8192"]
 

@@ -25,7 +25,9 @@ from tests.e2e.fleet import (
     create_pod,
     delete_pod,
     gpu_pod,
+    mask_bits,
     mi210_with_synthetic_vram,
+    mi300x_spx_xcd,
     read_pod,
     record_of,
     runtime_of,
@@ -100,24 +102,6 @@ async def ready(fleet, kube: Kube) -> dict[str, SimulatedNode]:
     await wait_for(lambda: allocatable_gpus(kube, APU_NODE), timeout_s=60, what="APU node allocatable")
     await wait_for(lambda: allocatable_gpus(kube, MI300X_NODE), timeout_s=60, what="MI300X node allocatable")
     return fleet
-
-
-def mask_bits(text: str) -> dict[int, set[int]]:
-    """HSA_CU_MASK "<i>:<ranges>[;...]" as the test reads it: per GPU position, the bits."""
-    found: dict[int, set[int]] = {}
-    for part in text.split(";"):
-        index, _, ranges = part.partition(":")
-        bits = found.setdefault(int(index), set())
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            bits.update(range(int(low), int(high or low) + 1))
-    return found
-
-
-def mi300x_spx_xcd(bit: int) -> int:
-    """The test's own table, from amdkfd mqd_symmetrically_map_cu_mask's comment for GFX 9.4.3:
-    with n XCCs under one node, cu_mask bit i goes to XCC i mod n (n = 8 on an MI300X in SPX mode)."""
-    return bit % 8
 
 
 async def test_two_quarter_slices_on_an_mi300x_in_spx_mode_are_on_disjoint_xcds(ready, kube: Kube) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
-from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
+from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram, mi300x_spx
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
@@ -32,14 +32,20 @@ RUN = PROJECT_ROOT / "run" / "demo"
 NAMESPACES = ("gpu-demo", "gpu-samples")
 """The samples' namespaces whose pods all run (gpu-quota-demo holds one back on purpose)."""
 # (node name, capture, node class). The MI210 capture has no VRAM size: the demo copies it and
-# adds a synthetic 64 GiB per GPU (the MI210's size). The classes match the samples' pools
-# (13-pool-mi210-oversubscribed, 11-pool-mi300x-partition, 12-pool-radeon).
+# adds a synthetic 64 GiB per GPU (the MI210's size). The MI300X in SPX mode is derived from the
+# CPX capture (captures.mi300x_spx says which fields are computed). The classes match the
+# samples' pools (13-pool-mi210-oversubscribed, 11-pool-mi300x-partition, 10-pool-mi300x-cu,
+# 12-pool-radeon).
 FLEET = (
     ("demo-mi210-a", "mi210-8gpu-xgmi", "mi210"),
     ("demo-mi210-b", "mi210-8gpu-xgmi", "mi210"),
     ("demo-mi300x-cpx", "mi300x-8gpu-cpx", "mi300x-cpx"),
+    ("demo-mi300x-spx", "mi300x-8gpu-spx-derived", "mi300x-cu"),
     ("demo-radeon-apu", "strixpoint-apu", "radeon"),
 )
+TAINTS = {"demo-mi300x-spx": ("rocshare.io/dedicated=inference:NoSchedule",)}
+"""The SPX node is kept for samples/34-pods-inference-pair.yaml (its pods tolerate this), so the
+other samples cannot take its GPUs and the pair's placement is the same on every run."""
 
 
 METRICS_PORT = 31993
@@ -59,6 +65,8 @@ def _done(started: float) -> None:
 def _sysfs_for(capture: str, work_dir: Path) -> Path:
     if capture == "mi210-8gpu-xgmi":
         return mi210_with_synthetic_vram(FIXTURES, work_dir / "sysfs")
+    if capture == "mi300x-8gpu-spx-derived":
+        return mi300x_spx(FIXTURES, work_dir / "sysfs")
     return FIXTURES / capture
 
 
@@ -82,7 +90,8 @@ def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_d
         if node_setup is not None:
             sysfs_root, agent_args = node_setup(name, sysfs_root)
         node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_root, agent_args=agent_args,
-                             work_dir=work_dir / "nodes", labels={"rocshare.io/node-class": node_class})
+                             work_dir=work_dir / "nodes", labels={"rocshare.io/node-class": node_class},
+                             taints=TAINTS.get(name, ()))
         nodes.append(node)
         node.start()
 
@@ -195,6 +204,13 @@ def _show(cluster: ControlPlane) -> None:
     for pod in pods:
         for line in _slices(pod):
             print(line)
+    print(f"\n{'NODE':<16} {'GPU':<24} pods per XCD or shader engine (AmdGpuNode status.isolation)")
+    for node in json.loads(cluster.kubectl("get", "amdgpunodes", "-o", "json").stdout)["items"]:
+        for gpu in node.get("status", {}).get("isolation") or []:
+            units = " ".join(f"{gpu['unit']}{unit['index']}:" + ("+".join(tenant["pod"].partition("/")[2]
+                                                                        for tenant in unit["tenants"]) or "-")
+                             for unit in gpu["units"])
+            print(f"{node['metadata']['name']:<16} {gpu['gpuId']:<24} {units}")
 
 
 def _slices(pod: dict) -> list[str]:

@@ -48,7 +48,7 @@ class SimulatedNode:
     def __init__(self, *, name: str, kubeconfig: Path | str, sysfs_root: Path, work_dir: Path,
                  bin_dir: Path = DEFAULT_BIN_DIR, settings: NodeSettings | None = None,
                  health_interval_s: float = 0.5, hook_dir: Path | None = None, labels: dict[str, str] | None = None,
-                 agent_args: tuple[str, ...] = ()) -> None:
+                 agent_args: tuple[str, ...] = (), taints: tuple[str, ...] = ()) -> None:
         self.name = name
         self.kubeconfig = str(kubeconfig)
         self.sysfs_root = Path(sysfs_root)
@@ -59,6 +59,8 @@ class SimulatedNode:
         self.hook_dir = hook_dir or self.root / "vgpu"
         self.labels = labels or {}
         self.agent_args = agent_args
+        self.taints = taints
+        """`key=value:Effect`, set once the Node exists and before the agent registers its GPUs."""
         self._processes: dict[str, subprocess.Popen] = {}
 
     @property
@@ -88,6 +90,8 @@ class SimulatedNode:
         self._make_hook()
         self.start_kubelet()
         self._wait_for_node(timeout_s)
+        if self.taints:  # before any GPU is allocatable: no pod that lacks the toleration can land here
+            self._kubectl("taint", "node", self.name, "--overwrite", *self.taints)
         if self.settings is not None:
             self._kubectl("annotate", "node", self.name, "--overwrite",
                           f"{POOL_SETTINGS_ANNOTATION}={encode_settings(self.settings)}")

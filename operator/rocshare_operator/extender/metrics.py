@@ -203,10 +203,8 @@ class _LedgerCollector(Collector):
                     pods = masks.setdefault((record.node, device.gpu_id), {})
                     pods[key] = pods.get(key, 0) | mask
         for (node_name, gpu_id), spec in specs.items():
-            unit, units = spec.topology.isolation_units()
-            pods = masks.get((node_name, gpu_id), {})
-            for index, unit_mask in enumerate(units):
-                on_unit = {key: (mask & unit_mask).bit_count() for key, mask in pods.items() if mask & unit_mask}
+            unit, units = spec.topology.tenants_by_unit(masks.get((node_name, gpu_id), {}))
+            for index, on_unit in enumerate(units):
                 tenants.add_metric([node_name, gpu_id, str(spec.index), unit, str(index)], len(on_unit))
                 for key, cus in sorted(on_unit.items()):
                     namespace, _, name = key.partition("/")

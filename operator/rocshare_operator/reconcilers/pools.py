@@ -35,6 +35,7 @@ from rocshare_operator.status.pool_logic import (
     orphaned_nodes,
     pool_view,
 )
+from rocshare_operator.status.node_isolation import node_isolation
 from rocshare_operator.status.pool_status import PoolFacts, pool_status
 from rocshare_operator.retrying import with_retries
 
@@ -114,6 +115,33 @@ async def reconcile_pool(ctx: OperatorContext, state: LoopState, body: dict[str,
         path = object_path(API_VERSION, "amdgpupools", view.name, subresource="status")
         await with_retries(f"status of pool {view.name}", lambda: ctx.kube.merge_patch(path, {"status": status}),
                            logger=logger)
+    for node in facts.members:
+        await publish_isolation(ctx, state, node, logger=logger)
+
+
+async def publish_isolation(ctx: OperatorContext, state: LoopState, node: str, *, logger: logging.Logger) -> None:
+    """The node's AmdGpuNode status.isolation, by server-side apply with the operator's field manager
+    (the agent applies the rest of status with its own, so neither removes the other's fields).
+    Written again only when it changed or the AmdGpuNode's facts did (a re-created object among
+    them): the loop remembers what it wrote against the facts object it read, so no event of its own
+    write has to reach the extender, which rebuilds a node's inventory on each AmdGpuNode change."""
+    gpu_node = ctx.feed.gpu_node(node)
+    if gpu_node is None or gpu_node.gpus is None:
+        return  # nothing published yet (or refused): no GPUs to lay pods on
+    isolation = node_isolation(gpu_node.gpus, ctx.slices.on_node(node))
+    fingerprint = json.dumps(isolation, sort_keys=True)
+    written = state.applied.get(f"isolation/{node}")
+    if written is not None and written[0] is gpu_node and written[1] == fingerprint:
+        return
+    body = {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": node},
+            "status": {"isolation": isolation}}
+    path = object_path(API_VERSION, "amdgpunodes", node, subresource="status")
+    try:
+        await with_retries(f"isolation of node {node}",
+                           lambda: ctx.kube.apply(path, body, field_manager=FIELD_MANAGER), logger=logger)
+    except NotFound:
+        return  # the agent creates it again; a pass after that writes it
+    state.applied[f"isolation/{node}"] = (gpu_node, fingerprint)
 
 
 async def mark_nodes(ctx: OperatorContext, view: PoolView, pools: list[PoolView], nodes: list, *,

@@ -318,6 +318,30 @@ class DeviceGroup(_Model):
     gid: int = Field(ge=0, description="Its numeric id on this node.")
 
 
+class UnitTenant(_Model):
+    """A pod with CUs on one XCD or shader engine."""
+
+    pod: str = Field(min_length=1, description="The pod, namespace/name.")
+    cus_held: int = Field(alias="cusHeld", ge=1, description="Its CUs on this unit (a slice that reserves no CUs: "
+                                                               "every CU of the unit).")
+
+
+class IsolationUnit(_Model):
+    """One XCD or shader engine of a GPU and the pods on it."""
+
+    index: int = Field(ge=0, description="The unit's index: XCD, or shader engine in XCC-then-engine order.")
+    cu_count: int = Field(alias="cuCount", ge=1, description="Active CUs of the unit.")
+    tenants: list[UnitTenant] = Field(default_factory=list, description="Pods with CUs on the unit.")
+
+
+class GpuIsolation(_Model):
+    """Which pods share each XCD (a GPU with several, each its own L2) or else each shader engine."""
+
+    gpu_id: str = Field(alias="gpuId", min_length=1, description="The GPU's id, as in gpus.")
+    unit: Literal["XCD", "SE"] = Field(description="XCD on a GPU with several XCCs, else SE (shader engine).")
+    units: list[IsolationUnit] = Field(default_factory=list, description="Every unit of the GPU, in index order.")
+
+
 class AmdGpuNodeStatus(_Model):
     """What the node's agent found and serves: its GPUs, their health, and the agent's conditions."""
 
@@ -341,6 +365,12 @@ class AmdGpuNodeStatus(_Model):
         default_factory=list,
         description="Ready (GPUs found, some healthy), MemoryHook (the memory hook library is there) and DevicePlugin "
                     "(the kubelet has the device list; the extender offers the node only while it is True).")
+    isolation: list[GpuIsolation] | None = Field(
+        default=None,
+        description="Per GPU holding pods, which pods' CUs are on each XCD or shader engine, by the kernel's mapping "
+                    "of CU mask bits (docs/placement.md). Written by the operator (field manager rocshare-operator) "
+                    "from the pods' allocation records, not by the agent; GPUs whose agent reports no cuTopology are "
+                    "left out.")
 
     def device_plugin_serving(self) -> bool:
         """False while the DevicePlugin condition says the kubelet lacks the device list; an agent

@@ -30,8 +30,12 @@ either way; so is the engine and array of every bit dealt while all arrays still
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
+from typing import TypeVar
+
+K = TypeVar("K")
 
 _KERNEL_CU_POSITIONS = 16
 """The kernel's loop stops at CU position 16 (se_mask holds 16 bits per shader array)."""
@@ -156,6 +160,16 @@ class CuTopology:
         """The unit co-tenants are reported by: the XCD where the device has several (each its own
         L2), else the shader engine."""
         return ("XCD", self.xcc_masks) if self.xcc_count > 1 else ("SE", self.engine_masks)
+
+    def tenants_by_unit(self, masks: Mapping[K, int]) -> tuple[str, tuple[dict[K, int], ...]]:
+        """The isolation unit's name and, per unit, each holder with CUs on it and how many. `masks`:
+        holder -> the mask bits it holds on this GPU; 0 (a slice that reserves no CUs, so runs on
+        every one) counts as every CU. The one rule for AmdGpuNode status and the unit metrics."""
+        unit, units = self.isolation_units()
+        every = (1 << self.cu_active) - 1
+        held = {key: mask or every for key, mask in masks.items()}
+        return unit, tuple({key: (mask & unit_mask).bit_count() for key, mask in held.items() if mask & unit_mask}
+                           for unit_mask in units)
 
     def _masks(self, key) -> tuple[int, ...]:
         masks: dict[tuple[int, ...], int] = {}

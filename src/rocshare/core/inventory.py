@@ -180,12 +180,13 @@ def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, p
         healthy=info.healthy,
         partition=partition_mode or info.partition is not None,
         resource=info.resource,  # as the agent names and registers it (rocshare.api.resource_names.named)
-        topology=_topology(info),
+        topology=gpu_topology(info),
         cu_layout=sharing.layout_for(info.gfx_target_version),
     )
 
 
-def _topology(info: GpuInfo) -> CuTopology | None:
+def gpu_topology(info: GpuInfo) -> CuTopology | None:
+    """Where the kernel puts the GPU's CU mask bits, from what its agent reported (None: not reported)."""
     found = info.cu_topology
     if found is None:
         return None

@@ -149,3 +149,14 @@ def test_counts_that_describe_no_shape_are_none() -> None:
     assert CuTopology.from_kfd(**{**MI210, "array_count": 0}) is None
     assert CuTopology.from_kfd(**{**MI210, "cu_count": 200}) is None  # more CUs than 8 x 14 slots
     assert CuTopology.from_kfd(**{**MI300X_SPX, "cu_count": 301}) is None  # does not divide over 8 XCCs
+
+
+def test_tenants_by_unit_on_an_mi210_counts_each_engines_cus() -> None:
+    """One engine is the unit on a one-XCC GPU: bit i is on engine i mod 8 (the MI210 table above)."""
+    topology = CuTopology.from_kfd(**MI210)
+    two_engines = sum(1 << bit for bit in range(104) if bit % 8 in (0, 1))  # 26 CUs
+    first_ten = (1 << 10) - 1  # a contiguous range: bits 0-9, engines 0-7 and again 0, 1
+    unit, units = topology.tenants_by_unit({"a": two_engines, "b": first_ten, "shared": 0})
+    assert unit == "SE" and len(units) == 8
+    assert units[0] == {"a": 13, "b": 2, "shared": 13} and units[1] == {"a": 13, "b": 2, "shared": 13}
+    assert all(units[se] == {"b": 1, "shared": 13} for se in range(2, 8))

@@ -43,7 +43,7 @@ from rocshare.core.inventory import GpuSpec
 from rocshare.core.quota import check_quota
 from rocshare.core.request import RequestError
 from rocshare_operator.admission.dra_pods import pool_shapes
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts
 
 PENDING_S = 10.0

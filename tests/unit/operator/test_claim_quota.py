@@ -12,7 +12,7 @@ from rocshare.core.holdings import Held
 from rocshare.core.ids import GpuId, claim_key
 from rocshare.core.inventory import GpuSpec
 from rocshare_operator.admission.claim_quota import MAX_PENDING, PENDING_S, ClaimQuota
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts, claim_facts
 
 MIB = 2**20

@@ -306,8 +306,9 @@ class Accounts:
 
 
 def _specs_by_device(name: str, gpu_node: GpuNodeFacts | None, node: NodeFacts | None) -> dict[str, GpuSpec]:
-    """The node's GPUs by DRA device name, with its pool's sharing settings (none readable: defaults;
-    only the registered memory of a whole device depends on them)."""
+    """The node's GPUs by DRA device name, as its agent's driver reads them (resource_slices.specs_by_device);
+    settings that cannot be read count as the defaults here: only the registered memory of a whole
+    device depends on them, and a claim already allocated is counted rather than left unaccountable."""
     if gpu_node is None or gpu_node.gpus is None:
         return {}
     sharing = node.view.marks.sharing() if node is not None else Sharing()

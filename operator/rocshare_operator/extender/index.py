@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, ShareLimits, Sharing
-from rocshare.core.inventory import NodeInventory
+from rocshare.core.inventory import NodeInventory, node_inventory
 from rocshare.core.quantity import QuantityError, whole_quantity
 from rocshare_operator.feed.cluster_facts import (GpuNodeFacts, NodeFacts, QuotaFacts, gpu_node_facts, node_facts,
                                                   quota_facts)
@@ -141,11 +141,11 @@ class ClusterIndex:
         found = {}
         for name, status in self.gpu_status.items():
             pool, node = self.pools.get(self.node_pools.get(name, "")), self.nodes.get(name)
-            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None or status.gpus is None:
+            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None:
                 continue
-            sharing = node.view.marks.sharing()
-            if isinstance(sharing, Sharing):
-                found[name] = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+            inventory = node_inventory(name, status.gpus, node.view.marks.sharing())
+            if isinstance(inventory, NodeInventory):
+                found[name] = inventory
         return found
 
     def _membership_changed(self) -> None:
@@ -179,8 +179,8 @@ class ClusterIndex:
             if self.inventories.pop(name, None) is not None:
                 self._inventory_changed(name, False)
             return
-        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing,  # GpuFacts: GpuInfo's fields
-                                                 cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
+        inventory = node_inventory(name, status.gpus or (), sharing,  # GpuFacts: GpuInfo's fields
+                                   cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
         if inventory != self.inventories.get(name):
             self.inventories[name] = inventory
             self._inventory_changed(name, True)

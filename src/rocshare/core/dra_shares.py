@@ -39,6 +39,7 @@ from rocshare.api.allocation import (ALLOCATION_ANNOTATION, AllocationError, All
                                      DeviceSlice, decode_record)
 from rocshare.core.cu_layout import choose_cus
 from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask, render_ranges
+from rocshare.core.holdings import slice_mask
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
 from rocshare.core.share_rules import cores_percent
@@ -104,7 +105,7 @@ def plan_claim(allocated: Iterable[AllocatedDevice], specs_by_device: Mapping[st
         if spec.gpu_id in holdings.whole:
             raise ShareError(NOT_HONOURED_REASON, f"device {device.device} is held whole by another claim")
         chosen = _slice_for(device, spec, taken.get(spec.gpu_id, 0))
-        taken[spec.gpu_id] = taken.get(spec.gpu_id, 0) | _mask_of(chosen, spec)
+        taken[spec.gpu_id] = taken.get(spec.gpu_id, 0) | slice_mask(chosen)
         slices.append(chosen)
     return slices
 
@@ -209,10 +210,6 @@ def _consumed_mib(device: AllocatedDevice, spec: GpuSpec) -> int:
         return memory_mib_quantity(raw, name=f"consumedCapacity.{dra.CAPACITY_MEMORY}")
     except QuantityError as error:
         raise ShareError(UNREADABLE_REASON, f"device {device.device}: {error}") from None
-
-
-def _mask_of(device: DeviceSlice, spec: GpuSpec) -> int:
-    return full_mask(spec.cu_count) if device.whole or device.reserves_all_cores else mask_from_ranges(device.cu_ranges)
 
 
 def _ranges(mask: int) -> list[tuple[int, int]]:

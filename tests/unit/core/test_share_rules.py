@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rocshare.api.models import OmittedCores, ShareLimits
+from rocshare.api.models import GpuInfo, OmittedCores, ShareLimits, Sharing
 from rocshare.core.dra_claims import claim_cost, claim_spec
 from rocshare.core.dra_shares import AllocatedDevice, Holdings, ShareKind, counted_slices, plan_claim, share_kind
 from rocshare.core.fit import need_for
 from rocshare.core.holdings import GpuHold, Held, request_cost
 from rocshare.core.ids import GpuId
-from rocshare.core.inventory import GpuSpec
+from rocshare.core.inventory import GpuSpec, node_inventory
 from rocshare.core.quota import limited, over_quota_refusal, unknown_use_refusal
 from rocshare.core.request import ContainerRequest, PodRequest
 from rocshare.core.share_rules import (cores_percent, cus_for_percent, memory_need_mib, omitted_cores_pct,
@@ -114,6 +114,16 @@ def test_a_namespace_is_limited_by_any_one_limit_and_refusals_read_alike():
     assert over_quota_refusal("team", Held(4096, 0, 1), ShareLimits(memoryMiB=6000), Held(4096, 0, 1)) == \
         "namespace team: memory MiB: 4096 used + 4096 asked > 6000 limit"
     assert over_quota_refusal("team", Held(1, 0, 1), ShareLimits(memoryMiB=6000), Held(4096, 0, 1)) is None
+
+
+def test_a_nodes_gpu_specs_are_its_listed_gpus_with_the_sharing_marked_on_it():
+    info = GpuInfo(id="GPU-1", index=0, render_minor=128, card=1, gfx_target_version=90010, vram_mib=65536,
+                   cu_count=104, pci_bdf="0000:63:00.0", split_count=10, healthy=True)
+    assert node_inventory("n1", None, Sharing()) == "its AmdGpuNode lists no GPUs"
+    assert node_inventory("n1", [info], "bad json") == "its pool settings cannot be read: bad json"
+    # gfx90a can oversubscribe: the registered memory is the VRAM times the marked deviceMemoryScaling.
+    [spec] = node_inventory("n1", [info], Sharing(deviceMemoryScaling=1.5)).gpus
+    assert (spec.memory_mib, spec.cu_count) == (98304, 104)
 
 
 # Each rule's shape in source: its one home (None: no product file may hold it) and a pattern that

@@ -129,7 +129,7 @@ def _families(collector: Collector) -> Iterator[tuple[str, str, tuple[str, ...],
 def extender_collectors() -> list[Collector]:
     """The operator's extender registry as `run_extender` builds it: ExtenderMetrics, the
     FailureCollector and the leadership gate, on an empty state (families exist without samples)."""
-    from rocshare_operator.extender.accounts import Accounts
+    from rocshare_operator.holds import Accounts
     from rocshare_operator.extender.failure_metrics import FailureCollector
     from rocshare_operator.extender.metrics import ExtenderMetrics
     from rocshare_operator.extender.state import SchedulerState

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocshare.kube.client import Kube
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.leadership import DecisionGate
 from rocshare_operator.status.pool_logic import NodeView
@@ -139,7 +139,7 @@ class OperatorContext:
     slices: SliceIndex = field(default_factory=SliceIndex)
     """What pods hold, by node and namespace, as status reads it: derived from `accounts`."""
     accounts: Accounts | None = None
-    """The process's one index of what pods hold (extender/accounts.py): the extender's when it runs
+    """The process's one index of what pods hold (holds.py): the extender's when it runs
     in this process, else the reconcilers' own (reconcilers/nodes_status.py wires it)."""
     wakeups: Wakeups = field(default_factory=Wakeups)
     kubeconfig: str | None = None

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 
 import kopf
 
-from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.inventory import GpuSpec, node_inventory
 from rocshare_operator.admission import claim_quota, dra_pods, policy_params, tls_secret, webhook
 from rocshare_operator.admission.pods import runtime_class_for
 from rocshare_operator.context import OperatorContext
@@ -55,7 +55,7 @@ def leadership_task(args, gate: DecisionGate, kopf_settings: kopf.OperatorSettin
 
 def register_webhook(settings: webhook.WebhookSettings, state: SchedulerState) -> None:
     quota = claim_quota.ClaimQuota(limits=state.quota_limits, shapes=lambda: claim_quota.dra_shapes(
-        state.pools, state.index.node_pools, lambda node: _gpus_of(state, node)))
+        state.pools, state.index.node_pools, lambda node: gpus_of(state, node)))
     webhook.register(kopf.get_default_registry(), settings, lambda pod: runtime_class_for(pod, state.pools),
                      lambda pod: dra_plan(pod, state), quota)
 
@@ -67,16 +67,19 @@ def dra_plan(pod: dict, state: SchedulerState) -> dra_pods.DraPlan | None:
     if not pools:
         return None
     return dra_pods.plan_dra(pod, pools, dra_pods.pool_shapes(pools, state.index.node_pools,
-                                                               lambda node: _gpus_of(state, node)))
+                                                               lambda node: gpus_of(state, node)))
 
 
-def _gpus_of(state: SchedulerState, node: str) -> tuple[GpuSpec, ...]:
-    """The node's GPUs as its AmdGpuNode and its pool's sharing give them; () when unknown."""
+def gpus_of(state: SchedulerState, node: str) -> tuple[GpuSpec, ...]:
+    """The node's GPUs as its agent publishes them (inventory.node_inventory: its AmdGpuNode and the
+    sharing marked on the Node); () when unknown or the node is in no known pool."""
     index = state.index
-    status, pool = index.gpu_status.get(node), state.pools.get(index.node_pools.get(node, ""))
-    if status is None or status.gpus is None or pool is None:
+    status, pool, facts = index.gpu_status.get(node), state.pools.get(index.node_pools.get(node, "")), \
+        index.nodes.get(node)
+    if status is None or pool is None or facts is None:
         return ()
-    return NodeInventory.from_gpu_infos(node, status.gpus, pool.sharing).gpus
+    inventory = node_inventory(node, status.gpus, facts.view.marks.sharing())
+    return () if isinstance(inventory, str) else inventory.gpus
 
 
 def configure_admission(kopf_settings: kopf.OperatorSettings, settings: webhook.WebhookSettings) -> None:

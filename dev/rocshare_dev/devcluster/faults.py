@@ -69,7 +69,7 @@ def choke_node_facts(prefix: str) -> Undo:
 def _event_steps() -> dict[str, tuple[type, str, str]]:
     """The steps of the extender's pod path a fault can be planted in (each takes the event's kind
     and the pod's facts)."""
-    from rocshare_operator.extender.accounts import Accounts
+    from rocshare_operator.holds import Accounts
     from rocshare_operator.extender.state import SchedulerState
     from rocshare_operator.extender.workloads import PoolWorkloads
 

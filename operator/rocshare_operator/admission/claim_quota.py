@@ -40,10 +40,12 @@ from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, OmittedCores, Sh
 from rocshare.core.dra_claims import claim_cost
 from rocshare.core.holdings import Held
 from rocshare.core.inventory import GpuSpec
-from rocshare.core.quota import check_quota
+from rocshare.core.fit import Reason
+from rocshare.core.quota import limited, over_quota_refusal, unknown_use_refusal
 from rocshare.core.request import RequestError
+from rocshare.core.share_rules import omitted_cores_take_all
 from rocshare_operator.admission.dra_pods import pool_shapes
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts
 
 PENDING_S = 10.0
@@ -70,12 +72,11 @@ class ClaimQuota:
         if not 0 < len(namespace) <= _NAME_MAX or not 0 < len(name) <= _NAME_MAX:
             return f"ResourceQuotaNotFit: the claim's namespace {namespace[:64]!r} or name {name[:64]!r} is not a name"
         limits = self.limits(namespace)
-        if limits.memory_mib is None and limits.cores_pct is None and limits.gpus is None:
+        if not limited(limits):
             return None
-        unknown = accounts.unaccountable_in(namespace)
-        if unknown:
-            return (f"ResourceQuotaNotFit: namespace {namespace} holds {len(unknown)} pod(s) or claim(s) whose use "
-                    f"cannot be read, so its quota use is unknown: {'; '.join(sorted(unknown)[:3])}")
+        unknown = unknown_use_refusal(namespace, accounts.unaccountable_in(namespace))
+        if unknown is not None:
+            return f"{Reason.RESOURCE_QUOTA_NOT_FIT}: {unknown}"
         shapes, omitted = self.shapes()
         requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
         try:
@@ -85,9 +86,9 @@ class ClaimQuota:
                 self._still_pending(namespace, name, {facts.name for facts in claims})
         except RequestError as error:
             return f"ResourceQuotaNotFit: the claim cannot be counted against namespace {namespace}'s quota: {error}"
-        verdict = check_quota(cost, limits, used)
-        if verdict is not None:
-            return f"{verdict.reason}: namespace {namespace}: {verdict.message}"
+        over = over_quota_refusal(namespace, cost, limits, used)
+        if over is not None:
+            return f"{Reason.RESOURCE_QUOTA_NOT_FIT}: {over}"
         return None if dry_run else self._note(namespace, name, cost)
 
     def pending_count(self) -> int:
@@ -134,6 +135,6 @@ def dra_shapes(pools: Mapping[str, AmdGpuPoolSpec], node_pools: Mapping[str, str
                gpus_of: Callable[[str], Sequence[GpuSpec]]) -> tuple[list[GpuSpec], OmittedCores]:
     """The GPUs of the nodes of pools serving DRA and the strictest omittedCores among those pools."""
     dra = {name: pool for name, pool in pools.items() if pool.agent.interface == AgentInterface.DRA}
-    exclusive = any(pool.sharing.omitted_cores == OmittedCores.EXCLUSIVE for pool in dra.values())
+    exclusive = any(omitted_cores_take_all(pool.sharing.omitted_cores) for pool in dra.values())
     omitted = OmittedCores.EXCLUSIVE if exclusive or not dra else OmittedCores.SHARED
     return pool_shapes(dra, node_pools, gpus_of), omitted

@@ -43,6 +43,7 @@ from rocshare.core.fit import FitFailure, Reason
 from rocshare.core.ids import pod_key
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import NodeUsage
+from rocshare.core.quota import limited
 from rocshare.core.preemption import DEARER, NO_LOWER_PRIORITY, NoVictims, Occupant, PodTraits, Victims, best_node, lower_bound, occupants_of
 from rocshare.core.policies import Policy, ScoringContext, score_levels
 from rocshare.core.request import PodRequest
@@ -103,8 +104,7 @@ class _Pass:
         """A pod asking no GPU: any node may take it (kube-scheduler fits its CPU and memory too); where
         the extender knows the node, the policy scores it and its host resources are checked."""
         self.limits = snap.quota_limits(request.namespace)
-        self.quota_free = self.host_only or (
-            self.limits.memory_mib is None and self.limits.cores_pct is None and self.limits.gpus is None)
+        self.quota_free = self.host_only or not limited(self.limits)
         self.used = snap.quota_used(request.namespace)
         self.unaccountable = [] if self.quota_free else snap.unaccountable_in(request.namespace)
         self._request_key = (request.gpu_key, request.cpu_milli, request.memory_mib)

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from rocshare.kube.informer import Informer
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 
 
 class FailureCollector(Collector):

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, ShareLimits, Sharing
-from rocshare.core.inventory import NodeInventory
+from rocshare.api.models import AgentInterface, AmdGpuPoolSpec, ShareLimits
+from rocshare.core.inventory import NodeInventory, node_inventory
 from rocshare.core.quantity import QuantityError, whole_quantity
 from rocshare_operator.feed.cluster_facts import (GpuNodeFacts, NodeFacts, QuotaFacts, gpu_node_facts, node_facts,
                                                   quota_facts)
@@ -141,11 +141,11 @@ class ClusterIndex:
         found = {}
         for name, status in self.gpu_status.items():
             pool, node = self.pools.get(self.node_pools.get(name, "")), self.nodes.get(name)
-            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None or status.gpus is None:
+            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None:
                 continue
-            sharing = node.view.marks.sharing()
-            if isinstance(sharing, Sharing):
-                found[name] = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+            inventory = node_inventory(name, status.gpus, node.view.marks.sharing())
+            if isinstance(inventory, NodeInventory):
+                found[name] = inventory
         return found
 
     def _membership_changed(self) -> None:
@@ -172,15 +172,15 @@ class ClusterIndex:
     def _rebuild_inventory(self, name: str) -> None:
         node = self.nodes.get(name)
         status = self.gpu_status.get(name)
-        sharing = node.view.marks.sharing() if node is not None else None
-        self._set(self.unreadable, name, self._problem(name, node, sharing))
-        if (node is None or status is None or not isinstance(sharing, Sharing) or not status.plugin_serving
+        inventory = None if node is None else node_inventory(
+            name, status.gpus or () if status is not None else (), node.view.marks.sharing(),  # GpuFacts: GpuInfo's
+            cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
+        self._set(self.unreadable, name, self._problem(name, node, inventory if isinstance(inventory, str) else None))
+        if (not isinstance(inventory, NodeInventory) or status is None or not status.plugin_serving
                 or not _allocatable_gpus(node)):
             if self.inventories.pop(name, None) is not None:
                 self._inventory_changed(name, False)
             return
-        inventory = NodeInventory.from_gpu_infos(name, status.gpus or (), sharing,  # GpuFacts: GpuInfo's fields
-                                                 cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
         if inventory != self.inventories.get(name):
             self.inventories[name] = inventory
             self._inventory_changed(name, True)
@@ -190,10 +190,10 @@ class ClusterIndex:
         for callback in self.on_inventory:
             callback(name, offers)
 
-    def _problem(self, name: str, node: NodeFacts | None, sharing: Sharing | str | None) -> str | None:
-        """Why the node cannot be read, logged once per new problem; None when it can."""
-        problem = (node.problem if node is not None else None) or self.status_problems.get(name) or (
-            f"its pool settings cannot be read: {sharing}" if isinstance(sharing, str) else None)
+    def _problem(self, name: str, node: NodeFacts | None, unreadable: str | None) -> str | None:
+        """Why the node cannot be read (`unreadable`: why its GPUs cannot, inventory.node_inventory),
+        logged once per new problem; None when it can."""
+        problem = (node.problem if node is not None else None) or self.status_problems.get(name) or unreadable
         if problem and problem != self.unreadable.get(name) and problem != self.status_problems.get(name):
             log.error("node %s: %s; it offers nothing until it can be read", name, problem)
         return problem

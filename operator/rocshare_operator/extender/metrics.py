@@ -13,7 +13,6 @@ zone="vGPU".
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -24,6 +23,7 @@ from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.fit import Reason
 from rocshare.core.holdings import slice_cores_pct
 from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.share_rules import cores_percent
 from rocshare_operator.extender.decisions import BLOCKED, NO_INVENTORY, UNREADABLE
 from rocshare_operator.extender.state import SchedulerState
 
@@ -95,7 +95,7 @@ def device_type(spec: GpuSpec) -> str:
 
 def core_percent(cu_count: int, total: int) -> float:
     """HAMi's AMD normalisation: ceil(allocated CUs / CUs x 100)."""
-    return float(math.ceil(cu_count * 100 / total)) if total > 0 else 0.0
+    return float(cores_percent(cu_count, total)) if total > 0 else 0.0
 
 
 class _LedgerCollector(Collector):

@@ -2,7 +2,7 @@
 decisions read.
 
 * `ClusterIndex` (index.py): nodes, their GPUs, pools and quotas, fed by events;
-* `Accounts` (accounts.py): the ledger of what every live pod holds, the namespaces' used
+* `Accounts` (rocshare_operator/holds.py): the ledger of what every live pod holds, the namespaces' used
   figures, the pods that cannot be accounted for, and the in-flight gate that bind acquires
   and the pod watch releases;
 * `NodeMemo` (plans.py): the plan cache, which owns the rule for when an answer is valid;
@@ -29,7 +29,7 @@ from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest
 from rocshare.core.ids import PodKey
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
-from rocshare_operator.extender.accounts import Accounts, InFlight
+from rocshare_operator.holds import Accounts, InFlight
 from rocshare_operator.extender.index import ClusterIndex
 from rocshare_operator.extender.plans import KeyMemo, NodeMemo
 from rocshare_operator.extender.preemption import PodIndex

@@ -1,11 +1,9 @@
 """What keeps pools and shares current: Nodes, AmdGpuNodes, pods and ResourceClaims (from the
 process's cluster feed) and the DaemonSets the operator owns (from Kopf).
 
-A ResourceClaim of rocshare's DRA driver holds what its allocation consumed (and, once the node
-agent prepared it and its record agrees, the CU positions that record names:
-rocshare.core.dra_shares.claim_holding; a record that disagrees is logged and ignored),
-counted in the process's one hold index like a pod, so pool and share status, quota and metrics
-count DRA shares as they count the device plugin's.
+A ResourceClaim of rocshare's DRA driver is counted in the process's one hold index like a pod
+(rocshare_operator/holds.py), so pool and share status, quota and metrics count DRA shares as
+they count the device plugin's.
 
 Each handler wakes only the loops whose inputs changed; an event that changes nothing
 they read (a kubelet heartbeat, an agent heartbeat, a pod status tick) wakes nobody.
@@ -16,27 +14,20 @@ yet); each brings the nodes it concerns in line with the one membership rule.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
 
 from rocshare_operator.reconcilers import shares
 from rocshare_operator.reconcilers.agent_daemonset import AGENT_NAME
-from rocshare.api.models import Sharing
-from rocshare.core.dra_shares import claim_holding
 from rocshare.core.holdings import Holding
-from rocshare.core.ids import PodKey, claim_key
-from rocshare.core.inventory import GpuSpec
-from rocshare.core.resource_slices import specs_by_device
-from rocshare_operator.extender.accounts import Accounts
+from rocshare.core.ids import PodKey
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts, GpuNodeFacts, NodeFacts
 from rocshare_operator.context import USAGE, LoopState, OperatorContext, pool_key
 from rocshare_operator.status.pool_logic import NodeView
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import PodSlices
-
-log = logging.getLogger(__name__)
 
 
 def subscribe(ctx: OperatorContext) -> None:
@@ -81,29 +72,9 @@ def gpu_node_changed(ctx: OperatorContext, kind: str, facts: GpuNodeFacts, befor
 
 
 def claim_changed(ctx: OperatorContext, kind: str, facts: ClaimFacts) -> None:
-    """A claim of rocshare's driver was allocated, prepared, freed or deleted: account what it holds."""
-    key = claim_key(facts.namespace, facts.name)
-    if kind == "DELETED" or not facts.ours or (not facts.allocated and facts.problem is None):
-        ctx.accounts.on_claim(key, facts.namespace, facts.node, None)
-        return
-    held = facts.problem
-    if held is None:
-        specs = _specs_by_device(ctx, facts.node)
-        holding = claim_holding(facts.name, facts.node, facts.devices, facts.prepared, specs)
-        if holding.ignored is not None:  # counted from its allocation all the same (a tenant may patch its claim)
-            log.warning("claim %s: %s; counted from its allocation", key, holding.ignored)
-        held = holding.held
-    ctx.accounts.on_claim(key, facts.namespace, facts.node, held)
-
-
-def _specs_by_device(ctx: OperatorContext, node: str) -> dict[str, GpuSpec]:
-    """The node's GPUs by DRA device name, with its pool's sharing settings (none readable: defaults;
-    only the registered memory of a whole device depends on them)."""
-    gpu_node, node_facts = ctx.feed.gpu_node(node), ctx.feed.node(node)
-    if gpu_node is None or gpu_node.gpus is None:
-        return {}
-    sharing = node_facts.view.marks.sharing() if node_facts is not None else Sharing()
-    return specs_by_device(node, gpu_node.gpus, sharing if isinstance(sharing, Sharing) else Sharing())
+    """A claim of rocshare's driver was allocated, prepared, freed or deleted: the hold index
+    accounts it (holds.Accounts.claim_changed) against its node's GPUs."""
+    ctx.accounts.claim_changed(kind, facts, ctx.feed.gpu_node(facts.node), ctx.feed.node(facts.node))
 
 
 def use_accounts(ctx: OperatorContext, accounts: Accounts) -> None:

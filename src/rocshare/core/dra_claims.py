@@ -6,8 +6,8 @@ a capacity request as it stands, but percentages depend on the GPU: 25 % of the 
 an MI210 (104) and 16 of a Vega10 (64), rounded up to whole WGPs on RDNA. So a request with a
 percentage becomes a ``firstAvailable`` list with one subrequest per GPU shape of the pool (CU
 count, WGP size, registered memory), each selecting devices of that shape by CEL and asking the
-capacities worked out for it with the device plugin's own rules (rocshare.core.fit.need_for via
-cumask.cu_count_for, the same memory rounding); kube-scheduler takes the first that fits.
+capacities worked out for it with the device plugin's own rule (rocshare.core.fit.need_for, whose
+memory and CU figures are rocshare.core.share_rules'); kube-scheduler takes the first that fits.
 
 Invariants: a request that asks neither memory nor cores asks no capacity (every default: the
 whole GPU); omitted cores ask no compute (the pool's omittedCores default decides, as it does for
@@ -19,16 +19,16 @@ subrequests (8) is an error that names them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from rocshare.api import dra
 from rocshare.api.models import OmittedCores
-from rocshare.core.cumask import cu_count_for
+from rocshare.core.fit import need_for
 from rocshare.core.holdings import Held
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
 from rocshare.core.request import ContainerRequest, RequestError, Selection
+from rocshare.core.share_rules import WHOLE_PCT, cores_percent, omitted_cores_pct
 
 REQUEST_NAME = "gpu"
 SUBREQUESTS_MAX = 8
@@ -79,14 +79,14 @@ def _shape_key(spec: GpuSpec) -> tuple[int, int, int]:
 
 
 def _subrequest(index: int, container: ContainerRequest, spec: GpuSpec, selection: Selection) -> dict:
+    # What one GPU of this shape gives the container is the device plugin's rule (fit.need_for);
+    # omitted cores ask no compute here (the pool's omittedCores decides at allocation).
+    need = need_for(spec, container, OmittedCores.SHARED)
     requests: dict[str, str] = {}
-    if container.memory_mib is not None:
-        requests[dra.CAPACITY_MEMORY] = f"{container.memory_mib}Mi"
-    elif container.memory_pct is not None:
-        requests[dra.CAPACITY_MEMORY] = f"{spec.memory_mib * container.memory_pct // 100}Mi"
+    if container.memory_mib is not None or container.memory_pct is not None:
+        requests[dra.CAPACITY_MEMORY] = f"{need.memory_mib}Mi"
     if container.cores_pct is not None:
-        requests[dra.CAPACITY_COMPUTE] = str(min(cu_count_for(container.cores_pct, spec.cu_count, spec.cu_align),
-                                                 spec.cu_usable))
+        requests[dra.CAPACITY_COMPUTE] = str(need.pin_cus)
     return {"name": f"shape{index}", "deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount",
             "count": container.gpus,
             "selectors": [{"cel": {"expression": shape_selector(spec)}}, *_selection_selectors(selection)],
@@ -173,9 +173,9 @@ def _choice_cost(choice: Mapping, shapes: Sequence[GpuSpec], omitted: OmittedCor
     except QuantityError as error:
         raise RequestError(str(error)) from None
     if compute is not None:
-        cores = max(math.ceil(min(compute, spec.cu_count) * 100 / spec.cu_count) for spec in candidates)
-    elif not asked or omitted == OmittedCores.EXCLUSIVE:
-        cores = 100
+        cores = max(cores_percent(min(compute, spec.cu_count), spec.cu_count) for spec in candidates)
+    elif not asked:
+        cores = WHOLE_PCT
     else:
-        cores = 0
+        cores = omitted_cores_pct(omitted)
     return Held(memory_mib * count, cores * count, count)

@@ -30,17 +30,19 @@ what its namespace holds.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 from rocshare.api import dra
 from rocshare.api.allocation import (ALLOCATION_ANNOTATION, AllocationError, AllocationRecord, ContainerAllocation,
                                      DeviceSlice, decode_record)
 from rocshare.core.cu_layout import choose_cus
 from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask, render_ranges
+from rocshare.core.holdings import slice_mask
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.quantity import QuantityError, memory_mib_quantity, whole_quantity
+from rocshare.core.share_rules import cores_percent
 
 NOT_ON_NODE_REASON = "DeviceNotOnNode"
 NOT_HONOURED_REASON = "ShareNotHonoured"
@@ -103,7 +105,7 @@ def plan_claim(allocated: Iterable[AllocatedDevice], specs_by_device: Mapping[st
         if spec.gpu_id in holdings.whole:
             raise ShareError(NOT_HONOURED_REASON, f"device {device.device} is held whole by another claim")
         chosen = _slice_for(device, spec, taken.get(spec.gpu_id, 0))
-        taken[spec.gpu_id] = taken.get(spec.gpu_id, 0) | _mask_of(chosen, spec)
+        taken[spec.gpu_id] = taken.get(spec.gpu_id, 0) | slice_mask(chosen)
         slices.append(chosen)
     return slices
 
@@ -120,43 +122,54 @@ def counted_slices(allocated: Iterable[AllocatedDevice], specs_by_device: Mappin
     return slices
 
 
-def _counted(device: AllocatedDevice, spec: GpuSpec) -> DeviceSlice:
-    whole = DeviceSlice(gpu_id=spec.gpu_id, memory_mib=spec.memory_mib, cu_count=spec.cu_count, whole=True)
+class ShareKind(Enum):
+    """What an allocated device is to the container: the whole GPU, every CU with a memory limit,
+    or a share (its CUs, possibly none)."""
+
+    WHOLE = "whole"
+    ALL_CORES = "all-cores"
+    SHARED = "shared"
+
+
+def share_kind(device: AllocatedDevice, spec: GpuSpec) -> tuple[ShareKind, int, int]:
+    """The device's kind with the CUs and MiB it consumed: whole when the device is not shared (a
+    partition, or no shareID) or the share consumed every CU whole WGPs cover and all the memory;
+    every CU when it consumed those CUs but less memory; else a share. Prepare (`plan_claim`) and
+    accounting (`counted_slices`) both read it. Raises ShareError on a consumption it cannot read."""
     if spec.partition or device.share_id is None:
-        return whole
+        return ShareKind.WHOLE, spec.cu_count, spec.memory_mib
     compute_cus, memory_mib = _consumed_cus(device, spec), _consumed_mib(device, spec)
-    if compute_cus >= spec.cu_usable and memory_mib >= spec.memory_mib:
-        return whole
     if compute_cus >= spec.cu_usable:
+        return (ShareKind.WHOLE if memory_mib >= spec.memory_mib else ShareKind.ALL_CORES), compute_cus, memory_mib
+    return ShareKind.SHARED, compute_cus, memory_mib
+
+
+def _counted(device: AllocatedDevice, spec: GpuSpec) -> DeviceSlice:
+    kind, compute_cus, memory_mib = share_kind(device, spec)
+    if kind is ShareKind.WHOLE:
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=spec.memory_mib, cu_count=spec.cu_count, whole=True)
+    if kind is ShareKind.ALL_CORES:
         return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
     return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=compute_cus or spec.cu_count,
-                       cores_pct=_cores_pct(compute_cus, spec) if compute_cus else None)
-
-
-def _cores_pct(compute_cus: int, spec: GpuSpec) -> int:
-    """The percent of the GPU's compute a share of `compute_cus` holds, rounded up (never under)."""
-    return math.ceil(compute_cus * 100 / spec.cu_count)
+                       cores_pct=cores_percent(compute_cus, spec.cu_count) if compute_cus else None)
 
 
 def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
-    if spec.partition or device.share_id is None:
-        return _whole(device, spec, held_mask)
-    compute_cus = _consumed_cus(device, spec)
-    memory_mib = _consumed_mib(device, spec)
-    if compute_cus >= spec.cu_usable and memory_mib >= spec.memory_mib:
+    kind, compute_cus, memory_mib = share_kind(device, spec)
+    if kind is ShareKind.WHOLE:
         return _whole(device, spec, held_mask)
     if spec.memory_mib == 0:
         raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: its VRAM size is unknown, so a share of it "
                                               f"has no memory limit to enforce; claim it whole")
-    if compute_cus == 0:
-        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count)
-    if compute_cus >= spec.cu_usable:
+    if kind is ShareKind.ALL_CORES:
         # Every CU with a memory limit (compute not asked, omittedCores Exclusive): as the device plugin
         # gives it, no mask and the whole compute range held.
         if held_mask:
             raise ShareError(NOT_HONOURED_REASON, f"device {device.device}: every CU is wanted but other claims "
                                                   f"hold {render_ranges(_ranges(held_mask))}")
         return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count, reserves_all_cores=True)
+    if compute_cus == 0:
+        return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_count=spec.cu_count)
     ranges = choose_cus(held_mask, spec.cu_count, compute_cus, spec.cu_align, spec.cu_layout, spec.topology)
     if ranges is None:
         free = spec.cu_usable - bin(held_mask & full_mask(spec.cu_usable)).count("1")
@@ -164,7 +177,7 @@ def _slice_for(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> Device
                                               f"{spec.cu_align} ({free} free; held "
                                               f"{render_ranges(_ranges(held_mask)) or 'none'})")
     return DeviceSlice(gpu_id=spec.gpu_id, memory_mib=memory_mib, cu_ranges=ranges, cu_count=compute_cus,
-                       cores_pct=_cores_pct(compute_cus, spec))
+                       cores_pct=cores_percent(compute_cus, spec.cu_count))
 
 
 def _whole(device: AllocatedDevice, spec: GpuSpec, held_mask: int) -> DeviceSlice:
@@ -197,10 +210,6 @@ def _consumed_mib(device: AllocatedDevice, spec: GpuSpec) -> int:
         return memory_mib_quantity(raw, name=f"consumedCapacity.{dra.CAPACITY_MEMORY}")
     except QuantityError as error:
         raise ShareError(UNREADABLE_REASON, f"device {device.device}: {error}") from None
-
-
-def _mask_of(device: DeviceSlice, spec: GpuSpec) -> int:
-    return full_mask(spec.cu_count) if device.whole or device.reserves_all_cores else mask_from_ranges(device.cu_ranges)
 
 
 def _ranges(mask: int) -> list[tuple[int, int]]:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rocshare.api.models import OmittedCores
-from rocshare.core.cumask import cu_count_for
 from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.core.request import ContainerRequest, PodRequest, Selection
+from rocshare.core.share_rules import cus_for_percent, memory_need_mib, omitted_cores_take_all
 
 Load = tuple[int, int, int, int]
 """(memory_mib held, slices held, CUs held, whole slices held) of one GPU."""
@@ -66,19 +66,12 @@ class GpuNeed:
 def need_for(spec: GpuSpec, container: ContainerRequest, omitted: OmittedCores) -> GpuNeed:
     if spec.partition or container.whole:
         # A partition is always one whole, unshared device; an explicit memory ask must still fit.
-        asked = container.memory_mib if container.memory_mib is not None else spec.memory_mib
-        return GpuNeed(max(asked, spec.memory_mib), 0, True, False, spec.cu_count)
-    if container.memory_mib is not None:
-        memory_mib = container.memory_mib
-    elif container.memory_pct is not None:
-        memory_mib = spec.memory_mib * container.memory_pct // 100
-    else:
-        memory_mib = spec.memory_mib  # cores only: HAMi's default of 100 % memory
+        return GpuNeed(memory_need_mib(container, spec.memory_mib, whole=True), 0, True, False, spec.cu_count)
+    memory_mib = memory_need_mib(container, spec.memory_mib, whole=False)
     if container.cores_pct is not None:
-        cus = min(cu_count_for(container.cores_pct, spec.cu_count, spec.cu_align), spec.cu_usable)
+        cus = cus_for_percent(container.cores_pct, spec)
         return GpuNeed(memory_mib, cus, False, False, cus)
-    exclusive = omitted == OmittedCores.EXCLUSIVE
-    return GpuNeed(memory_mib, 0, False, exclusive, spec.cu_count)
+    return GpuNeed(memory_mib, 0, False, omitted_cores_take_all(omitted), spec.cu_count)
 
 
 def gpu_reason(spec: GpuSpec, load: Load, need: GpuNeed, selection: Selection) -> Reason | None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,8 +53,7 @@ from rocshare.api.pod_lifecycle import is_sidecar
 from rocshare.core.cumask import full_mask, mask_from_ranges
 from rocshare.core.quantity import QuantityError, cpu_milli_quantity, memory_mib_quantity
 from rocshare.core.request import ContainerRequest, PodRequest, RequestError, parse_pod
-
-WHOLE_PCT = 100
+from rocshare.core.share_rules import WHOLE_PCT, cores_percent, memory_need_mib, omitted_cores_pct
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +94,7 @@ class GpuHold:
             return self.cores_pct
         if not gpu_cu_count:
             return WHOLE_PCT
-        return math.ceil(self.cu_count * 100 / gpu_cu_count)
+        return cores_percent(self.cu_count, gpu_cu_count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,20 +335,13 @@ def _container_cost(container: ContainerRequest, gpu_memory_mib: int, omitted: O
                     whole_devices: bool) -> tuple[int, int, bool]:
     """(MiB, cores percent, whole) one container holds on each of its GPUs."""
     whole = whole_devices or container.whole
-    if whole:
-        per_gpu_mib = max(container.memory_mib or 0, gpu_memory_mib)
-    elif container.memory_mib is not None:
-        per_gpu_mib = container.memory_mib
-    elif container.memory_pct is not None:
-        per_gpu_mib = gpu_memory_mib * container.memory_pct // 100
-    else:
-        per_gpu_mib = gpu_memory_mib
+    per_gpu_mib = memory_need_mib(container, gpu_memory_mib, whole=whole)
     if whole:
         pct = WHOLE_PCT
     elif container.cores_pct is not None:
         pct = container.cores_pct
     else:
-        pct = WHOLE_PCT if omitted == OmittedCores.EXCLUSIVE else 0
+        pct = omitted_cores_pct(omitted)
     return per_gpu_mib, pct, whole
 
 

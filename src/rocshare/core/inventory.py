@@ -161,6 +161,21 @@ class NodeInventory:
         return None
 
 
+
+def node_inventory(name: str, gpus: Iterable[GpuInfo] | None, sharing: Sharing | str, *, cpu_milli: int = 0,
+                   memory_mib: int = 0) -> NodeInventory | str:
+    """A node's GPUs as its agent publishes them, the one rule every operator reader follows (issue
+    45): the GPUs its AmdGpuNode lists, read with the pool's sharing settings marked on the Node
+    (the annotation the agent itself reads), never the AmdGpuPool's spec, which the marks follow
+    only once the pool loop has run. Why not, when the GPUs are not listed (`gpus` None) or the
+    settings cannot be read (`sharing` is then why): the agent offers nothing while they cannot."""
+    if gpus is None:
+        return "its AmdGpuNode lists no GPUs"
+    if isinstance(sharing, str):
+        return f"its pool settings cannot be read: {sharing}"
+    return NodeInventory.from_gpu_infos(name, gpus, sharing, cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+
 def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, partition_mode: bool) -> GpuSpec:
     # Registered memory: an unknown VRAM size registers 0 MiB, so only whole-GPU requests fit.
     # Scaling applies only where the GPU can oversubscribe (never RDNA: see rocshare.api.gfx).

@@ -24,8 +24,9 @@ import re
 from collections.abc import Iterable
 
 from rocshare.api import dra
-from rocshare.api.models import GpuInfo, OmittedCores, Sharing
+from rocshare.api.models import GpuInfo, Sharing
 from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.share_rules import omitted_cores_take_all
 
 _NOT_IN_LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -89,7 +90,7 @@ def _memory_policy(spec: GpuSpec) -> dict:
 
 def _compute_policy(spec: GpuSpec, sharing: Sharing) -> dict:
     align = spec.cu_align
-    exclusive = sharing.omitted_cores == OmittedCores.EXCLUSIVE
+    exclusive = omitted_cores_take_all(sharing.omitted_cores)
     # Shared: an omitted request reserves no CU, so 0 must be a valid amount; then the range starts
     # at 0 and every step (whole WGPs) above it is valid too.
     low = align if exclusive else 0

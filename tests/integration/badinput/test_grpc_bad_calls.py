@@ -17,7 +17,7 @@ from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import deviceplugin_pb2_grpc as pb_grpc
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
-from tests.integration.deviceplugin.test_plugin_socket import FakeKubelet, wait_for
+from tests.integration.agent.test_plugin_socket import FakeKubelet, wait_for
 from tests.agent_fakes import MemoryPods, hook_present
 
 NODE = "n"

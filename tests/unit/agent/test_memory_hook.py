@@ -38,7 +38,7 @@ def test_check_names_what_is_wrong_with_the_library(tmp_path: Path, elf_files: d
     library.rmdir()
     library.write_bytes(b"")
     assert check_hook(str(tmp_path)).problem == "is empty"
-    library.write_bytes(b"\x7fELF")  # a readable file is not a hook (test_hook_library.py has every kind)
+    library.write_bytes(b"\x7fELF")  # a readable file is not a hook (test_hook_install.py has every kind)
     assert check_hook(str(tmp_path)).problem.startswith("is not a readable ELF file")
     library.write_bytes(elf_files["rocshare"].read_bytes())
     assert check_hook(str(tmp_path)).present

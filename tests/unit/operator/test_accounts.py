@@ -1,4 +1,4 @@
-"""The extender's accounts (accounts.py): the in-flight gate bind acquires and the pod watch
+"""The extender's accounts (rocshare_operator/holds.py): the in-flight gate bind acquires and the pod watch
 releases; pods that cannot be accounted for block their node and their namespace's quota and are
 reported once; the quota check refuses a limited namespace holding one."""
 
@@ -11,7 +11,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, enc
 from rocshare.api.models import ShareLimits
 from rocshare.core.holdings import Held
 from rocshare.core.request import parse_pod
-from rocshare_operator.extender.accounts import Accounts, InFlightGate
+from rocshare_operator.holds import Accounts, InFlightGate
 from rocshare_operator.extender.quota import quota_verdict
 from rocshare_operator.feed.cluster_facts import pod_facts
 

@@ -1,18 +1,20 @@
 """AmdGpuShare quota for DRA claims (admission/claim_quota.py) and what an allocated claim holds in
-the process's one hold index (reconcilers/nodes_status.claim_changed -> Accounts.on_claim).
+the process's one hold index (holds.Accounts.claim_changed -> Accounts.on_claim).
 Figures are worked out here: a Vega10 has 64 CUs, so 16 CUs are 25 % of it."""
 
 from __future__ import annotations
 
 import json
 
-from rocshare.api.models import OmittedCores, ShareLimits
+from rocshare.api.models import OmittedCores, ShareLimits, Sharing
 from rocshare.core.dra_shares import AllocatedDevice, claim_record
 from rocshare.core.holdings import Held
 from rocshare.core.ids import GpuId, claim_key
-from rocshare.core.inventory import GpuSpec
+from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.request import ContainerRequest, PodRequest
 from rocshare_operator.admission.claim_quota import MAX_PENDING, PENDING_S, ClaimQuota
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.extender.quota import quota_verdict
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import ClaimFacts, claim_facts
 
 MIB = 2**20
@@ -90,6 +92,26 @@ def test_a_namespace_holding_what_cannot_be_read_takes_no_claim():
     accounts.on_claim(claim_key("team", "bad"), "team", "n1", "its prepared record cannot be read: x")
     why = check.refusal(claim("b", mib=1, cus=1), accounts, lambda _ns: [])
     assert why.startswith("ResourceQuotaNotFit: namespace team holds 1 pod(s) or claim(s) whose use cannot be read")
+
+
+def test_a_pod_and_a_claim_are_refused_in_one_text():
+    """Issue 45: the extender (pods) and the claim webhook wrote the quota refusal apart, and the
+    extender's had drifted: it called a claim whose use cannot be read a pod and named no namespace.
+    One rule (rocshare.core.quota) now gives both the same words after the reason."""
+    accounts, check = Accounts(), quota(6000)
+    pod = PodRequest("team", "p", (ContainerRequest("main", False, 1, memory_mib=4096),))
+    node = NodeInventory.from_gpu_infos("n1", (), Sharing())
+    limits = ShareLimits(memory_mib=6000)
+    account(accounts, allocated(claim("a", mib=4096, cus=16), mib=4096, cus=16))
+    over_claim = check.refusal(claim("b", mib=4096, cus=16), accounts, lambda _ns: [])
+    over_pod = quota_verdict(pod, node, limits, accounts.used("team"), accounts.unaccountable_in("team"))
+    assert over_claim == f"ResourceQuotaNotFit: {over_pod}"
+    assert over_pod == "namespace team: memory MiB: 4096 used + 4096 asked > 6000 limit"
+    accounts.on_claim(claim_key("team", "bad"), "team", "n1", "its prepared record cannot be read: x")
+    unknown_claim = check.refusal(claim("c", mib=1, cus=1), accounts, lambda _ns: [])
+    unknown_pod = quota_verdict(pod, node, limits, accounts.used("team"), accounts.unaccountable_in("team"))
+    assert unknown_claim == f"ResourceQuotaNotFit: {unknown_pod}"
+    assert unknown_pod.startswith("namespace team holds 1 pod(s) or claim(s) whose use cannot be read")
 
 
 def test_claim_facts_keep_only_what_readers_use_and_never_raise():

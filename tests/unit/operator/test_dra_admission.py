@@ -8,7 +8,11 @@ import kopf
 import pytest
 
 from rocshare.api.models import AmdGpuPoolSpec, GpuInfo, Sharing
+from rocshare.api.node_settings import (POOL_LABEL, POOL_SETTINGS_ANNOTATION, NodeSettings, decode_settings,
+                                        encode_settings)
 from rocshare.core.inventory import NodeInventory
+from rocshare.core.resource_slices import slice_devices
+from rocshare_operator import scheduling
 from rocshare_operator.admission.dra_pods import (
     MIXED_POOLS_REASON,
     UNSATISFIABLE_REASON,
@@ -20,6 +24,7 @@ from rocshare_operator.admission.dra_pods import (
 from rocshare.kube.client import Conflict, Forbidden
 from rocshare_operator.admission.pods import Refused, amd_resources, containers_of
 from rocshare_operator.admission.webhook import write_templates
+from rocshare_operator.extender.state import SchedulerState
 
 MI210 = GpuInfo(id="GPU-1901ead3a2ecd4a6", index=0, render_minor=128, card=1, gfx_target_version=90010,
                 vram_mib=65536, cu_count=104, pci_bdf="0000:63:00.0", split_count=10, healthy=True)
@@ -218,3 +223,20 @@ async def test_a_host_dev_volume_beside_a_dra_slice_is_refused() -> None:
     body["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": "/dev"}}]
     with pytest.raises(kopf.AdmissionError, match="^HostDeviceVolume: volume dev is the host's /dev"):
         await _mutate_in_dra_pool(body)
+
+
+def test_the_shapes_are_the_gpus_the_agent_publishes_not_the_pool_spec():
+    """Issue 45: the node's GPU specs are one rule (inventory.node_inventory: the AmdGpuNode's GPUs
+    with the sharing marked on the Node, the annotation the agent reads). The admission's DRA shapes
+    had drifted to the AmdGpuPool's spec: while the pool loop has not marked a new deviceMemoryScaling,
+    they named a registered memory no device of the node publishes, and the claim could not be met."""
+    state = SchedulerState()
+    state.on_pool("ADDED", {"metadata": {"name": "dra"}, "spec": {
+        "nodeSelector": {"gpu": "mi210"}, "agent": {"interface": "DRA"}, "sharing": {"deviceMemoryScaling": 2.0}}})
+    marked = encode_settings(NodeSettings(pool="dra", sharing=Sharing()))  # the node's marks: scaling 1.0 still
+    state.on_node("ADDED", {"metadata": {"name": "n1", "labels": {"gpu": "mi210", POOL_LABEL: "dra"},
+                                         "annotations": {POOL_SETTINGS_ANNOTATION: marked}}, "status": {}})
+    state.on_gpu_node("ADDED", {"metadata": {"name": "n1"}, "status": {"gpus": [MI210.model_dump(by_alias=True)]}})
+    [published] = slice_devices("n1", [MI210], decode_settings(marked).sharing)  # what the agent offers
+    [shape] = scheduling.gpus_of(state, "n1")
+    assert shape.memory_mib * 2**20 == int(published["capacity"]["memory"]["value"]) == 65536 * 2**20

@@ -1,4 +1,4 @@
-"""The extender's accounts with pods HAMi placed (accounts.py, feed/cluster_facts.py): such a pod is
+"""The extender's accounts with pods HAMi placed (holds.py, feed/cluster_facts.py): such a pod is
 held as HAMi says, on the node HAMi chose until it is bound; an undecodable HAMi record or one
 naming a GPU its node does not list blocks the node; a record HAMi rewrites is read again; a pod
 with rocshare's record is held by that one."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
 from rocshare.core.holdings import Held
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.feed.cluster_facts import pod_facts
 from rocshare_operator.status.usage import slices_of
 

@@ -1,5 +1,7 @@
-"""The extender's accounts: what every live pod holds (the ledger, per GPU; the namespaces'
-quota figures) and the in-flight gate. Rebuilt from the pod watch, never the source of truth.
+"""The process's one hold index (`Accounts`): what every live pod and ResourceClaim of rocshare's
+driver holds (the ledger, per GPU; the namespaces' quota figures) and the in-flight gate. Rebuilt
+from the cluster feed, never the source of truth. The extender, admission, the reconcilers and
+status read it; it imports none of them (an import-linter contract, issue 45).
 
 * The `Ledger` holds every live pod's allocation record, applied once, released when the pod
   ends or is deleted, with the pod's CPU and memory requests (holdings.host_request); a bound pod
@@ -13,6 +15,11 @@ quota figures) and the in-flight gate. Rebuilt from the pod watch, never the sou
 * The process's one index of what pods hold: every change of a pod's GPU hold (a record
   committed, a hold become unknown, a pod forgotten) is told to `on_hold`; pool and share status
   derive their index from it, so they and the extender cannot disagree (issue 34).
+* A ResourceClaim of rocshare's DRA driver (`claim_changed`) holds what its allocation consumed
+  (and, once the node agent prepared it and its record agrees, the CU positions that record names:
+  rocshare.core.dra_shares.claim_holding; a record that disagrees is logged and ignored), keyed
+  apart from pods (`claim_key`), so quota, status and metrics count DRA shares as they count the
+  device plugin's.
 * The `InFlightGate`: per node at most one pod bound but not yet admitted by the node's kubelet
   (DESIGN.md section 2 rule 2). Bind acquires it; the pod watch releases it when the kubelet's
   own first status write after binding shows (`status.startTime` set, or phase Failed with its
@@ -28,11 +35,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rocshare.api.allocation import AllocationRecord
+from rocshare.api.models import Sharing
 from rocshare.api.pod_lifecycle import awaiting_allocation
+from rocshare.core.dra_shares import claim_holding
 from rocshare.core.holdings import NO_HOST_REQUEST, Held, HostRequest, Holding, read_hami, read_record, record_holding
-from rocshare.core.ids import PodKey
+from rocshare.core.ids import PodKey, claim_key
+from rocshare.core.inventory import GpuSpec
 from rocshare.core.ledger import Ledger
-from rocshare_operator.feed.cluster_facts import PodFacts
+from rocshare.core.resource_slices import specs_by_device
+from rocshare_operator.feed.cluster_facts import ClaimFacts, GpuNodeFacts, NodeFacts, PodFacts
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +246,23 @@ class Accounts:
 
     # ---- DRA claims ------------------------------------------------------------------------
 
+    def claim_changed(self, kind: str, facts: ClaimFacts, gpu_node: GpuNodeFacts | None,
+                      node: NodeFacts | None) -> None:
+        """A claim of rocshare's driver was allocated, prepared, freed or deleted: account what it
+        holds, its devices read against its node's GPUs (`gpu_node`, `node`: the feed's facts)."""
+        key = claim_key(facts.namespace, facts.name)
+        if kind == "DELETED" or not facts.ours or (not facts.allocated and facts.problem is None):
+            self.on_claim(key, facts.namespace, facts.node, None)
+            return
+        held = facts.problem
+        if held is None:
+            specs = _specs_by_device(facts.node, gpu_node, node)
+            holding = claim_holding(facts.name, facts.node, facts.devices, facts.prepared, specs)
+            if holding.ignored is not None:  # counted from its allocation all the same (a tenant may patch its claim)
+                log.warning("claim %s: %s; counted from its allocation", key, holding.ignored)
+            held = holding.held
+        self.on_claim(key, facts.namespace, facts.node, held)
+
     def on_claim(self, key: PodKey, namespace: str, node: str, held: AllocationRecord | str | None) -> None:
         """A ResourceClaim of rocshare's driver, keyed apart from pods (`claim_key`): `held` is its
         record (rocshare.core.dra_shares.claim_record), why it cannot be read, or None when it holds
@@ -319,3 +347,13 @@ class Accounts:
     def unaccountable_in(self, namespace: str) -> list[str]:
         """The namespace's bound pods whose hold is unknown (an unbound pod holds nothing)."""
         return [f"{key} ({why})" for key, (ns, node, why) in self.unaccountable.items() if ns == namespace and node]
+
+
+def _specs_by_device(name: str, gpu_node: GpuNodeFacts | None, node: NodeFacts | None) -> dict[str, GpuSpec]:
+    """The node's GPUs by DRA device name, as its agent's driver reads them (resource_slices.specs_by_device);
+    settings that cannot be read count as the defaults here: only the registered memory of a whole
+    device depends on them, and a claim already allocated is counted rather than left unaccountable."""
+    if gpu_node is None or gpu_node.gpus is None:
+        return {}
+    sharing = node.view.marks.sharing() if node is not None else Sharing()
+    return specs_by_device(name, gpu_node.gpus, sharing if isinstance(sharing, Sharing) else Sharing())

@@ -33,11 +33,12 @@ from rocshare.api.allocation import AllocationRecord, ContainerAllocation, Devic
 from rocshare.api.models import CuLayout, ShareLimits
 from rocshare.api.resize import ResizeRequest
 from rocshare.core.cu_layout import choose_cus
-from rocshare.core.cumask import cu_count_for, full_mask, mask_from_ranges, ranges_from_mask, render_ranges
+from rocshare.core.cumask import full_mask, mask_from_ranges, ranges_from_mask, render_ranges
 from rocshare.core.holdings import Held, is_plain_init, record_holding, slice_mask
 from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.core.ledger import EMPTY_GPU, GpuUsage
 from rocshare.core.quota import check_quota
+from rocshare.core.share_rules import cus_for_percent
 
 INSUFFICIENT_MEMORY_REASON = "ResizeInsufficientMemory"
 INSUFFICIENT_CORES_REASON = "ResizeInsufficientCores"
@@ -137,7 +138,7 @@ def _resized_device(device: DeviceSlice, request: ResizeRequest, spec: GpuSpec, 
     memory_mib = device.memory_mib if request.memory_mib is None else request.memory_mib
     if request.cores_pct is None:
         return device.model_copy(update={"memory_mib": memory_mib})
-    need = cu_count_for(request.cores_pct, spec.cu_count, spec.cu_align)
+    need = cus_for_percent(request.cores_pct, spec)
     own = slice_mask(device) & full_mask(spec.cu_count)
     if need <= own.bit_count():
         mask = _keep_lowest(own, need, spec.cu_align)

@@ -10,7 +10,7 @@ from rocshare.api.models import ShareLimits
 from rocshare.api.resize import ResizeRequest
 from rocshare.core.holdings import Held
 from rocshare.core.resize import Neighbours, Resized, covering, decide_resize
-from rocshare_operator.extender.accounts import Accounts
+from rocshare_operator.holds import Accounts
 from rocshare_operator.extender.resizer import others_on
 from rocshare_operator.feed.cluster_facts import pod_facts
 

@@ -63,6 +63,8 @@ REAL_POLICIES: dict[str, dict[str, str]] = {
 fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
 MODES = ("extender", "dra")
+CLI_MODES = (*MODES, "dra-unscored")
+"""dra-unscored: DRA mode with the plain profile and no extender (DRA mode before issue 42's node scores)."""
 DEFAULT_CHART = "docs/replay-{policy}.png"
 RAW_OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
 
@@ -74,9 +76,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="fragmentation-aware",
                         help=f"the pool's policy for the real run: {', '.join(REAL_POLICIES)} (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
-    parser.add_argument("--mode", choices=MODES, default="extender",
-                        help="the real run: rocshare's extender (default) or DRA mode (kube-scheduler's DRA allocator, "
-                             "Kubernetes 1.37, no extender; --policy does not apply; replay_dra.py)")
+    parser.add_argument("--mode", choices=CLI_MODES, default="extender",
+                        help="the real run: rocshare's extender (default), DRA mode (kube-scheduler's DRA allocator "
+                             "picks the device, Kubernetes 1.37; the node is scored by the extender with --policy; "
+                             "replay_dra.py) or dra-unscored (DRA mode with a plain profile, no extender)")
     parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
     parser.add_argument("--twins", action="store_true",
                         help="also simulate the pipeline as the extender decided before it tracked host CPU "
@@ -103,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only, twins=args.twins,
                     decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep, mode=args.mode)
     report.update({"nodes_csv": args.nodes, "pods_csv": args.pods, "scale": args.scale})
-    label = args.policy if args.mode == "extender" else "dra"
+    label = args.policy if args.mode == "extender" else args.mode
     full = RAW_OUT / f"replay-{label}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
     full.parent.mkdir(parents=True, exist_ok=True)
     full.write_text(json.dumps(report) + "\n")
@@ -310,9 +313,10 @@ def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, polic
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops what the run started
     try:
-        if mode == "dra":
-            result = asyncio.run(replay_dra.run_dra(root, subset, sequence, decision_timeout_s))
-            what = replay_dra.WHAT
+        if mode in ("dra", "dra-unscored"):
+            result = asyncio.run(replay_dra.run_dra(root, subset, sequence, decision_timeout_s,
+                                                    scheduling if mode == "dra" else None))
+            what = replay_dra.WHAT if mode == "dra" else replay_dra.WHAT_UNSCORED
         else:
             result = asyncio.run(replay_cluster.run_extender(root, subset, sequence, scheduling, decision_timeout_s))
             what = replay_cluster.WHAT

@@ -25,6 +25,7 @@ from typing import TypeVar
 
 import kopf
 
+from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
 from rocshare.kube.client import ApiError, Conflict, Kube
 from rocshare_operator.admission.claim_quota import CLAIM_VALIDATE_ID, ClaimQuota
 from rocshare_operator.admission.dra_pods import DraPlan
@@ -165,6 +166,8 @@ def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: s
             patch.spec[key] = dra.spec[key]
     if runtime_class_name:
         patch.spec["runtimeClassName"] = runtime_class_name
+    if dra.request is not None:  # what the extender's score for DRA pods reads (always ours: a forged one is replaced)
+        patch.metadata.annotations[DRA_REQUEST_ANNOTATION] = encode_request(dra.request)
 
 
 def _refuse_unless(check: Callable[[], T]) -> T:

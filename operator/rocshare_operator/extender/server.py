@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import start_http_server
 
+from rocshare.api.dra_request import DraRequestError, request_of, with_limits
 from rocshare.core.ids import pod_key
 from rocshare.core.holdings import placement_request
 from rocshare.core.request import RequestError
@@ -29,7 +30,7 @@ from rocshare.kube.client import Kube
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import best_nodes, prioritize
+from rocshare_operator.extender.decisions import best_nodes, prioritize, prioritize_dra
 from rocshare_operator.extender.replies import Priorities
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
@@ -91,13 +92,20 @@ class ExtenderService:
         return result.to_json()
 
     async def prioritize(self, args: dict[str, Any]) -> orjson.Fragment:
-        """Not called by the shipped profile (filter already keeps only the best nodes); served for
-        configurations that still name a prioritizeVerb: over filter's reply every level is equal."""
+        """A DRA pod (rocshare.api.dra_request: the amd.com/* limits admission turned into its
+        claims): the nodes of DRA pools scored as extender mode scores its own, for the profile of
+        DRA mode (score only). Other pods: not called by the shipped profile (filter already keeps
+        only the best nodes); served for configurations that name a prioritizeVerb."""
         names = _node_names(args)
+        pod = _pod(args)
         try:
-            request = placement_request(_pod(args))
-        except RequestError:
+            dra = request_of(pod)
+            request = placement_request(pod if dra is None else with_limits(pod, dra))
+        except (RequestError, DraRequestError):
             return Priorities(names, [0] * len(names)).to_json()
+        if dra is not None:
+            self.metrics.decisions.labels("prioritize", "dra").inc()
+            return prioritize_dra(self.state.dra_snapshot(), request, names).to_json()
         self.metrics.decisions.labels("prioritize", "scored").inc()
         scores = prioritize(self.state.snapshot(), request, names)
         queued = self.binder.queued

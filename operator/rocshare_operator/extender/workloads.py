@@ -7,7 +7,8 @@ GPU's); without one, a pod of rocshare's scheduler is a GPU-less task (the FGD m
 those: a CPU-only task can use no free GPU). Every shape carries the pod's CPU request
 (holdings.host_request), as the simulator's typical workload does. A restarted operator relearns
 from the pods the cluster holds. Pods of no pool, other schedulers' GPU-less pods (DaemonSets),
-unreadable records and init containers are left out. `context(pool)` is what decisions score with: the pool's model
+unreadable records and init containers are left out. A DRA claim of a pool's node is sampled as a
+pod is, from the record it holds (`on_claim`), with no CPU. `context(pool)` is what decisions score with: the pool's model
 (rebuilt only every few binds, see WorkloadWindow) in a ScoringContext built once per model.
 """
 
@@ -53,6 +54,20 @@ class PoolWorkloads:
             return
         self._sampled.add(key)
         shape = self._shape(pod)
+        if shape is not None:
+            self.windows.setdefault(pool, WorkloadWindow()).add(shape)
+
+    def on_claim(self, key: PodKey, record: AllocationRecord | None) -> None:
+        """A DRA claim of a pool holds `record` (None: it holds nothing): sampled once, as a pod's
+        record is (shape_of), with no CPU (the claim does not say its pod's)."""
+        if record is None:
+            self._sampled.discard(key)
+            return
+        pool = self._pool_of_node.get(record.node)
+        if key in self._sampled or pool is None:
+            return
+        self._sampled.add(key)
+        shape = shape_of(record, self._cu_counts(record.node))
         if shape is not None:
             self.windows.setdefault(pool, WorkloadWindow()).add(shape)
 

@@ -120,7 +120,8 @@ def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[Gp
         limits = amd_resources(container)
         if not limits:
             continue
-        removed.append(ContainerLimits(kind=kind, index=index, limits={key: str(value) for key, value in limits.items()}))
+        removed.append(ContainerLimits(kind=kind, index=index,
+                                       limits={key: str(value) for key, value in limits.items()}))
         claim = _claim_for(request, pools, shapes, pod)
         template = template_body(claim)
         templates[template["metadata"]["name"]] = template

@@ -120,7 +120,8 @@ def test_the_request_round_trips_and_puts_the_limits_back_where_admission_took_t
 
 @pytest.mark.parametrize("text", ["not json", "[]", '{"version": 2, "containers": []}',
                                   '{"version": 1, "containers": []}',
-                                  '{"version": 1, "containers": [{"kind": "volumes", "index": 0, "limits": {"a": "1"}}]}'])
+                                  '{"version": 1, "containers": [{"kind": "volumes", "index": 0, '
+                                  '"limits": {"a": "1"}}]}'])
 def test_an_undecodable_request_is_an_error_never_an_empty_request(text: str) -> None:
     with pytest.raises(DraRequestError):
         decode_request(text)

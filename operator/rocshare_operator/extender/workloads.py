@@ -9,8 +9,8 @@ those: a CPU-only task can use no free GPU). Every shape carries the pod's CPU r
 from the pods the cluster holds. Pods of no pool, other schedulers' GPU-less pods (DaemonSets),
 unreadable records and init containers are left out. A DRA claim of a pool's node is sampled as a
 pod is, from the record it holds (`on_claim`), with no CPU. `context(pool)` is what decisions score
-with: the pool's model
-(rebuilt only every few binds, see WorkloadWindow) in a ScoringContext built once per model.
+with: the pool's model (rebuilt only every few binds, see WorkloadWindow) in a ScoringContext built
+once per model.
 """
 
 from __future__ import annotations

@@ -146,8 +146,8 @@ class ClusterIndex:
         return self.dra_nodes
 
     def _rebuild_dra(self, name: str) -> None:
-        """The node's DRA inventory: its AmdGpuNode's GPUs with its pool settings, while its pool
-        serves DRA (no CPU or memory: DRA pods' are kube-scheduler's to count)."""
+        """The node's DRA inventory: its AmdGpuNode's GPUs with its pool settings and the Node's
+        allocatable CPU and memory (the hold index counts every bound pod's), while its pool serves DRA."""
         status, node = self.gpu_status.get(name), self.nodes.get(name)
         pool = self.pools.get(self.node_pools.get(name, ""))
         sharing = node.view.marks.sharing() if node is not None else None
@@ -155,7 +155,8 @@ class ClusterIndex:
                 or not isinstance(sharing, Sharing) or name in self.unreadable:
             self.dra_nodes.pop(name, None)
             return
-        inventory = NodeInventory.from_gpu_infos(name, status.gpus, sharing)
+        inventory = NodeInventory.from_gpu_infos(name, status.gpus, sharing, cpu_milli=node.cpu_milli,
+                                                 memory_mib=node.memory_mib)
         if inventory != self.dra_nodes.get(name):
             self.dra_nodes[name] = inventory
 

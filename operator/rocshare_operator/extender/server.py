@@ -2,7 +2,8 @@
 field names, served by aiohttp. It refuses to answer (503) until every cache has been
 listed once, so a freshly restarted operator never decides from a partial ledger.
 
-Routes: POST /extender/filter, /extender/prioritize, /extender/bind, /extender/preempt (503 from a replica that
+Routes: POST /extender/filter, /extender/prioritize, /extender/bind, /extender/preempt, /extender/prioritize-dra
+(DRA mode's profile) (503 from a replica that
 does not decide: standby or stopping, leadership.py); GET /healthz, /readyz (synced and not
 stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are
 served on their own port by prometheus-client.
@@ -46,6 +47,7 @@ from rocshare_operator.leadership import DecisionGate, NotDeciding
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+PRIORITIZE_DRA = "prioritize-dra"
 
 
 class BadRequest(Exception):
@@ -92,26 +94,35 @@ class ExtenderService:
         return result.to_json()
 
     async def prioritize(self, args: dict[str, Any]) -> orjson.Fragment:
-        """A DRA pod (rocshare.api.dra_request: the amd.com/* limits admission turned into its
-        claims): the nodes of DRA pools scored as extender mode scores its own, for the profile of
-        DRA mode (score only). Other pods: not called by the shipped profile (filter already keeps
-        only the best nodes); served for configurations that name a prioritizeVerb."""
+        """Not called by the shipped profile (filter already keeps only the best nodes); served for
+        configurations that still name a prioritizeVerb: over filter's reply every level is equal."""
         names = _node_names(args)
-        pod = _pod(args)
         try:
-            dra = request_of(pod)
-            request = placement_request(pod if dra is None else with_limits(pod, dra))
-        except (RequestError, DraRequestError):
+            request = placement_request(_pod(args))
+        except RequestError:
             return Priorities(names, [0] * len(names)).to_json()
-        if dra is not None:
-            self.metrics.decisions.labels("prioritize", "dra").inc()
-            return prioritize_dra(self.state.dra_snapshot(), request, names).to_json()
         self.metrics.decisions.labels("prioritize", "scored").inc()
         scores = prioritize(self.state.snapshot(), request, names)
         queued = self.binder.queued
         if queued:
             scores = scores.lowered(queued)
         return scores.to_json()
+
+    async def prioritize_dra(self, args: dict[str, Any]) -> orjson.Fragment:
+        """The one verb of DRA mode's profile (kube-scheduler-dra-config.yaml), over the nodes of
+        pools serving DRA: a pod with the request admission kept (rocshare.api.dra_request) is
+        scored as extender mode scores its pods, a pod asking no GPU as extender mode ranks those
+        (the GPUs its CPU would strand). A score only: the allocator decides what fits."""
+        names = _node_names(args)
+        pod = _pod(args)
+        try:
+            dra = request_of(pod)
+            request = placement_request(pod if dra is None else with_limits(pod, dra))
+        except (RequestError, DraRequestError):
+            self.metrics.decisions.labels(PRIORITIZE_DRA, "error").inc()
+            return Priorities(names, [0] * len(names)).to_json()
+        self.metrics.decisions.labels(PRIORITIZE_DRA, "scored").inc()
+        return prioritize_dra(self.state.dra_snapshot(), request, names).to_json()
 
     async def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         """kube-scheduler's ProcessPreemption (ExtenderPreemptionArgs -> ExtenderPreemptionResult, the
@@ -158,7 +169,8 @@ def _node_names(args: dict[str, Any]) -> list[str]:
 def make_app(service: ExtenderService) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
-        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind, "preempt": service.preempt}
+        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind, "preempt": service.preempt,
+        PRIORITIZE_DRA: service.prioritize_dra}
 
     async def handle(request: web.Request) -> web.Response:
         verb = request.match_info["verb"]

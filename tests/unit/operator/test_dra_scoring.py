@@ -78,7 +78,7 @@ def service(state: SchedulerState) -> ExtenderService:
 
 
 async def prioritized(state: SchedulerState, pod: dict, names: list[str]) -> dict[str, int]:
-    reply = orjson.loads(orjson.dumps(await service(state).prioritize({"Pod": pod, "NodeNames": names})))
+    reply = orjson.loads(orjson.dumps(await service(state).prioritize_dra({"Pod": pod, "NodeNames": names})))
     return {entry["Host"]: entry["Score"] for entry in reply}
 
 

@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITIZE_DRA = "prioritize-dra"
+UNGATED_VERBS = frozenset({PRIORITIZE_DRA})
+"""Verbs any synced replica answers, standby too: a score read from the caches, nothing written.
+DRA mode's kube-scheduler elects its own leader (Lease rocshare-dra-scheduler), which may sit
+beside a standby operator."""
 
 
 class BadRequest(Exception):
@@ -183,7 +187,8 @@ def make_app(service: ExtenderService) -> web.Application:
             args = orjson.loads(await request.read())
             if not isinstance(args, dict):
                 raise BadRequest("the request body must be a JSON object")
-            reply = await service.gate.run(lambda: verbs[verb](args))
+            answer = verbs[verb]
+            reply = await (answer(args) if verb in UNGATED_VERBS else service.gate.run(lambda: answer(args)))
         except NotDeciding as error:  # kube-scheduler retries the pod later (or the leader does)
             return web.json_response({"Error": str(error)}, status=503)
         except orjson.JSONDecodeError as error:

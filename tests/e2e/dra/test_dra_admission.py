@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.models import API_VERSION, GpuInfo, Sharing
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
@@ -143,7 +144,7 @@ async def test_hami_style_pod_in_a_dra_pool_gets_a_claim_and_the_device_plugin_e
     assert spec["containers"][0]["resources"]["limits"] == {"cpu": "100m"}
     [pod_claim] = spec["resourceClaims"]
     assert spec["containers"][0]["resources"]["claims"] == [{"name": pod_claim["name"]}]
-    assert spec.get("schedulerName") == "default-scheduler"  # DRA: kube-scheduler places it, no extender
+    assert spec.get("schedulerName") == DRA_SCHEDULER_NAME  # DRA mode's profile: the allocator, the extender's score
     template = await kube.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/"
                               f"{pod_claim['resourceClaimTemplateName']}")
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rocshare"
@@ -364,9 +365,10 @@ def placement_nodes(cluster, sysfs_fixtures):
         shutil.rmtree(work, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def dra_scheduler(cluster, operator):
-    """kube-scheduler with the configuration DRA mode ships, its extender the operator's."""
+    """kube-scheduler with the configuration DRA mode ships, its extender the operator's: the webhook
+    sends the pods it gives claims to this profile."""
     config = yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text())
     config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig)}
     config["leaderElection"] = {"leaderElect": False}
@@ -406,8 +408,7 @@ async def test_a_dra_pod_goes_to_the_node_the_fragmentation_model_prefers(
               "spec": {"nodeSelector": {"kubernetes.io/hostname": b.name}, "containers": [{
                   "name": "main", "image": "busybox", "resources": {"requests": {"cpu": str(NODE_CPUS // 2)}}}]}}
     probe = hami_pod("placed-probe", {"rocshare.io/pool": PLACE_POOL}, **quarter)
-    for pod in (holder, filler, probe):
-        pod["spec"]["schedulerName"] = dra_scheduler
+    filler["spec"]["schedulerName"] = dra_scheduler  # the webhook sends the GPU pods there itself
     await wait_for(lambda: _async(admitted_as_claim(cluster, holder)), timeout_s=60,
                    what="the webhook writing claims for the placement pool's pods")
     await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", holder)
@@ -429,6 +430,7 @@ async def test_a_dra_pod_goes_to_the_node_the_fragmentation_model_prefers(
 
     created = await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", probe)
     assert "rocshare.io/dra-request" in created["metadata"]["annotations"]  # the webhook kept the request
+    assert created["spec"]["schedulerName"] == dra_scheduler == DRA_SCHEDULER_NAME
     claim = await wait_for(lambda: claim_of(kube, "placed-probe"), timeout_s=60, what="the probe's claim allocated")
     assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == expected == a.name
     assert await _bound(kube, "placed-probe") == a.name

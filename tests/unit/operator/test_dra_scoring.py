@@ -195,3 +195,22 @@ async def test_a_pod_without_the_annotation_or_with_a_broken_one_gets_no_dra_sco
     broken = dra_pod(state=state)
     broken["metadata"]["annotations"][DRA_REQUEST_ANNOTATION] = '{"version": 9}'
     assert await prioritized(state, broken, ["d1", "d2"]) == {"d1": 0, "d2": 0}
+
+
+async def test_a_standby_replica_scores_dra_pods_and_still_refuses_to_decide(state: SchedulerState) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from rocshare_operator.extender.server import make_app
+    from rocshare_operator.leadership import DecisionGate
+
+    gate = DecisionGate(takeover_wait_s=0.0)
+    gate.set_leading(False)
+    standby = ExtenderService(state, Binder(None, state), ExtenderMetrics(state), ready=lambda: True, gate=gate)
+    hold_claim(state, "c1", "d2", 0, memory_mib=32768, cus=52)
+    args = {"Pod": dra_pod(state=state), "NodeNames": ["d1", "d2", "d3"]}
+    async with TestClient(TestServer(make_app(standby))) as client:
+        scored = await client.post("/extender/prioritize-dra", json=args)
+        assert scored.status == 200
+        assert {entry["Host"]: entry["Score"] for entry in await scored.json()} == \
+            expected_levels(state, args["Pod"], args["NodeNames"])
+        assert (await client.post("/extender/filter", json=args)).status == 503

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,12 +103,25 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
             result = await submit(kube, fleet, sequence, decision_timeout_s,
                                   pod_of=lambda _pod, serial: bodies[serial])
             result.update(nodes_ready_s=round(setup_s, 1), claim_templates=len(templates),
-                          allocated_claims=await allocated_claims(kube, NAMESPACE), scored=scheduling is not None,
+                          allocated_claims=await allocated_claims(kube, NAMESPACE),
+                          extender_scores=None if stack.operator is None else scores_answered(stack.operator),
                           bound_gpu_pods=sum(1 for serial, node in enumerate(result["choices"])
                                              if node is not None and sequence[serial].num_gpu))
             return result
     finally:
         stack.stop()
+
+
+def scores_answered(operator: OperatorProcess) -> dict[str, float]:
+    """The operator's prioritize-dra answers by outcome, from its metrics (evidence the scores were asked)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("rocshare_extender_decisions_total{") and 'verb="prioritize-dra"' in line:
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            found[outcome] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def start_scored_scheduler(cluster: ControlPlane, extender_port: int) -> subprocess.Popen:

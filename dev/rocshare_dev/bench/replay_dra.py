@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rocshare.api import dra as dra_api
+from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
 import yaml
 
@@ -75,7 +76,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
     cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), version=DRA_K8S_VERSION, with_scheduler=False)
     stack = e2e.Stack(cluster)
     fleet = DraFleet(root / "nodes", subset, stack)
-    bodies, templates = dra_pods(sequence, pool_shapes(fleet.gpus.values()))
+    bodies, templates = dra_pods(sequence, pool_shapes(fleet.gpus.values()),
+                                 e2e.BASELINE_SCHEDULER if scheduling is None else DRA_SCHEDULER_NAME)
     try:
         cluster.start()
         cluster.kubectl("apply", "--server-side", "-f", str(DEVICE_CLASS))
@@ -125,11 +127,10 @@ def scores_answered(operator: OperatorProcess) -> dict[str, float]:
 
 
 def start_scored_scheduler(cluster: ControlPlane, extender_port: int) -> subprocess.Popen:
-    """kube-scheduler with the profile of DRA mode (SCHEDULER_CONFIG), its extender on `extender_port`,
-    the pods' scheduler name and the replay's backoffs."""
+    """kube-scheduler with the profile of DRA mode (SCHEDULER_CONFIG, the name admission gives DRA pods),
+    its extender on `extender_port`, and the replay's backoffs."""
     config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
     config.update(REPLAY_BACKOFFS)
-    config["profiles"][0]["schedulerName"] = e2e.BASELINE_SCHEDULER
     config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig), "qps": 500, "burst": 1000}
     config["leaderElection"] = {"leaderElect": False}
     for extender in config["extenders"]:
@@ -222,13 +223,15 @@ def pool_shapes(gpu_lists: Iterable[list[GpuInfo]]) -> list[GpuSpec]:
     return [shapes[key] for key in sorted(shapes)]
 
 
-def dra_pod_object(pod: TracePod, serial: int, shapes: Sequence[GpuSpec]) -> tuple[dict[str, Any], tuple[dict, ...]]:
+def dra_pod_object(pod: TracePod, serial: int, shapes: Sequence[GpuSpec],
+                   scheduler_name: str = e2e.BASELINE_SCHEDULER) -> tuple[dict[str, Any], tuple[dict, ...]]:
     """Extender mode's pod as the admission webhook leaves it in a DRA pool (and the templates it
-    writes), sent to the plain scheduler. A CPU-only pod is unchanged but for the scheduler."""
+    writes), sent to `scheduler_name` (DRA mode's profile, as admission sends it; or the plain one).
+    A CPU-only pod is unchanged but for the scheduler."""
     from rocshare_operator.admission.dra_pods import plan_dra
 
     body = pod_object(pod, serial)
-    body["spec"]["schedulerName"] = e2e.BASELINE_SCHEDULER
+    body["spec"]["schedulerName"] = scheduler_name
     if not pod.num_gpu:
         return body, ()
     plan = plan_dra(body, (POOL,), shapes)
@@ -238,11 +241,12 @@ def dra_pod_object(pod: TracePod, serial: int, shapes: Sequence[GpuSpec]) -> tup
     return body, plan.templates
 
 
-def dra_pods(sequence: Sequence[TracePod], shapes: Sequence[GpuSpec]) -> tuple[list[dict[str, Any]], list[dict]]:
+def dra_pods(sequence: Sequence[TracePod], shapes: Sequence[GpuSpec],
+             scheduler_name: str = e2e.BASELINE_SCHEDULER) -> tuple[list[dict[str, Any]], list[dict]]:
     """Every pod's body, in sequence order, and the distinct templates they use (each once)."""
     bodies, templates = [], {}
     for serial, pod in enumerate(sequence):
-        body, wanted = dra_pod_object(pod, serial, shapes)
+        body, wanted = dra_pod_object(pod, serial, shapes, scheduler_name)
         bodies.append(body)
         templates.update((template["metadata"]["name"], template) for template in wanted)
     return bodies, list(templates.values())

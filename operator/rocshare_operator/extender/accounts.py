@@ -101,8 +101,6 @@ class Accounts:
         so status and the extender cannot count a pod differently."""
         self.on_unaccountable: list[Callable[[PodKey, str, str, str], None]] = []
         """Called with (pod, namespace, node, why) when a pod's hold becomes unknown (the server posts an Event)."""
-        self.on_claim_held: list[Callable[[PodKey, AllocationRecord | None], None]] = []
-        """Called with (claim key, its record) when a DRA claim holds, (key, None) when it holds nothing."""
         self._cu_counts = cu_counts
         self.hami_seen: dict[PodKey, tuple[object, str]] = {}
         """Pod -> (HAMi placement, node) last accounted, for pods HAMi placed."""
@@ -219,8 +217,6 @@ class Accounts:
         if held is None:
             if key in self.ledger or key in self.unaccountable:
                 self.forget(key)
-            for callback in self.on_claim_held:
-                callback(key, None)
             return
         if isinstance(held, str):
             self.hold_unknown(key, namespace, node, held)
@@ -232,8 +228,6 @@ class Accounts:
             self.ledger.release(key)
         self.unaccountable.pop(key, None)
         self.commit(key, namespace, held)
-        for callback in self.on_claim_held:
-            callback(key, held)
 
     # ---- bind ------------------------------------------------------------------------------
 

@@ -97,7 +97,6 @@ class SchedulerState:
         self.index.on_inventory.append(self._inventory_changed)
         self.index.on_quota_change.append(self._quota_changed)
         self.accounts.on_release.append(self._room_freed)
-        self.accounts.on_claim_held.append(self.workloads.on_claim)
 
     def snapshot(self) -> Snapshot:
         index = self.index

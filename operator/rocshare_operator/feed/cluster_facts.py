@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from rocshare.api import dra
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
+from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, DraRequestError, request_of, with_limits
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, CuTopologyInfo, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
@@ -86,6 +87,7 @@ class PodFacts:
     started_at: str = ""  # status.startTime, RFC 3339
     labels: tuple[tuple[str, str], ...] = ()  # for PodDisruptionBudget selectors (preemption)
     request: PodRequest | None = None  # what it asks, read only while it is nominated and unbound (the hold)
+    dra_request: PodRequest | None = None  # a bound DRA pod's request (rocshare.io/dra-request), for the pool's model
 
     @property
     def key(self) -> PodKey:
@@ -292,7 +294,19 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         nominated=status.get("nominatedNodeName") or "", started_at=status.get("startTime") or "",
         labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
         request=_nominated_request(pod, spec, status),
+        dra_request=_dra_request(pod, annotations, spec),
     )
+
+
+def _dra_request(pod: Mapping, annotations: Mapping, spec: Mapping) -> PodRequest | None:
+    """What a bound pod whose amd.com/* limits admission turned into claims asked (rocshare.api.dra_request);
+    None for other pods, or when it cannot be read (the pool's model then does not sample it)."""
+    if DRA_REQUEST_ANNOTATION not in annotations or not spec.get("nodeName"):
+        return None
+    try:
+        return placement_request(with_limits(pod, request_of(pod)))
+    except (RequestError, DraRequestError):
+        return None
 
 
 def _priority(spec: Mapping) -> int:

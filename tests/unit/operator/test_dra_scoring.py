@@ -180,12 +180,16 @@ async def test_a_node_whose_claims_leave_no_room_scores_nothing(state: Scheduler
     assert got["d1"] == 0 and got["d3"] == 10 > got["d2"]
 
 
-async def test_the_fragmentation_model_learns_from_claims(state: SchedulerState) -> None:
-    hold_claim(state, "c1", "d1", 0, memory_mib=16384, cus=52)
-    hold_claim(state, "c1", "d1", 0, memory_mib=16384, cus=52)  # the same claim again (prepared): sampled once
-    assert state.workloads.windows["d"].seen == 1
-    assert any((task.cpu_milli, task.gpus, task.share_milli) == (0, 1, 500)  # 52 of 104 CUs: half a GPU, no CPU
-               for task in state.workloads.windows["d"].workload().tasks)
+async def test_the_fragmentation_model_learns_dra_pods_with_their_cpu(state: SchedulerState) -> None:
+    from rocshare.api.dra import DRA_SCHEDULER_NAME
+
+    for name, node in (("half", "d1"), ("web", "d2")):
+        pod = dra_pod(name, state=state) if name == "half" else gpu_pod(name, {"cpu": "2"})
+        pod["spec"].update(nodeName=node, schedulerName=DRA_SCHEDULER_NAME)
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2"}
+        await state.on_pod("ADDED", pod)
+    sampled = set(state.workloads.windows["d"]._counts)
+    assert sampled == {(2000, 1, 500, ()), (2000, 0, 0, ())}  # gpucores 50 (as admission kept it), a GPU-less task
 
 
 async def test_a_pod_without_the_annotation_or_with_a_broken_one_gets_no_dra_scores(state: SchedulerState) -> None:

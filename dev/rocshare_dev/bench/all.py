@@ -252,12 +252,12 @@ DRA_NOTE = (
     f"--scale {DRA_REPLAY_SCALE:g}, seed {DRA_REPLAY_SEED}: a quarter of the nodes, the simulator's arrival order "
     "to 130 % of their GPU capacity, one pod at a time, each decision awaited) played twice on the same nodes and "
     "pods: through rocshare's extender (pool policy fragmentation-aware, Kubernetes 1.35) and through DRA mode "
-    "(kube-scheduler's DRA allocator with a plain profile on 1.37, the pods' HAMi-style limits turned into claims "
-    "by the admission webhook's translation, no extender). Allocation = GPU-milli of bound pods / the sample's "
-    "capacity, read when arrivals pass 100 % and 130 %; `final` is the same from a fresh list at the end. "
-    "`dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA mode's placement costs (nodes "
-    "ranked by the plain profile's scores, which know no GPU fragmentation, then the first device of the node "
-    "that fits). kube-scheduler breaks score ties at random, so DRA mode's ratio moves by a few tenths from run "
+    "(Kubernetes 1.37, the pods' HAMi-style limits turned into claims by the admission webhook's translation, "
+    "kube-scheduler with DRA mode's profile: the operator's extender scores the nodes with the same pool policy "
+    "(prioritize-dra), the DRA allocator takes the first device of the node that fits). Allocation = GPU-milli of "
+    "bound pods / the sample's capacity, read when arrivals pass 100 % and 130 %; `final` is the same from a "
+    "fresh list at the end. `dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA mode's "
+    "placement costs. kube-scheduler breaks score ties at random, so DRA mode's ratio moves by a few tenths from run "
     "to run. --scale 0.25 keeps the section (three bursts and two replays) under 12 minutes on 2 cores "
     "(9.5 min on 2026-12-03).")
 

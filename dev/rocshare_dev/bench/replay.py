@@ -63,6 +63,8 @@ REAL_POLICIES: dict[str, dict[str, str]] = {
 fragmentation-aware GPU policy implies rocshare's node scorer (rocshare.core.policies.Policy)."""
 SIMULATED = ("bestfit", "fragmentation-aware", "fgd")
 MODES = ("extender", "dra")
+CLI_MODES = (*MODES, "dra-unscored")
+"""dra-unscored: DRA mode with the plain profile and no extender (DRA mode before issue 42's node scores)."""
 DEFAULT_CHART = "docs/replay-{policy}.png"
 RAW_OUT = Path(__file__).resolve().parents[3] / ".cache" / "bench"
 
@@ -74,14 +76,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="fragmentation-aware",
                         help=f"the pool's policy for the real run: {', '.join(REAL_POLICIES)} (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=42, help="arrival order and node sample (default: %(default)s)")
-    parser.add_argument("--mode", choices=MODES, default="extender",
-                        help="the real run: rocshare's extender (default) or DRA mode (kube-scheduler's DRA allocator, "
-                             "Kubernetes 1.37, no extender; --policy does not apply; replay_dra.py)")
+    parser.add_argument("--mode", choices=CLI_MODES, default="extender",
+                        help="the real run: rocshare's extender (default), DRA mode (kube-scheduler's DRA allocator "
+                             "picks the device, Kubernetes 1.37; the node is scored by the extender with --policy; "
+                             "replay_dra.py) or dra-unscored (DRA mode with a plain profile, no extender)")
     parser.add_argument("--simulate-only", action="store_true", help="run the simulator only (no cluster)")
     parser.add_argument("--twins", action="store_true",
                         help="also simulate the pipeline as the extender decided before it tracked host CPU "
                              "(simulated_as_extender) and as it decides now, tracking host CPU and ranking GPU-less "
-                             "pods (simulated_as_extender_host_cpu); ~2 min more at --scale 0.25")
+                             "pods (simulated_as_extender_host_cpu), and the policy's node with the GPUs DRA's "
+                             "allocator takes, first fit in slice order (simulated_first_fit_devices); ~2 min more "
+                             "at --scale 0.25")
     parser.add_argument("--decision-timeout-s", type=float, default=120.0, help="per pod (default: %(default)s)")
     parser.add_argument("--chart", default=DEFAULT_CHART, help="chart path ('' for none; default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
@@ -103,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     report = replay(subset, pods, policy=args.policy, seed=args.seed, real=not args.simulate_only, twins=args.twins,
                     decision_timeout_s=args.decision_timeout_s, work_dir=args.work_dir, keep=args.keep, mode=args.mode)
     report.update({"nodes_csv": args.nodes, "pods_csv": args.pods, "scale": args.scale})
-    label = args.policy if args.mode == "extender" else "dra"
+    label = args.policy if args.mode == "extender" else args.mode
     full = RAW_OUT / f"replay-{label}-{args.scale}-{args.seed}.json"  # curves and per-pod choices
     full.parent.mkdir(parents=True, exist_ok=True)
     full.write_text(json.dumps(report) + "\n")
@@ -155,6 +160,46 @@ def simulate(subset: Sequence[TraceNode], sequence: Sequence[TracePod], all_pods
         outcome.add(pod, None if chosen is None else str(cluster.nodes[chosen].name))
     return {"policy": policy, **outcome.summary(), "wall_s": round(time.perf_counter() - started, 1),
             "what": "simulator (bench/simulation.py): the paper's tie rule, typical workload and node CPU in every score"}
+
+
+def simulate_device_choice(subset: Sequence[TraceNode], sequence: Sequence[TracePod], all_pods: Sequence[TracePod],
+                           policy: str, seed: int) -> dict[str, Any]:
+    """`simulate` with the node chosen by `policy` but the devices by DRA's allocator: on the chosen
+    node, the first GPUs in the order the node publishes them (its ResourceSlice: GPU index order)
+    on which the pod's share fits, whatever `policy`'s GPU rule would pick. Against `simulate`, the
+    difference is what first fit on the device costs once the node choice is the policy's."""
+    from dataclasses import replace
+
+    from rocshare.core.allocate import Plan, plan_pod
+    from rocshare.core.fragmentation import FragmentationModel
+    from rocshare.core.request import PodRequest, Selection
+    from rocshare_dev.bench import simulation as sim
+
+    inventories = [sim.build_inventory(node) for node in subset]
+    model = FragmentationModel(sim.typical_workload(all_pods))
+    cluster = sim.Cluster(sim.node_order(inventories, seed), sim.POLICIES[policy], sim.scoring_context(inventories, model))
+    outcome = Outcome(sum(len(node.gpus) for node in inventories) * 1000)
+
+    def first_fit(i: int, request: PodRequest) -> Plan:
+        node, usage = cluster.nodes[i], cluster.usages[i]
+        one = replace(request, containers=tuple(replace(c, gpus=min(c.gpus, 1)) for c in request.containers))
+        wanted = max(c.gpus for c in request.containers)
+        fitting = [gpu.gpu_id for gpu in node.gpus
+                   if isinstance(plan_pod(node, usage, replace(one, selection=Selection(use_uuids=frozenset({gpu.gpu_id}))),
+                                          cluster.policy, cluster.ctx), Plan)]
+        plan = plan_pod(node, usage, replace(request, selection=Selection(use_uuids=frozenset(fitting[:wanted]))),
+                        cluster.policy, cluster.ctx)
+        assert isinstance(plan, Plan), (node.name, request, fitting)
+        return plan
+
+    for serial, pod in enumerate(sequence):
+        request = sim.pod_request(pod, serial)
+        chosen = cluster.decide(request, None)
+        if chosen is not None:
+            cluster.bind(chosen, request, first_fit(chosen, request) if request.wants_gpus else None)
+        outcome.add(pod, None if chosen is None else str(cluster.nodes[chosen].name))
+    return {"policy": policy, **outcome.summary(),
+            "what": "simulator, node chosen by the policy, GPUs by first fit in index order (DRA's allocator)"}
 
 
 def simulate_as_extender(subset: Sequence[TraceNode], sequence: Sequence[TracePod], policy: str,
@@ -274,6 +319,7 @@ def replay(subset: Sequence[TraceNode], pods: Sequence[TracePod], *, policy: str
     if twins:
         report["simulated_as_extender"] = simulate_as_extender(subset, sequence, policy, seed)
         report["simulated_as_extender_host_cpu"] = simulate_as_extender(subset, sequence, policy, seed, host_cpu=True)
+        report["simulated_first_fit_devices"] = simulate_device_choice(subset, sequence, pods, policy, seed)
     if real:
         report["real"] = run_real(subset, sequence, policy=policy, scheduling=REAL_POLICIES[policy],
                                   decision_timeout_s=decision_timeout_s, work_dir=work_dir, keep=keep, mode=mode)
@@ -310,9 +356,10 @@ def run_real(subset: Sequence[TraceNode], sequence: Sequence[TracePod], *, polic
     started = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM too stops what the run started
     try:
-        if mode == "dra":
-            result = asyncio.run(replay_dra.run_dra(root, subset, sequence, decision_timeout_s))
-            what = replay_dra.WHAT
+        if mode in ("dra", "dra-unscored"):
+            result = asyncio.run(replay_dra.run_dra(root, subset, sequence, decision_timeout_s,
+                                                    scheduling if mode == "dra" else None))
+            what = replay_dra.WHAT if mode == "dra" else replay_dra.WHAT_UNSCORED
         else:
             result = asyncio.run(replay_cluster.run_extender(root, subset, sequence, scheduling, decision_timeout_s))
             what = replay_cluster.WHAT
@@ -344,7 +391,8 @@ def table(report: dict[str, Any]) -> str:
     rows += [(f"simulator ({name})", report[f"simulated_{name.replace('-', '_')}"])
              for name in dict.fromkeys((report["policy"], *SIMULATED))]
     rows += [("simulator as the extender decided (no host CPU)", report.get("simulated_as_extender")),
-             ("simulator as the extender decides now", report.get("simulated_as_extender_host_cpu"))]
+             ("simulator as the extender decides now", report.get("simulated_as_extender_host_cpu")),
+             ("simulator, the policy's node, first-fit GPUs (DRA)", report.get("simulated_first_fit_devices"))]
     for label, result in rows:
         if result:
             ratio = result["allocation_ratio"]

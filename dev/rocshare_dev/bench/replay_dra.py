@@ -16,6 +16,13 @@ The same node sample and pod sequence as extender mode (replay.py), on a 1.37 co
   run, as the webhook would write it). kube-controller-manager's resourceclaim controller makes each
   pod's claim; kube-scheduler with a plain profile (bench e2e's baseline, with extender mode's longer
   retry backoffs) allocates it. CPU-only pods go to the same scheduler with no claim.
+* Node scores (`scored`, the default): the operator runs as in a cluster (its watches, hold index
+  with claims, the pool's fragmentation model) beside an AmdGpuPool serving DRA with extender mode's
+  policy and each node's AmdGpuNode as the DRA agent publishes it; kube-scheduler runs the profile
+  of DRA mode (SCHEDULER_CONFIG: the manifests' profile, its extender asked to score only), so the
+  node choice is the extender's (`prioritize` for DRA pods) and the device choice the allocator's.
+  Without it (`--dra-unscored`): the plain profile, no rocshare process on the path (the figure
+  before issue 42).
 * Decisions: awaited one pod at a time by extender mode's own loop (replay_common.submit), so the
   ratios at 100 % and 130 % come from the same computation, checked against a fresh list.
 
@@ -25,14 +32,21 @@ scheduler's name); the nodes only in having a ResourceSlice instead of a kubelet
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rocshare.api import dra as dra_api
-from rocshare.api.models import GpuInfo, Sharing
+from rocshare.api.dra import DRA_SCHEDULER_NAME
+from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
+import yaml
+
+from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo, Sharing
+from rocshare.api.node_settings import POOL_LABEL
 from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.bench import e2e
@@ -42,23 +56,36 @@ from rocshare_dev.bench.replay_common import CU_COUNT, NAMESPACE, POOL, REPLAY_B
 from rocshare_dev.bench.simulation import DEFAULT_VRAM_MIB, MODEL_VRAM_MIB
 from rocshare_dev.bench.trace import TraceNode, TracePod
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_resized
-from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports
+from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports, free_port
+from rocshare_dev.devcluster.operator_proc import OperatorProcess, _alive
 
+WHAT_UNSCORED = (f"DRA mode: Kubernetes {DRA_K8S_VERSION} kube-apiserver, kube-controller-manager (resourceclaim "
+                 "controller) and a plain kube-scheduler whose DRA plugin allocates; bare Nodes with the product's "
+                 "ResourceSlices; claims from the admission webhook's translation; no extender")
 WHAT = (f"DRA mode: Kubernetes {DRA_K8S_VERSION} kube-apiserver, kube-controller-manager (resourceclaim "
-        "controller) and a plain kube-scheduler whose DRA plugin allocates; bare Nodes with the product's "
-        "ResourceSlices; claims from the admission webhook's translation; no extender")
+        "controller), kube-scheduler with DRA mode's profile (its DRA plugin allocates, the operator's extender "
+        "scores the nodes); bare Nodes with the product's ResourceSlices and AmdGpuNodes; claims from the "
+        "admission webhook's translation")
 DEVICE_CLASS = PROJECT_ROOT / "manifests" / "base" / "dra" / "deviceclass.yaml"
+SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-dra-config.yaml"
 
 
 async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[TracePod],
-                  decision_timeout_s: float) -> dict[str, Any]:
+                  decision_timeout_s: float, scheduling: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`scheduling`: the DRA pool's policy, scored by the extender's prioritize; None: no extender."""
     cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), version=DRA_K8S_VERSION, with_scheduler=False)
     stack = e2e.Stack(cluster)
     fleet = DraFleet(root / "nodes", subset, stack)
-    bodies, templates = dra_pods(sequence, pool_shapes(fleet.gpus.values()))
+    bodies, templates = dra_pods(sequence, pool_shapes(fleet.gpus.values()),
+                                 e2e.BASELINE_SCHEDULER if scheduling is None else DRA_SCHEDULER_NAME)
     try:
         cluster.start()
         cluster.kubectl("apply", "--server-side", "-f", str(DEVICE_CLASS))
+        if scheduling is not None:
+            cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
+            cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            stack.operator = OperatorProcess(cluster)
+            stack.operator.start()
         async with await Kube.connect(cluster.kubeconfig) as kube:
             await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
             for template in templates:
@@ -67,17 +94,87 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
             setup_started = time.monotonic()
             await publish_nodes(kube, {name: (trace_node_object(name, node), fleet.gpus[name])
                                        for name, node in fleet.nodes.items()})
-            stack.baseline_scheduler = e2e.start_baseline_scheduler(cluster, **REPLAY_BACKOFFS)
+            if scheduling is None:
+                stack.baseline_scheduler = e2e.start_baseline_scheduler(cluster, **REPLAY_BACKOFFS)
+            else:
+                await kube.create(object_path(API_VERSION, "amdgpupools"), dra_pool(scheduling))
+                await publish_gpu_nodes(kube, fleet.gpus)
+                await wait_pooled(kube, set(fleet.nodes), deadline_s=300)
+                stack.baseline_scheduler = start_scored_scheduler(cluster, stack.operator.port)
             setup_s = time.monotonic() - setup_started
             result = await submit(kube, fleet, sequence, decision_timeout_s,
                                   pod_of=lambda _pod, serial: bodies[serial])
             result.update(nodes_ready_s=round(setup_s, 1), claim_templates=len(templates),
                           allocated_claims=await allocated_claims(kube, NAMESPACE),
+                          extender_scores=None if stack.operator is None else scores_answered(stack.operator),
                           bound_gpu_pods=sum(1 for serial, node in enumerate(result["choices"])
                                              if node is not None and sequence[serial].num_gpu))
             return result
     finally:
         stack.stop()
+
+
+def scores_answered(operator: OperatorProcess) -> dict[str, float]:
+    """The operator's prioritize-dra answers by outcome, from its metrics (evidence the scores were asked)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("rocshare_extender_decisions_total{") and 'verb="prioritize-dra"' in line:
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            found[outcome] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def start_scored_scheduler(cluster: ControlPlane, extender_port: int) -> subprocess.Popen:
+    """kube-scheduler with the profile of DRA mode (SCHEDULER_CONFIG, the name admission gives DRA pods),
+    its extender on `extender_port`, and the replay's backoffs."""
+    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    config.update(REPLAY_BACKOFFS)
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig), "qps": 500, "burst": 1000}
+    config["leaderElection"] = {"leaderElect": False}
+    for extender in config["extenders"]:
+        extender["urlPrefix"] = f"http://127.0.0.1:{extender_port}/extender"
+    path = cluster.root / "kube-scheduler-dra.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with open(cluster.logs / "kube-scheduler-dra.log", "ab") as log:
+        return subprocess.Popen([str(cluster.bin_dir / "kube-scheduler"), f"--config={path}",
+                                 "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=1"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+async def publish_gpu_nodes(kube: Kube, gpus: Mapping[str, list[GpuInfo]]) -> None:
+    """Each node's AmdGpuNode with its GPUs, as the DRA agent publishes it."""
+    gate = asyncio.Semaphore(32)
+
+    async def one(name: str, found: list[GpuInfo]) -> None:
+        async with gate:
+            await kube.create(object_path(API_VERSION, "amdgpunodes"),
+                              {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": name}, "spec": {}})
+            await kube.apply(object_path(API_VERSION, "amdgpunodes", name) + "/status",
+                             {"apiVersion": API_VERSION, "kind": "AmdGpuNode", "metadata": {"name": name},
+                              "status": AmdGpuNodeStatus(gpus=found).to_json_dict()}, field_manager="bench")
+
+    await asyncio.gather(*(one(name, found) for name, found in gpus.items()))
+
+
+async def wait_pooled(kube: Kube, names: set[str], *, deadline_s: float) -> None:
+    """Every node labelled into the pool by the operator (it then scores them), and a moment for its watches."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        listed = await kube.list(object_path("v1", "nodes"), labelSelector=f"{POOL_LABEL}={POOL}")
+        if names <= {node["metadata"]["name"] for node in listed.get("items", [])}:
+            await asyncio.sleep(5.0)
+            return
+        await asyncio.sleep(2.0)
+    raise RuntimeError(f"the operator did not label the nodes into pool {POOL} within {deadline_s:.0f} s")
+
+
+def dra_pool(scheduling: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": POOL},
+            "spec": {"nodeSelector": dict(SIM_LABEL), "scheduling": dict(scheduling), "agent": {"interface": "DRA"},
+                     "health": {"intervalSeconds": 3600}}}
 
 
 class DraFleet:
@@ -93,6 +190,9 @@ class DraFleet:
         scheduler: subprocess.Popen | None = self.stack.baseline_scheduler
         if scheduler is not None and scheduler.poll() is not None:
             raise RuntimeError(f"kube-scheduler exited ({scheduler.returncode}); see {self.stack.cluster.logs}")
+        operator = self.stack.operator
+        if operator is not None and operator.pid and not _alive(operator.pid):
+            raise RuntimeError(f"the operator exited; see {operator.log_path}")
 
 
 def trace_gpus(captures: Path, nodes: Mapping[str, TraceNode]) -> dict[str, list[GpuInfo]]:
@@ -123,25 +223,30 @@ def pool_shapes(gpu_lists: Iterable[list[GpuInfo]]) -> list[GpuSpec]:
     return [shapes[key] for key in sorted(shapes)]
 
 
-def dra_pod_object(pod: TracePod, serial: int, shapes: Sequence[GpuSpec]) -> tuple[dict[str, Any], tuple[dict, ...]]:
+def dra_pod_object(pod: TracePod, serial: int, shapes: Sequence[GpuSpec],
+                   scheduler_name: str = e2e.BASELINE_SCHEDULER) -> tuple[dict[str, Any], tuple[dict, ...]]:
     """Extender mode's pod as the admission webhook leaves it in a DRA pool (and the templates it
-    writes), sent to the plain scheduler. A CPU-only pod is unchanged but for the scheduler."""
+    writes), sent to `scheduler_name` (DRA mode's profile, as admission sends it; or the plain one).
+    A CPU-only pod is unchanged but for the scheduler."""
     from rocshare_operator.admission.dra_pods import plan_dra
 
     body = pod_object(pod, serial)
-    body["spec"]["schedulerName"] = e2e.BASELINE_SCHEDULER
+    body["spec"]["schedulerName"] = scheduler_name
     if not pod.num_gpu:
         return body, ()
     plan = plan_dra(body, (POOL,), shapes)
     body["spec"] = plan.spec
+    if plan.request is not None:  # as the webhook writes it (rocshare.api.dra_request)
+        body["metadata"].setdefault("annotations", {})[DRA_REQUEST_ANNOTATION] = encode_request(plan.request)
     return body, plan.templates
 
 
-def dra_pods(sequence: Sequence[TracePod], shapes: Sequence[GpuSpec]) -> tuple[list[dict[str, Any]], list[dict]]:
+def dra_pods(sequence: Sequence[TracePod], shapes: Sequence[GpuSpec],
+             scheduler_name: str = e2e.BASELINE_SCHEDULER) -> tuple[list[dict[str, Any]], list[dict]]:
     """Every pod's body, in sequence order, and the distinct templates they use (each once)."""
     bodies, templates = [], {}
     for serial, pod in enumerate(sequence):
-        body, wanted = dra_pod_object(pod, serial, shapes)
+        body, wanted = dra_pod_object(pod, serial, shapes, scheduler_name)
         bodies.append(body)
         templates.update((template["metadata"]["name"], template) for template in wanted)
     return bodies, list(templates.values())

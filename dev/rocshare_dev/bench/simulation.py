@@ -172,9 +172,10 @@ class Cluster:
         self.shared[key] = result
         return result
 
-    def bind(self, i: int, request: PodRequest) -> None:
+    def bind(self, i: int, request: PodRequest, plan: Plan | None = None) -> None:
+        """Commit the request on node i: the ranking's plan, or `plan` (the GPUs some other rule chose)."""
         node = self.nodes[i]
-        plan = self.ranking(request).plans[i]
+        plan = plan or self.ranking(request).plans[i]
         key = PodKey(f"{request.namespace}/{request.name}")
         if request.wants_gpus:
             record = record_from_plan(node, self.usages[i], request, plan)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rocshare.api.dra_request import ContainerLimits, DraRequest
 from rocshare.api.models import AgentInterface, AmdGpuPoolSpec
 from rocshare.api.node_settings import POOL_LABEL
 from rocshare.core.dra_claims import claim_spec
@@ -52,6 +53,9 @@ class DraPlan:
     """ResourceClaimTemplates to create in the pod's namespace (each one once, by name)."""
     spec: dict
     """The pod's spec with amd.com/* removed and the claims added."""
+    request: DraRequest | None = None
+    """The amd.com/* limits it removed, per container (rocshare.api.dra_request: the pod's
+    annotation, read by the extender's score for DRA pods); None when it removed none."""
 
 
 def dra_pools_for(pod: Mapping[str, Any], pools: Mapping[str, AmdGpuPoolSpec]) -> tuple[str, ...]:
@@ -110,10 +114,14 @@ def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[Gp
     spec = {**(pod.get("spec") or {})}
     templates: dict[str, dict] = {}
     claims = list(spec.get("resourceClaims") or [])
+    removed: list[ContainerLimits] = []
     where_requests = zip(containers_of(pod), requests, strict=True)
     for (kind, index, container), request in where_requests:
-        if not amd_resources(container):
+        limits = amd_resources(container)
+        if not limits:
             continue
+        removed.append(ContainerLimits(kind=kind, index=index,
+                                       limits={key: str(value) for key, value in limits.items()}))
         claim = _claim_for(request, pools, shapes, pod)
         template = template_body(claim)
         templates[template["metadata"]["name"]] = template
@@ -121,7 +129,8 @@ def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[Gp
         claims.append({"name": pod_claim, "resourceClaimTemplateName": template["metadata"]["name"]})
         spec[kind] = _with_claim(spec[kind], index, pod_claim)
     spec["resourceClaims"] = claims
-    return DraPlan(pools=pools, templates=tuple(templates.values()), spec=spec)
+    return DraPlan(pools=pools, templates=tuple(templates.values()), spec=spec,
+                   request=DraRequest(containers=removed) if removed else None)
 
 
 def _claim_for(request: ContainerRequest, pools: tuple[str, ...], shapes: Sequence[GpuSpec],

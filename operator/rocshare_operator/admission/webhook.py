@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import kopf
 
+from rocshare.api.dra import DRA_SCHEDULER_NAME
+from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
 from rocshare.kube.client import ApiError, Conflict, Kube
 from rocshare_operator.admission.claim_quota import CLAIM_VALIDATE_ID, ClaimQuota
 from rocshare_operator.admission.dra_pods import DraPlan
@@ -57,6 +59,7 @@ class WebhookSettings:
     # A PEM CA file: callers must present a client certificate it signed (None: any caller).
     client_ca: str | None = None
     scheduler_name: str = "rocshare-scheduler"
+    dra_scheduler_name: str = DRA_SCHEDULER_NAME
     trusted_users: frozenset[str] = field(default_factory=lambda: frozenset({
         "system:serviceaccount:rocshare-system:rocshare-operator",
         "system:serviceaccount:rocshare-system:rocshare-node-agent",
@@ -77,7 +80,8 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
     async def mutate(body: kopf.Body, patch: kopf.Patch, userinfo: dict, dryrun: bool, memo: kopf.Memo,
                      **_: object) -> None:
         """Default the GPU pod, then check it as it will be stored: one call per pod created. A pod
-        going to DRA pools gets its claims instead (and keeps kube-scheduler: DRA places it)."""
+        going to DRA pools gets its claims instead, and DRA mode's scheduler profile (its allocator picks
+        the devices, the extender scores the nodes)."""
         pod = dict(body)
         plan = plan_mutation(pod, scheduler_name=settings.scheduler_name, runtime_class_name=runtime_class_for(pod))
         claims = await rocshare_claims_of(memo.rocshare.kube, body.metadata.namespace, pod)
@@ -89,7 +93,7 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
                 # limits are a claim, nothing in it would say it holds a slice.
                 _refuse_unless(lambda: validate_create(defaulted, trusted=trusted(userinfo), rocshare_claims=claims))
                 await write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
-                _patch_dra(patch, pod, dra, plan.runtime_class_name)
+                _patch_dra(patch, pod, dra, plan.runtime_class_name, settings.dra_scheduler_name)
                 return
         mutated = pod if plan.empty else apply_mutation(pod, plan)
         _refuse_unless(lambda: validate_create(mutated, trusted=trusted(userinfo), rocshare_claims=claims))
@@ -159,12 +163,17 @@ async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...
                                       f"for the pod's amd.com/* request (DRA pool): {error}", code=500) from None
 
 
-def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: str | None) -> None:
+def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: str | None,
+               scheduler_name: str) -> None:
     for key in ("containers", "initContainers", "resourceClaims"):
         if key in dra.spec and dra.spec[key] != pod.get("spec", {}).get(key):
             patch.spec[key] = dra.spec[key]
+    if pod.get("spec", {}).get("schedulerName") != scheduler_name:  # DRA mode's profile, as the device plugin's
+        patch.spec["schedulerName"] = scheduler_name
     if runtime_class_name:
         patch.spec["runtimeClassName"] = runtime_class_name
+    if dra.request is not None:  # what the extender's score for DRA pods reads (always ours: a forged one is replaced)
+        patch.metadata.annotations[DRA_REQUEST_ANNOTATION] = encode_request(dra.request)
 
 
 def _refuse_unless(check: Callable[[], T]) -> T:

@@ -417,6 +417,15 @@ def prioritize(snap: Snapshot, request: PodRequest, node_names: list[str]) -> Pr
     return Priorities(node_names, _levels(decision, fits, misfits, node_names))
 
 
+def prioritize_dra(snap: Snapshot, request: PodRequest, node_names: list[str]) -> Priorities:
+    """`prioritize` for a DRA pod over `snap` = the nodes of pools serving DRA (state.dra_snapshot):
+    the same planner, fragmentation model, hold index and levels; planned afresh (the plan cache
+    follows the extender's own nodes). Only a score: kube-scheduler's DRA allocator decides the fit."""
+    decision = _Pass(snap, request, memoised=False)
+    fits, misfits = decision.answers(node_names)
+    return Priorities(node_names, _levels(decision, fits, misfits, node_names))
+
+
 def _levels(decision: _Pass, fits: Mapping[str, float], misfits: Mapping[str, Rejection],
             node_names: list[str]) -> list[int]:
     """Each listed node's 0-10 level: the planner's raw scores scaled over these nodes (0 where the

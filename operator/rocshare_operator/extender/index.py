@@ -22,7 +22,7 @@ forgets it, the retrier wakes waiting pods).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,9 @@ class ClusterIndex:
     unreadable: dict[str, str] = field(default_factory=dict)
     """Node name -> why it offers nothing: its Node, its AmdGpuNode or its pool settings cannot be
     read (filter's NodeUnreadable reason). Never a guess at what it holds."""
+    dra_nodes: dict[str, NodeInventory] = field(default_factory=dict)
+    """Node name -> its GPUs, for nodes of pools serving DRA (kube-scheduler's DRA allocator places
+    on them; the extender only scores them, `dra_inventories`). Never in `inventories`."""
     on_inventory: list[Callable[[str, bool], None]] = field(default_factory=list)
     """Called with (node name, whether it now offers GPUs) when a node's inventory changed or went."""
     on_quota_change: list[Callable[[str], None]] = field(default_factory=list)
@@ -129,24 +132,33 @@ class ClusterIndex:
         self._membership_changed()
         if kind == "DELETED":
             self.pools.pop(name, None)
-            return
-        try:
-            self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
-        except ValidationError as error:
-            log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+        else:
+            try:
+                self.pools[name] = AmdGpuPoolSpec.model_validate(obj.get("spec", {}))
+            except ValidationError as error:
+                log.error("AmdGpuPool %s has an invalid spec: %s", name, error.errors()[0])
+        for node in [*self.dra_nodes, *self.gpu_status]:  # a pool's interface decides which nodes serve DRA
+            self._rebuild_dra(node)
 
-    def dra_inventories(self) -> dict[str, NodeInventory]:
-        """The GPUs of nodes in pools serving DRA (kube-scheduler places on them, never the extender):
-        what metrics report their claims against. Worked out when asked (a scrape), not kept."""
-        found = {}
-        for name, status in self.gpu_status.items():
-            pool, node = self.pools.get(self.node_pools.get(name, "")), self.nodes.get(name)
-            if pool is None or pool.agent.interface != AgentInterface.DRA or node is None:
-                continue
-            inventory = node_inventory(name, status.gpus, node.view.marks.sharing())
-            if isinstance(inventory, NodeInventory):
-                found[name] = inventory
-        return found
+    def dra_inventories(self) -> Mapping[str, NodeInventory]:
+        """The GPUs of nodes in pools serving DRA (kube-scheduler's allocator places on them; the
+        extender scores them for DRA pods and metrics report their claims against them)."""
+        return self.dra_nodes
+
+    def _rebuild_dra(self, name: str) -> None:
+        """The node's DRA inventory (inventory.node_inventory, with the Node's allocatable CPU and memory:
+        the hold index counts every bound pod's), while its pool serves DRA and the node can be read."""
+        status, node = self.gpu_status.get(name), self.nodes.get(name)
+        pool = self.pools.get(self.node_pools.get(name, ""))
+        inventory = None
+        if (pool is not None and pool.agent.interface == AgentInterface.DRA and status is not None
+                and node is not None and name not in self.unreadable):
+            inventory = node_inventory(name, status.gpus, node.view.marks.sharing(),
+                                       cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
+        if not isinstance(inventory, NodeInventory):
+            self.dra_nodes.pop(name, None)
+        elif inventory != self.dra_nodes.get(name):
+            self.dra_nodes[name] = inventory
 
     def _membership_changed(self) -> None:
         self._unpooled = None
@@ -166,7 +178,7 @@ class ClusterIndex:
 
     def cu_counts(self, node_name: str) -> dict[str, int]:
         """The node's GPU id -> CU count (what old records' cores are read against)."""
-        node = self.inventories.get(node_name)
+        node = self.inventories.get(node_name) or self.dra_nodes.get(node_name)
         return {gpu.gpu_id: gpu.cu_count for gpu in node.gpus} if node else {}
 
     def _rebuild_inventory(self, name: str) -> None:
@@ -176,6 +188,7 @@ class ClusterIndex:
             name, status.gpus or () if status is not None else (), node.view.marks.sharing(),  # GpuFacts: GpuInfo's
             cpu_milli=node.cpu_milli, memory_mib=node.memory_mib)
         self._set(self.unreadable, name, self._problem(name, node, inventory if isinstance(inventory, str) else None))
+        self._rebuild_dra(name)
         if (not isinstance(inventory, NodeInventory) or status is None or not status.plugin_serving
                 or not _allocatable_gpus(node)):
             if self.inventories.pop(name, None) is not None:

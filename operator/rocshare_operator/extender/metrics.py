@@ -40,7 +40,7 @@ QUOTA_LIMIT_LABELS = ["namespace", "quota_name", "zone"]
 UNIT_LABELS = ["node", "device_uuid", "device_index", "unit", "unit_index"]
 UNIT_POD_LABELS = ["node", "device_uuid", "unit", "unit_index", "namespace", "pod"]
 
-VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "bind": ("bound", "refused"),
+VERB_OUTCOMES = {"filter": ("fit", "unfit", "error"), "prioritize": ("scored",), "prioritize-dra": ("scored", "error"), "bind": ("bound", "refused"),
                  "preempt": ("answered",)}
 
 # ResourceQuota names, as HAMi's quota_name label writes them (the key without "limits.").

@@ -2,7 +2,8 @@
 field names, served by aiohttp. It refuses to answer (503) until every cache has been
 listed once, so a freshly restarted operator never decides from a partial ledger.
 
-Routes: POST /extender/filter, /extender/prioritize, /extender/bind, /extender/preempt (503 from a replica that
+Routes: POST /extender/filter, /extender/prioritize, /extender/bind, /extender/preempt, /extender/prioritize-dra
+(DRA mode's profile) (503 from a replica that
 does not decide: standby or stopping, leadership.py); GET /healthz, /readyz (synced and not
 stopping; the body names the role), /leaderz (200 only while this replica decides). Metrics are
 served on their own port by prometheus-client.
@@ -22,6 +23,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import start_http_server
 
+from rocshare.api.dra_request import DraRequestError, request_of, with_limits
 from rocshare.core.ids import pod_key
 from rocshare.core.holdings import placement_request
 from rocshare.core.request import RequestError
@@ -29,7 +31,7 @@ from rocshare.kube.client import Kube
 from rocshare.kube.informer import Informer
 from rocshare_operator.feed.cluster_feed import ClusterFeed
 from rocshare_operator.extender.binder import Binder, BindRefused
-from rocshare_operator.extender.decisions import best_nodes, prioritize
+from rocshare_operator.extender.decisions import best_nodes, prioritize, prioritize_dra
 from rocshare_operator.extender.replies import Priorities
 from rocshare_operator.extender.failure_metrics import FailureCollector
 from rocshare_operator.extender.events import PodEvents
@@ -46,6 +48,11 @@ from rocshare_operator.leadership import DecisionGate, NotDeciding
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+PRIORITIZE_DRA = "prioritize-dra"
+UNGATED_VERBS = frozenset({PRIORITIZE_DRA})
+"""Verbs any synced replica answers, standby too: a score read from the caches, nothing written.
+DRA mode's kube-scheduler elects its own leader (Lease rocshare-dra-scheduler), which may sit
+beside a standby operator."""
 
 
 class BadRequest(Exception):
@@ -106,6 +113,22 @@ class ExtenderService:
             scores = scores.lowered(queued)
         return scores.to_json()
 
+    async def prioritize_dra(self, args: dict[str, Any]) -> orjson.Fragment:
+        """The one verb of DRA mode's profile (kube-scheduler-dra-config.yaml), over the nodes of
+        pools serving DRA: a pod with the request admission kept (rocshare.api.dra_request) is
+        scored as extender mode scores its pods, a pod asking no GPU as extender mode ranks those
+        (the GPUs its CPU would strand). A score only: the allocator decides what fits."""
+        names = _node_names(args)
+        pod = _pod(args)
+        try:
+            dra = request_of(pod)
+            request = placement_request(pod if dra is None else with_limits(pod, dra))
+        except (RequestError, DraRequestError):
+            self.metrics.decisions.labels(PRIORITIZE_DRA, "error").inc()
+            return Priorities(names, [0] * len(names)).to_json()
+        self.metrics.decisions.labels(PRIORITIZE_DRA, "scored").inc()
+        return prioritize_dra(self.state.dra_snapshot(), request, names).to_json()
+
     async def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         """kube-scheduler's ProcessPreemption (ExtenderPreemptionArgs -> ExtenderPreemptionResult, the
         meta form: the profile is nodeCacheCapable). Without a preemptor: the victims unchanged."""
@@ -151,7 +174,8 @@ def _node_names(args: dict[str, Any]) -> list[str]:
 def make_app(service: ExtenderService) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     verbs: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
-        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind, "preempt": service.preempt}
+        "filter": service.filter, "prioritize": service.prioritize, "bind": service.bind, "preempt": service.preempt,
+        PRIORITIZE_DRA: service.prioritize_dra}
 
     async def handle(request: web.Request) -> web.Response:
         verb = request.match_info["verb"]
@@ -164,7 +188,8 @@ def make_app(service: ExtenderService) -> web.Application:
             args = orjson.loads(await request.read())
             if not isinstance(args, dict):
                 raise BadRequest("the request body must be a JSON object")
-            reply = await service.gate.run(lambda: verbs[verb](args))
+            answer = verbs[verb]
+            reply = await (answer(args) if verb in UNGATED_VERBS else service.gate.run(lambda: answer(args)))
         except NotDeciding as error:  # kube-scheduler retries the pod later (or the leader does)
             return web.json_response({"Error": str(error)}, status=503)
         except orjson.JSONDecodeError as error:

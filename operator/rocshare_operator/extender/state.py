@@ -19,7 +19,7 @@ metrics) happen in the server's handlers and the binder.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rocshare.api.allocation import AllocationRecord
@@ -108,6 +108,11 @@ class SchedulerState:
         return Snapshot(index.inventories, index.node_pools, index.pools, self.accounts.ledger,
                         frozenset(self.accounts.blocked_nodes()), index.unreadable, self.plans, self.workloads,
                         self.fleet, index, self.accounts, self.pods)
+
+    def dra_snapshot(self) -> Snapshot:
+        """`snapshot()` over the nodes of pools serving DRA (what the score for DRA pods reads):
+        their GPUs and the same hold index, claims included."""
+        return replace(self.snapshot(), inventories=self.index.dra_inventories())
 
     # ---- events ------------------------------------------------------------------------------
 

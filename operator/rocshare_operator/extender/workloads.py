@@ -7,8 +7,10 @@ GPU's); without one, a pod of rocshare's scheduler is a GPU-less task (the FGD m
 those: a CPU-only task can use no free GPU). Every shape carries the pod's CPU request
 (holdings.host_request), as the simulator's typical workload does. A restarted operator relearns
 from the pods the cluster holds. Pods of no pool, other schedulers' GPU-less pods (DaemonSets),
-unreadable records and init containers are left out. `context(pool)` is what decisions score with: the pool's model
-(rebuilt only every few binds, see WorkloadWindow) in a ScoringContext built once per model.
+unreadable records and init containers are left out. A pod of DRA mode's profile is sampled the same
+way: its shape from the request admission kept on it (rocshare.api.dra_request), or a GPU-less task.
+`context(pool)` is what decisions score with: the pool's model (rebuilt only every few binds, see
+WorkloadWindow) in a ScoringContext built once per model.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import logging
 from collections.abc import Callable, Mapping
 
 from rocshare.api.allocation import AllocationError, AllocationRecord, decode_record
+from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.models import GpuPolicy
 from rocshare.core.fragmentation import MILLI, FragmentationModel
 from rocshare.core.ids import PodKey
 from rocshare.core.policies import NodeScorer, Policy, ScoringContext
+from rocshare.core.request import PodRequest
 from rocshare.core.workload import Shape, WorkloadWindow
 from rocshare_operator.feed.cluster_facts import PodFacts
 
@@ -46,7 +50,8 @@ class PoolWorkloads:
             return
         if key in self._sampled or not pod.node or pod.problem is not None:
             return
-        if pod.allocation is None and (pod.hami is not None or pod.scheduler_name != self._scheduler_name):
+        if pod.allocation is None and pod.dra_request is None and (
+                pod.hami is not None or pod.scheduler_name not in (self._scheduler_name, DRA_SCHEDULER_NAME)):
             return
         pool = self._pool_of_node.get(pod.node)
         if pool is None:
@@ -68,6 +73,8 @@ class PoolWorkloads:
         return found[1]
 
     def _shape(self, pod: PodFacts) -> Shape | None:
+        if pod.allocation is None and pod.dra_request is not None:
+            return request_shape(pod.dra_request, cpu_milli=pod.host.cpu_milli)
         if pod.allocation is None:
             return (pod.host.cpu_milli, 0, 0, ())
         try:
@@ -95,6 +102,18 @@ def shape_of(record: AllocationRecord, cu_counts: Mapping[str, int], *, cpu_mill
             shares.append(round(MILLI * device.cu_count / total) if total else MILLI)
     share = max(SHARE_STEP, min(MILLI, round(max(shares) / SHARE_STEP) * SHARE_STEP))
     return (cpu_milli, len(devices), share, ())
+
+
+def request_shape(request: PodRequest, *, cpu_milli: int = 0) -> Shape | None:
+    """`shape_of` for a DRA pod, from what it asked (its claim's devices are not its own record):
+    per GPU, gpucores x 10, else the whole GPU."""
+    asks = [(container.gpus, container.cores_pct) for container in request.containers
+            if container.gpus and (not container.init or container.sidecar)]
+    if not asks:
+        return None
+    share = max(MILLI if cores is None else cores * 10 for _, cores in asks)
+    share = max(SHARE_STEP, min(MILLI, round(share / SHARE_STEP) * SHARE_STEP))
+    return (cpu_milli, sum(gpus for gpus, _ in asks), share, ())
 
 
 def reads_model(policy: Policy) -> bool:

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from rocshare.api import dra
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
+from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, DraRequestError, request_of, with_limits
 from rocshare.api.hami import HamiPlacement, hami_placement
 from rocshare.api.models import AmdGpuNodeStatus, CuTopologyInfo, GpuInfo, Partition
 from rocshare.api.resource_names import is_gpu_resource
@@ -89,6 +90,7 @@ class PodFacts:
     request: PodRequest | None = None  # what it asks, read only while it is nominated and unbound (the hold)
     resize: str | None = None  # the resize request as written on the pod (rocshare.api.resize), None: none
     claims: bool = False  # spec.resourceClaims names a claim (a DRA pod: its slice cannot be resized)
+    dra_request: PodRequest | None = None  # a bound DRA pod's request (rocshare.io/dra-request), for the pool's model
 
     @property
     def key(self) -> PodKey:
@@ -296,7 +298,19 @@ def _pod_facts(pod: Mapping) -> PodFacts:
         labels=tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items())),
         request=_nominated_request(pod, spec, status),
         resize=annotations.get(RESIZE_ANNOTATION), claims=bool(spec.get("resourceClaims")),
+        dra_request=_dra_request(pod, annotations, spec),
     )
+
+
+def _dra_request(pod: Mapping, annotations: Mapping, spec: Mapping) -> PodRequest | None:
+    """What a bound pod whose amd.com/* limits admission turned into claims asked (rocshare.api.dra_request);
+    None for other pods, or when it cannot be read (the pool's model then does not sample it)."""
+    if DRA_REQUEST_ANNOTATION not in annotations or not spec.get("nodeName"):
+        return None
+    try:
+        return placement_request(with_limits(pod, request_of(pod)))
+    except (RequestError, DraRequestError):
+        return None
 
 
 def _priority(spec: Mapping) -> int:

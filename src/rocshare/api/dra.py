@@ -20,6 +20,10 @@ consumed whole by a claim that does not name it):
 from __future__ import annotations
 
 DRIVER_NAME = "gpu.rocshare.io"
+DRA_SCHEDULER_NAME = "rocshare-dra-scheduler"
+"""The scheduler profile of DRA mode (manifests/base/scheduler/kube-scheduler-dra-config.yaml): admission
+sends the pods whose amd.com/* limits it turned into claims there; kube-scheduler's DRA allocator picks
+the devices, rocshare's extender scores the nodes."""
 DEVICE_CLASS_NAME = "gpu.rocshare.io"
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.models import API_VERSION, GpuInfo, Sharing
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
@@ -32,6 +35,7 @@ from rocshare.core.request import parse_pod
 from rocshare.kube.client import Kube, NotFound, object_path
 from rocshare_agent.deviceplugin.container_spec import render_container
 from rocshare_agent.discovery import discover
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, free_port, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from tests.e2e.dra.test_dra_allocation import RESOURCE, as_kubelet, cdi_env
@@ -140,7 +144,7 @@ async def test_hami_style_pod_in_a_dra_pool_gets_a_claim_and_the_device_plugin_e
     assert spec["containers"][0]["resources"]["limits"] == {"cpu": "100m"}
     [pod_claim] = spec["resourceClaims"]
     assert spec["containers"][0]["resources"]["claims"] == [{"name": pod_claim["name"]}]
-    assert spec.get("schedulerName") == "default-scheduler"  # DRA: kube-scheduler places it, no extender
+    assert spec.get("schedulerName") == DRA_SCHEDULER_NAME  # DRA mode's profile: the allocator, the extender's score
     template = await kube.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/"
                               f"{pod_claim['resourceClaimTemplateName']}")
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rocshare"
@@ -326,3 +330,107 @@ async def test_claims_made_from_templates_are_held_to_the_quota(cluster, kube, o
     await wait_for(lambda: _templated_claim_held(kube, "templated"), timeout_s=120,
                    what="the template's claim made, allocated and counted in the share")
     cluster.kubectl("delete", "pod", "templated", "-n", QUOTA_NAMESPACE, "--grace-period=0", "--force")
+
+
+# ---- node choice: DRA mode's profile, scored by the extender (issue 42) ------------------------------
+
+PLACE_POOL = "dra-placement"
+PLACE_SELECTOR = {"rocshare-e2e/placement": "dra"}
+DRA_SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-dra-config.yaml"
+NODE_CPUS = 16  # kubelet-peer's default capacity
+
+
+@pytest.fixture(scope="module")
+def placement_nodes(cluster, sysfs_fixtures):
+    """Two nodes of one Vega10 GPU each (64 CUs), in a pool of their own."""
+    work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    nodes = []
+    try:
+        for _ in range(2):
+            name = f"dra-place-{uuid.uuid4().hex[:6]}"
+            root = work / name
+            nodes.append(SimulatedNode(
+                name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_fixtures / "vega10-1gpu", work_dir=work,
+                bin_dir=cluster.bin_dir, health_interval_s=0.3, labels=PLACE_SELECTOR,
+                agent_args=("--interface=DRA", f"--dra-plugins-dir={root / 'plugins'}",
+                            f"--dra-registry-dir={root / 'registry'}", f"--cdi-dir={root / 'cdi'}")))
+            nodes[-1].start()
+        yield sorted(nodes, key=lambda sim: sim.name)
+    finally:
+        cluster.kubectl("delete", "pods", "placed-holder", "placed-filler", "placed-probe", "-n", NAMESPACE,
+                        "--ignore-not-found", "--grace-period=0", "--force", check=False)
+        cluster.kubectl("delete", "amdgpupools", PLACE_POOL, "--ignore-not-found", "--timeout=60s", check=False)
+        for sim in nodes:
+            sim.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dra_scheduler(cluster, operator):
+    """kube-scheduler with the configuration DRA mode ships, its extender the operator's: the webhook
+    sends the pods it gives claims to this profile."""
+    config = yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text())
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig)}
+    config["leaderElection"] = {"leaderElect": False}
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{operator.port}/extender"
+    path = cluster.root / "kube-scheduler-dra.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with open(cluster.logs / "kube-scheduler-dra.log", "ab") as log:
+        process = subprocess.Popen([str(cluster.bin_dir / "kube-scheduler"), f"--config={path}",
+                                    "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    try:
+        yield config["profiles"][0]["schedulerName"]
+    finally:
+        stop_process(process.pid, "DRA mode's kube-scheduler")
+        process.wait(timeout=10)
+
+
+async def _bound(kube: Kube, pod: str) -> str | None:
+    return ((await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")).get("spec") or {}).get("nodeName")
+
+
+async def test_a_dra_pod_goes_to_the_node_the_fragmentation_model_prefers(
+        cluster, kube, operator, placement_nodes, dra_scheduler):
+    """Node a holds a claim of half its GPU; node b's GPU is free but half its CPU is taken. A pod
+    asking a quarter of a GPU, through DRA mode's profile: kube-scheduler's own scores (MostAllocated)
+    prefer b, the fragmentation-aware policy a (it leaves b's GPU whole). The extender's score wins."""
+    a, b = placement_nodes
+    await kube.create(object_path(API_VERSION, "amdgpupools"), {
+        "apiVersion": API_VERSION, "kind": "AmdGpuPool", "metadata": {"name": PLACE_POOL},
+        "spec": {"nodeSelector": PLACE_SELECTOR, "agent": {"interface": "DRA"},
+                 "scheduling": {"gpuPolicy": "fragmentation-aware"}}})
+    quarter = {"gpu": "1", "gpucores": "25", "gpumem-percentage": "25"}
+    holder = hami_pod("placed-holder", {"rocshare.io/pool": PLACE_POOL, "kubernetes.io/hostname": a.name},
+                      gpu="1", gpucores="50", **{"gpumem-percentage": "50"})
+    filler = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "placed-filler", "namespace": NAMESPACE},
+              "spec": {"nodeSelector": {"kubernetes.io/hostname": b.name}, "containers": [{
+                  "name": "main", "image": "busybox", "resources": {"requests": {"cpu": str(NODE_CPUS // 2)}}}]}}
+    probe = hami_pod("placed-probe", {"rocshare.io/pool": PLACE_POOL}, **quarter)
+    filler["spec"]["schedulerName"] = dra_scheduler  # the webhook sends the GPU pods there itself
+    await wait_for(lambda: _async(admitted_as_claim(cluster, holder)), timeout_s=60,
+                   what="the webhook writing claims for the placement pool's pods")
+    await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", holder)
+    claim = await wait_for(lambda: claim_of(kube, "placed-holder"), timeout_s=60, what="the holder's claim allocated")
+    assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == a.name
+    await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", filler)
+    assert await wait_for(lambda: _bound(kube, "placed-filler"), timeout_s=60, what="the filler bound") == b.name
+
+    # Worked out here: free CUs per node after the probe's 16 (25 % of 64) on either node, and the
+    # whole GPUs that leaves free; kube-scheduler's MostAllocated alone: the node with more CPU asked.
+    free_cus = {a.name: VEGA_CUS - VEGA_CUS // 2, b.name: VEGA_CUS}
+    probe_cus = VEGA_CUS * 25 // 100
+    whole_left = {choice: sum(1 for node, free in free_cus.items()
+                              if (free - probe_cus if node == choice else free) == VEGA_CUS) for choice in free_cus}
+    assert whole_left == {a.name: 1, b.name: 0}
+    cpu_asked_milli = {a.name: 100, b.name: NODE_CPUS // 2 * 1000}
+    assert max(cpu_asked_milli, key=cpu_asked_milli.get) == b.name  # what the plain profile would pick
+    expected = max(whole_left, key=whole_left.get)
+
+    created = await kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", probe)
+    assert "rocshare.io/dra-request" in created["metadata"]["annotations"]  # the webhook kept the request
+    assert created["spec"]["schedulerName"] == dra_scheduler == DRA_SCHEDULER_NAME
+    claim = await wait_for(lambda: claim_of(kube, "placed-probe"), timeout_s=60, what="the probe's claim allocated")
+    assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == expected == a.name
+    assert await _bound(kube, "placed-probe") == a.name

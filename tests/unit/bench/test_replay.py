@@ -56,15 +56,16 @@ def test_the_mode_picks_the_real_run_and_its_description(monkeypatch, tmp_path) 
         calls.append(f"extender {scheduling['gpuPolicy']}")
         return {"allocation_ratio": {"100": 1.0, "130": 2.0}}
 
-    async def dra(root, subset, sequence, timeout_s):
-        calls.append("dra")
+    async def dra(root, subset, sequence, timeout_s, scheduling):
+        calls.append(f"dra {scheduling['gpuPolicy'] if scheduling else 'unscored'}")
         return {"allocation_ratio": {"100": 3.0, "130": 4.0}}
 
     monkeypatch.setattr(replay_cluster, "run_extender", extender)
     monkeypatch.setattr(replay_dra, "run_dra", dra)
     results = {mode: replay.run_real([], [], policy="binpack", scheduling={"gpuPolicy": "binpack"},
                                      decision_timeout_s=1, work_dir=tmp_path / mode, keep=True, mode=mode)
-               for mode in replay.MODES}
-    assert calls == ["extender binpack", "dra"]
+               for mode in replay.CLI_MODES}
+    assert calls == ["extender binpack", "dra binpack", "dra unscored"]  # DRA mode's nodes scored by the policy
     assert results["extender"]["what"] == replay_cluster.WHAT and results["dra"]["what"] == replay_dra.WHAT
-    assert {mode: result["mode"] for mode, result in results.items()} == {"extender": "extender", "dra": "dra"}
+    assert results["dra-unscored"]["what"] == replay_dra.WHAT_UNSCORED
+    assert {mode: result["mode"] for mode, result in results.items()} == {mode: mode for mode in replay.CLI_MODES}

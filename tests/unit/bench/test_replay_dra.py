@@ -134,3 +134,16 @@ def test_bench_all_renders_the_replay_figures_each_with_its_mode_command():
     row = next(line for line in lines if "`dra_replay_alloc_pct_at_130_extender`" in line)
     assert "bench replay --mode extender --scale 0.25" in row
     assert any(line == "note" for line in lines)
+
+
+def test_a_gpu_pod_carries_the_request_the_webhook_keeps_and_the_pool_serves_dra(shapes):
+    """Issue 42: the extender scores a replay pod from the same annotation the webhook writes."""
+    from rocshare.api.dra_request import request_of, with_limits
+    from rocshare.core.holdings import placement_request
+    from rocshare_dev.bench.replay_common import pod_object
+    from rocshare_dev.bench.replay_dra import dra_pool
+
+    pod = TracePod("openb-pod-7", 4000, 2048, 1, 500)
+    body, _ = dra_pod_object(pod, 7, shapes)
+    assert placement_request(with_limits(body, request_of(body))) == placement_request(pod_object(pod, 7))
+    assert dra_pool({"gpuPolicy": "fragmentation-aware"})["spec"]["agent"] == {"interface": "DRA"}

@@ -40,6 +40,32 @@ def test_operator_pod_runs_the_operator_and_kube_scheduler() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
 
 
+def test_dra_modes_scheduler_scores_through_the_extender_on_its_own_lease_and_port() -> None:
+    """Issue 42: DRA mode's profile (the name admission sends DRA pods to) asks the extender to score
+    only, beside the operator; its own Lease (the operator may read and renew it) and HTTPS port."""
+    from rocshare.api.dra import DRA_SCHEDULER_NAME
+    from rocshare_operator.extender.server import PRIORITIZE_DRA, UNGATED_VERBS
+
+    objects = render("manifests/base")
+    written = (ROOT / "manifests/base/scheduler/kube-scheduler-dra-config.yaml").read_text()
+    assert find(objects, "ConfigMap", "rocshare-dra-scheduler-config")["data"]["kube-scheduler-dra-config.yaml"] == written
+    config = yaml.safe_load(written)
+    assert [profile["schedulerName"] for profile in config["profiles"]] == [DRA_SCHEDULER_NAME]
+    [extender] = config["extenders"]
+    assert extender["prioritizeVerb"] == PRIORITIZE_DRA in UNGATED_VERBS and extender["ignorable"] is True
+    assert not {"filterVerb", "bindVerb", "preemptVerb"} & extender.keys()
+    plain = yaml.safe_load((ROOT / "manifests/base/scheduler/kube-scheduler-config.yaml").read_text())
+    assert extender["urlPrefix"] == plain["extenders"][0]["urlPrefix"]  # the operator beside it
+    lease = config["leaderElection"]["resourceName"]
+    assert lease != plain["leaderElection"]["resourceName"]
+    role = find(objects, "Role", "rocshare-scheduler-leader-election")
+    assert lease in role["rules"][0]["resourceNames"]
+    dra = containers(objects)["kube-scheduler-dra"]
+    assert "--config=/etc/rocshare/dra-scheduler/kube-scheduler-dra-config.yaml" in dra["command"]
+    ports = {port["containerPort"] for container in containers(objects).values() for port in container.get("ports", [])}
+    assert "--secure-port=10260" in dra["command"] and 10259 in ports and 10260 in ports
+
+
 def test_scheduler_config_is_the_file_unchanged_under_a_stable_name() -> None:
     config_map = find(render("manifests/base"), "ConfigMap", "rocshare-scheduler-config")
     written = (ROOT / "manifests/base/scheduler/kube-scheduler-config.yaml").read_text()
@@ -258,7 +284,7 @@ def test_two_operator_replicas_with_one_decider_and_a_disruption_budget() -> Non
     (operator,) = pod["initContainers"]
     assert operator["name"] == "operator" and operator["restartPolicy"] == "Always"  # a native sidecar
     assert "/readyz" in " ".join(operator["startupProbe"]["exec"]["command"])
-    assert [container["name"] for container in pod["containers"]] == ["kube-scheduler"]
+    assert [container["name"] for container in pod["containers"]] == ["kube-scheduler", "kube-scheduler-dra"]
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels(deployment).items()

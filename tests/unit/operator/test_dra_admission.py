@@ -240,3 +240,19 @@ def test_the_shapes_are_the_gpus_the_agent_publishes_not_the_pool_spec():
     [published] = slice_devices("n1", [MI210], decode_settings(marked).sharing)  # what the agent offers
     [shape] = scheduling.gpus_of(state, "n1")
     assert shape.memory_mib * 2**20 == int(published["capacity"]["memory"]["value"]) == 65536 * 2**20
+
+
+async def test_the_webhook_keeps_the_request_it_turned_into_claims_and_sends_the_pod_to_dra_modes_profile() -> None:
+    """Issue 42: the extender's score for DRA pods reads the limits from the annotation; a tenant's own
+    value is replaced by what the webhook removed, and the pod goes to DRA mode's scheduler profile."""
+    from rocshare.api.dra import DRA_SCHEDULER_NAME
+    from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, decode_request
+
+    limits = {"amd.com/gpu": "1", "amd.com/gpumem": "4096", "amd.com/gpucores": "30"}
+    body = pod(limits, {"rocshare.io/pool": "dra"})
+    forged = '{"version":1,"containers":[{"kind":"containers","index":0,"limits":{"amd.com/gpu":"8"}}]}'
+    body["metadata"]["annotations"] = {DRA_REQUEST_ANNOTATION: forged}
+    patch = await _mutate_in_dra_pool(body)
+    [kept] = decode_request(patch.metadata.annotations[DRA_REQUEST_ANNOTATION]).containers
+    assert (kept.kind, kept.index, kept.limits) == ("containers", 0, limits)
+    assert patch.spec["schedulerName"] == DRA_SCHEDULER_NAME

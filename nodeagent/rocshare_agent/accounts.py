@@ -154,7 +154,8 @@ class AccountStore:
                 finally:
                     os.close(folder_fd)
                 if count >= MAX_FOLDERS:
-                    log.warning("accounts: more than %d folders under %s; the rest are not read", MAX_FOLDERS, self.root)
+                    log.warning("accounts: more than %d folders under %s; the rest are not read",
+                                MAX_FOLDERS, self.root)
                     return
         finally:
             os.close(root_fd)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice, encode_record
+from rocshare.api.allocation import (ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice,
+                                    encode_record)
 from rocshare.api.container_account import (
     ACCOUNT_SLOTS,
     USAGE_FILE,
@@ -61,7 +62,8 @@ def test_limits_round_trip_and_the_hooks_rules():
     text = encode_limits(limits)
     assert text == "rocshare-limits 1\ngeneration 3\nmemory 0 4294967296\ncu-mask 0 0-15,32-47\n"
     assert decode_limits(text.encode()) == limits
-    for bad in (b"rocshare-limits 2\nmemory 0 1\n", b"rocshare-limits 1\nmemory 0 1", b"rocshare-limits 1\nmemory 0 -1\n",
+    for bad in (b"rocshare-limits 2\nmemory 0 1\n", b"rocshare-limits 1\nmemory 0 1",
+                b"rocshare-limits 1\nmemory 0 -1\n",
                 b"rocshare-limits 1\nmemory 16 1\n", b"rocshare-limits 1\nmemory 0 1\nmemory 0 2\n",
                 b"rocshare-limits 1\nmemory 0 18446744073709551616\n", b"rocshare-limits 1\n\0", b"x" * 5000,
                 "rocshare-limits 1\nmemory 0 \u0661\n".encode()):

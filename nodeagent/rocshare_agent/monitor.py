@@ -17,8 +17,8 @@ Per GPU (labels node, device_index, device_uuid, device_type), from the amdgpu D
   rocshare_host_gpu_temperature_celsius              hwmon temp1_input (milli-degrees)
   rocshare_host_gpu_power_usage_watts                hwmon power1_average, else power1_input (microwatts)
 
-Where a container has an account folder (docs/container-account.md, read by accounts.py), its
-used and limit series come from there instead: the hook's exact per-container account (what its
+Where a container has an account folder (docs/container-account.md, read by accounts.py) holding
+the hook's usage file, its used and limit series come from there instead: the hook's exact per-container account (what its
 processes hold through HIP, on every GPU position) and the limit the hook enforces (the slice's
 limits file). Beside them, rocshare's own:
   rocshare_container_memory_peak_bytes   the most the container held per GPU since its account was made
@@ -213,8 +213,11 @@ class GpuMetricsCollector(Collector):
         accounted = self._account_usage(gpus)
         for key, entry in accounted.usage.items():
             kfd = usage_by_key.get(key)
-            entry.cu_busy = kfd.cu_busy if kfd is not None else None
-            usage_by_key[key] = entry  # the hook's account is exact per container: it replaces KFD's sum
+            if key in accounted.counted:  # the hook's account is exact per container: it replaces KFD's sum
+                entry.cu_busy = kfd.cu_busy if kfd is not None else None
+                usage_by_key[key] = entry
+            elif kfd is not None and entry.limit_bytes is not None:
+                kfd.limit_bytes = entry.limit_bytes  # no usage file yet: KFD's use, the limit enforced now
         yield from accounted.families(self.node_name)
         for (name, gpu_id), usage in sorted(usage_by_key.items(), key=lambda item: repr(item[0])):
             gpu = gpus[gpu_id]
@@ -327,11 +330,13 @@ class _Accounted:
         self.usage: dict[tuple[ContainerName, str], _ContainerUsage] = {}
         self.peak: dict[tuple[ContainerName, str], tuple[int, int]] = {}  # (position, bytes)
         self.processes: dict[ContainerName, int] = {}
+        self.counted: set[tuple[ContainerName, str]] = set()  # keys whose account has a usage file
         self.unreadable = 0
 
     def add(self, reading: AccountReading, name: ContainerName, gpus: Sequence[GpuInfo | None]) -> None:
         usage, limits = reading.usage, reading.limits
-        self.processes[name] = usage.processes if usage is not None else 0
+        if usage is not None:
+            self.processes[name] = usage.processes
         for position, gpu in enumerate(gpus):
             if gpu is None:
                 continue
@@ -342,7 +347,9 @@ class _Accounted:
                 limit = gpu.vram_mib * MIB  # a whole GPU: its VRAM, as for KFD's series
             used = usage.used_bytes.get(position, 0) if usage is not None else 0
             self.usage[(name, gpu.id)] = _ContainerUsage(used_bytes=used, limit_bytes=limit, vdevice_index=position)
-            self.peak[(name, gpu.id)] = (position, usage.peak_bytes.get(position, 0) if usage is not None else 0)
+            if usage is not None:
+                self.counted.add((name, gpu.id))
+                self.peak[(name, gpu.id)] = (position, usage.peak_bytes.get(position, 0))
 
     def families(self, node_name: str) -> Iterator[GaugeMetricFamily]:
         peak = GaugeMetricFamily("rocshare_container_memory_peak_bytes",

@@ -200,3 +200,28 @@ def test_the_monitor_reports_each_container_from_its_account(copy_capture, tmp_p
     assert registry.get_sample_value("rocshare_container_accounts_unreadable", {"node": "n1"}) == 1
     families = {family.name: family for family in registry.collect()}
     assert len(families["hami_vgpu_memory_used_bytes"].samples) == 1  # the gone pod's account is not reported
+
+
+def test_an_account_without_a_usage_file_leaves_kfds_use_and_gives_the_limit(copy_capture, tmp_path):
+    """No process of the container allocated through the hook yet: KFD's per-process figures stand,
+    the limit is the one the slice's file says now (a resize shows before the next allocation)."""
+    sysfs = copy_capture("vega10-1gpu")
+    cid = "a" * 64
+    kfd = sysfs / "class/kfd/kfd/proc/100"
+    kfd.mkdir(parents=True)
+    (kfd / "vram_13261").write_text("1000\n")
+    proc = tmp_path / "proc" / "100"
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(f"0::/kubepods/pod{UID}/{cid}\n")
+    (proc / "environ").write_bytes(f"ROCR_VISIBLE_DEVICES={GPU}\0HIP_DEVICE_MEMORY_LIMIT_0=4096m\0".encode())
+    pod = _pod()
+    pod["status"]["containerStatuses"] = [{"name": "main", "containerID": f"containerd://{cid}"}]
+    store = AccountStore(tmp_path / "accounts")
+    store.prepare(store.pod_folder(UID, "main"), SliceLimits(2, {0: 6 * GIB}))
+    registry = CollectorRegistry()
+    registry.register(GpuMetricsCollector(sysfs_root=sysfs, proc_root=tmp_path / "proc", node_name="n1",
+                                          pods=lambda: [pod], accounts=store))
+    labels = {"namespace": "team", "pod": "trainer", "container": "main", "vdevice_index": "0", "device_uuid": GPU,
+              "zone": "vGPU"}
+    assert registry.get_sample_value("hami_vgpu_memory_used_bytes", labels) == 1000
+    assert registry.get_sample_value("hami_vgpu_memory_limit_bytes", labels) == 6 * GIB

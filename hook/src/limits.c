@@ -11,7 +11,8 @@
  * - Fail closed: a configured file that is missing, not a regular file, too large, of another
  *   version, malformed, or without a line for a limited GPU makes limits_current() return 0 and
  *   say why; the caller refuses. Never a wider limit than the file's.
- * - One reader at a time (an atomic flag); the others use the values as they are. No locks, no
+ * - One reader at a time (a flag holding the reader's pid: a fork()ed child that inherited it set
+ *   by another thread of its parent takes it over); the others use the values as they are. No locks, no
  *   allocation, no libc stat (fstat/stat are GLIBC_2.33 symbols: statx through syscall()).
  */
 #define _GNU_SOURCE
@@ -40,7 +41,7 @@ struct limits_key {
 static struct {
 	char path[512];
 	int configured;
-	uint32_t busy;           /* 1 while one thread reads the file */
+	int32_t busy;            /* the pid of the process whose thread reads the file, 0 none */
 	int state;               /* 0 never read, 1 good, 2 unusable */
 	int stable;              /* the last read saw an mtime old enough to trust the key */
 	const char *why;         /* state 2: why */
@@ -230,6 +231,21 @@ static void read_file(const struct limits_key *key, int have_key)
 	set_state(1, NULL);
 }
 
+/* 1 when this thread may read the file (and must call let_go()); 0 when another thread reads it. */
+static int take_busy(void)
+{
+	int32_t me = (int32_t)getpid(), cur = 0;
+	if (__atomic_compare_exchange_n(&limits_g.busy, &cur, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 1;
+	/* held by another process: a parent's thread at our fork(), which will never let go here */
+	return cur != me && __atomic_compare_exchange_n(&limits_g.busy, &cur, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static void let_go(void)
+{
+	__atomic_store_n(&limits_g.busy, 0, __ATOMIC_RELEASE);
+}
+
 static void refresh(void)
 {
 	struct limits_key key;
@@ -237,27 +253,25 @@ static void refresh(void)
 	memset(&key, 0, sizeof key);
 	int looked = look(&key, &why);
 	if (looked == 0) {
-		uint32_t idle = 0;
-		if (__atomic_compare_exchange_n(&limits_g.busy, &idle, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+		if (take_busy()) {
 			memset(&key, 0, sizeof key);
 			store_key(&key);
 			set_state(2, why);
-			__atomic_store_n(&limits_g.busy, 0, __ATOMIC_RELEASE);
+			let_go();
 		}
 		return;
 	}
 	int state = __atomic_load_n(&limits_g.state, __ATOMIC_ACQUIRE);
 	if (looked == 1 && state != 0 && __atomic_load_n(&limits_g.stable, __ATOMIC_ACQUIRE) && same_key(&key))
 		return;
-	uint32_t idle = 0;
-	if (!__atomic_compare_exchange_n(&limits_g.busy, &idle, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+	if (!take_busy()) {
 		while (__atomic_load_n(&limits_g.state, __ATOMIC_ACQUIRE) == 0) /* the first read: wait for it */
 			sched_yield();
 		return; /* another thread reads it now: the values as they are */
 	}
 	read_file(&key, looked == 1);
 	store_key(&key);
-	__atomic_store_n(&limits_g.busy, 0, __ATOMIC_RELEASE);
+	let_go();
 }
 
 uint64_t limits_current(int dev, uint64_t env_bytes, const char **why)

@@ -42,6 +42,23 @@ __attribute__((weak)) uint32_t account_read_note(char *out, size_t out_bytes)
 	return 0;
 }
 
+/* 14d01c1's hook had no limits file: these stand in for it there (the hook's own win when it has them). */
+__attribute__((weak)) void limits_configure(const char *slice_dir)
+{
+	(void)slice_dir;
+}
+__attribute__((weak)) const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES],
+					       uint32_t *present)
+{
+	(void)text, (void)n, (void)bytes, (void)present;
+	return "no limits file in this hook";
+}
+__attribute__((weak)) uint64_t account_peak(int device)
+{
+	(void)device;
+	return 0;
+}
+
 #define MIB (1ull << 20)
 static int failures_g;
 #define CHECK(cond)                                                              \
@@ -681,6 +698,81 @@ static void test_limits_file_resize(void)
 	rmdir(dir);
 }
 
+/* Resizes while 4 threads allocate and free 16 MiB pieces: the limit flips between 64 and 128 MiB
+ * 300 times as the agent writes it (a new file renamed over the old); the threads take turns (a
+ * mutex, so what is held is known exactly: a reservation's tentative addition would otherwise show
+ * in account_used(); racing reservations are race_test.c's), the file changes under them. Nothing
+ * held ever passes the larger limit, and everything is given back. */
+struct resize_race {
+	__typeof__(&hipMalloc) m;
+	__typeof__(&hipFree) f;
+	pthread_mutex_t lock;
+	uint64_t held_bytes, most_held_bytes;
+	int stop, past, granted;
+};
+
+static void *resize_churn(void *arg)
+{
+	struct resize_race *r = arg;
+	void *held[8] = {0};
+	for (int round = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); round++) {
+		int i = round % 8;
+		pthread_mutex_lock(&r->lock);
+		if (held[i]) {
+			r->f(held[i]);
+			held[i] = NULL;
+			r->held_bytes -= 16 * MIB;
+		} else if (r->m(&held[i], 16 * MIB) == hipSuccess) {
+			r->granted++;
+			r->held_bytes += 16 * MIB;
+			r->past += r->held_bytes > 128 * MIB || account_used(0) != r->held_bytes;
+			r->most_held_bytes = r->held_bytes > r->most_held_bytes ? r->held_bytes : r->most_held_bytes;
+		} else {
+			held[i] = NULL;
+		}
+		pthread_mutex_unlock(&r->lock);
+	}
+	pthread_mutex_lock(&r->lock); /* the others may still be in their last round */
+	for (int i = 0; i < 8; i++)
+		if (held[i]) {
+			r->f(held[i]);
+			r->held_bytes -= 16 * MIB;
+		}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+static void test_resize_race(void)
+{
+	char dir[] = "/tmp/rocshare-hook-race-XXXXXX", path[600];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	write_text(path, "rocshare-limits 1\nmemory 0 67108864\n", 0);
+	limits_configure(dir);
+	struct resize_race r = {BIND(hip_g, hipMalloc), BIND(hip_g, hipFree), PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0};
+	pthread_t t[4];
+	int err_fd = dup(2), devnull = open("/dev/null", O_WRONLY); /* the refusals' lines */
+	dup2(devnull, 2);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, resize_churn, &r);
+	for (int flip = 0; flip < 300; flip++)
+		write_text(path, flip % 2 ? "rocshare-limits 1\nmemory 0 67108864\n" : "rocshare-limits 1\nmemory 0 134217728\n",
+			   0);
+	__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	dup2(err_fd, 2);
+	close(err_fd);
+	close(devnull);
+	printf("resize race: %d granted, %d past 128 MiB or miscounted, at most %llu MiB held\n", r.granted, r.past,
+	       (unsigned long long)(r.most_held_bytes / MIB));
+	CHECK(r.past == 0 && r.most_held_bytes > 64 * MIB); /* the larger limit applied while they ran */
+	CHECK(account_used(0) == 0);
+	limits_configure(NULL);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* $ROCSHARE_ACCOUNT_DIR: the account is usage.v3.acct there; a folder that cannot hold it is a
  * refusal, never /tmp or a private account (run in a child: the account is mapped once per image). */
 static void test_agent_folder(void)
@@ -780,6 +872,7 @@ int main(int argc, char **argv)
 	RUN(test_disabling_is_said);
 	RUN(test_limits_parse);
 	RUN(test_limits_file_resize);
+	RUN(test_resize_race);
 	RUN(test_agent_folder);
 	printf("%s: %d failures\n", failures_g ? "FAIL" : "ok", failures_g);
 	return failures_g != 0;

@@ -10,6 +10,9 @@
  * Invariants:
  * - Configuration is read once from the environment at la_version (the process cannot widen it
  *   by changing its own environment later) and is read-only afterwards.
+ *   One exception: with $ROCSHARE_SLICE_DIR (the agent's read-only slice folder) the limited
+ *   GPUs' values come from its limits file, checked on every allocation (limits.c), so a resize
+ *   applies without a restart; the set of limited GPUs stays the environment's.
  * - Per-process state (pid, account slot, pointer table) lives in MADV_WIPEONFORK memory, so a
  *   fork()ed child starts clean and claims its own slot (pthread_atfork would not run: the audit
  *   library has its own libc copy, and fork() runs only the application's handlers).

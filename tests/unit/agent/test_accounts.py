@@ -225,3 +225,30 @@ def test_an_account_without_a_usage_file_leaves_kfds_use_and_gives_the_limit(cop
               "zone": "vGPU"}
     assert registry.get_sample_value("hami_vgpu_memory_used_bytes", labels) == 1000
     assert registry.get_sample_value("hami_vgpu_memory_limit_bytes", labels) == 6 * GIB
+
+
+def test_a_claims_account_is_reported_for_the_container_that_names_the_claim(copy_capture, tmp_path):
+    """DRA: the account is the claim's (claims/<uid>/); the monitor finds its consumer through the
+    pod that names the claim and the container that lists it, and its GPUs through the claim's record."""
+    from rocshare_agent.deviceplugin.container_spec import ContainerSpec
+    from rocshare_agent.dra import cdi
+
+    sysfs = copy_capture("vega10-1gpu")
+    slice_ = DeviceSlice(gpu_id=GPU, memory_mib=4096, cu_ranges=[(0, 15)], cu_count=16)
+    claim = cdi.PreparedClaim(uid="claim-uid", namespace="team", name="notebook-gpu", devices=(
+        cdi.PreparedDevice(request="gpu", pool="n1", device="gpu-0", share_id=None, slice=slice_),))
+    cdi.write_spec(tmp_path / "cdi", claim, ContainerSpec())
+    store = AccountStore(tmp_path / "accounts")
+    folders = store.prepare(store.claim_folder("claim-uid"), limits_for([slice_], generation=1))
+    (Path(folders.usage_host_dir) / USAGE_FILE).write_bytes(usage_bytes([(3, [GIB])], peak=[GIB]))
+    pod = {"metadata": {"uid": "pod-uid", "namespace": "team", "name": "notebook"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "notebook-gpu"}],
+                    "containers": [{"name": "sidecar"}, {"name": "lab", "resources": {"claims": [{"name": "gpu"}]}}]},
+           "status": {}}
+    registry = CollectorRegistry()
+    registry.register(GpuMetricsCollector(sysfs_root=sysfs, proc_root=tmp_path / "proc", node_name="n1",
+                                          pods=lambda: [pod], accounts=store, cdi_dir=tmp_path / "cdi"))
+    labels = {"namespace": "team", "pod": "notebook", "container": "lab", "vdevice_index": "0", "device_uuid": GPU,
+              "zone": "vGPU"}
+    assert registry.get_sample_value("hami_vgpu_memory_used_bytes", labels) == GIB
+    assert registry.get_sample_value("hami_vgpu_memory_limit_bytes", labels) == 4096 * 1024 * 1024

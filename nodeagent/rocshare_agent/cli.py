@@ -13,6 +13,8 @@ import logging
 import os
 from pathlib import Path
 
+from rocshare.api.container_account import DEFAULT_ACCOUNT_ROOT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
@@ -37,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the host's group file (mounted in the agent), for the video and render group ids")
     parser.add_argument("--pod-device-dir", type=Path, default=Path("/var/lib/rocshare/pod-devices"),
                         help="host folder for per-pod device files that non-root containers can open; 'none' disables")
-    parser.add_argument("--account-dir", default="/var/lib/rocshare/accounts",
+    parser.add_argument("--account-dir", default=DEFAULT_ACCOUNT_ROOT,
                         help="host folder for per-container account folders (docs/container-account.md): the hook's "
                              "usage and the slice's limits, mounted into slice containers; 'none': the hook keeps "
                              "its account in the container's /tmp and no limit changes without a restart")

@@ -36,7 +36,8 @@
 
 struct slot {
 	int32_t pid; /* owner, 0 free, negative: being reclaimed by -pid */
-	int32_t pad;
+	uint32_t pid_ns; /* inode of the owner's PID namespace, 0 unknown (for readers: pids are judged in
+			  * the reader's own namespace, see docs/container-account.md) */
 	uint64_t start_ticks; /* owner's start time (/proc/<pid>/stat field 22), 0 unknown */
 	uint64_t used_bytes[HOOK_MAX_DEVICES];
 };
@@ -51,9 +52,14 @@ struct account_file {
 	uint32_t note_busy;  /* 1 while one writer fills note */
 	uint32_t note_count; /* notes written so far */
 	char note[NOTE_BYTES];
+	uint64_t peak_bytes[HOOK_MAX_DEVICES]; /* the most the container held per GPU since the file was made */
 };
+/* docs/container-account.md gives this layout to the node agent, which reads it */
+_Static_assert(sizeof(struct slot) == 144, "usage.v3 slot layout");
+_Static_assert(sizeof(struct account_file) == 37248, "usage.v3 file layout");
 
 static struct account_file *account_g;
+static const char *agent_dir_g; /* $ROCSHARE_ACCOUNT_DIR: the agent's folder, the only place */
 static struct account_file private_account_g; /* no file exists and none can be made */
 
 struct proc_stat {
@@ -61,6 +67,29 @@ struct proc_stat {
 	uint32_t threads;    /* field 20 */
 	uint64_t start_ticks; /* field 22 */
 };
+
+/* The inode of this process's PID namespace ("pid:[4026531836]"), 0 when unknown. Per process
+ * (a child of an unshare(CLONE_NEWPID) caller lives in another), cached for the pid asking. */
+static uint32_t my_pid_ns(void)
+{
+	static int cached_pid;
+	static uint32_t cached_ns;
+	int pid = (int)getpid();
+	if (__atomic_load_n(&cached_pid, __ATOMIC_ACQUIRE) == pid)
+		return __atomic_load_n(&cached_ns, __ATOMIC_RELAXED);
+	char link_text[64];
+	ssize_t n = readlink("/proc/self/ns/pid", link_text, sizeof link_text - 1);
+	uint32_t ns = 0;
+	if (n > 0) {
+		link_text[n] = 0;
+		const char *open_bracket = strchr(link_text, '[');
+		uint64_t v = open_bracket ? parse_u64(open_bracket + 1, NULL) : 0;
+		ns = v <= UINT32_MAX ? (uint32_t)v : 0;
+	}
+	__atomic_store_n(&cached_ns, ns, __ATOMIC_RELAXED);
+	__atomic_store_n(&cached_pid, pid, __ATOMIC_RELEASE);
+	return ns;
+}
 
 /* 1 and st filled when /proc/<pid>/stat was read. */
 static int read_proc_stat(int pid, struct proc_stat *st)
@@ -162,6 +191,11 @@ static struct account_file *map_fd(int fd, const char **why)
 	return NULL;
 }
 
+void account_use_agent_folder(const char *dir)
+{
+	agent_dir_g = dir && *dir ? dir : NULL;
+}
+
 static void account_path(char *path, size_t path_bytes, const char *dir)
 {
 	char ns[64] = "0";
@@ -172,7 +206,7 @@ static void account_path(char *path, size_t path_bytes, const char *dir)
 			if (*c < '0' || *c > '9')
 				*c = '_';
 	}
-	snprintf(path, path_bytes, "%s/rocshare-hook-v2-%s.acct", dir, ns);
+	snprintf(path, path_bytes, "%s/rocshare-hook-v3-%s.acct", dir, ns);
 }
 
 /* The file: $ROCSHARE_HOOK_DIR, else /tmp (the container's own writable layer), else /dev/shm
@@ -180,8 +214,26 @@ static void account_path(char *path, size_t path_bytes, const char *dir)
  * name, which separates containers). The first folder holding the file (or able to) wins; an
  * existing file that cannot be used is a refusal (NULL, why), never a reason to look further.
  * No folder at all: the private account. */
+/* The agent's folder: the file there, made when absent; anything else is a refusal. */
+static struct account_file *map_agent_account(const char **why)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/usage.v3.acct", agent_dir_g);
+	int fd = -1;
+	enum open_result r = open_existing(path, &fd);
+	if (r == ABSENT)
+		r = create_published(path, &fd);
+	if (r == OPENED)
+		return map_fd(fd, why);
+	*why = r == UNUSABLE ? "the account file exists but cannot be opened"
+			     : "the account folder the node agent mounted cannot hold the account file";
+	return NULL;
+}
+
 static struct account_file *map_account(const char *dir_override, const char **why)
 {
+	if (agent_dir_g)
+		return map_agent_account(why);
 	const char *dirs[] = {dir_override, "/tmp", "/dev/shm"};
 	for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
 		if (!dirs[i] || !*dirs[i])
@@ -210,6 +262,7 @@ static void free_slot(struct slot *s)
 	for (int d = 0; d < HOOK_MAX_DEVICES; d++)
 		__atomic_store_n(&s->used_bytes[d], 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->start_ticks, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->pid_ns, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
@@ -273,6 +326,7 @@ static struct slot *claim_slot(int my_pid)
 							 __ATOMIC_RELAXED))
 				continue;
 			__atomic_store_n(&s->start_ticks, process_start_ticks(my_pid), __ATOMIC_RELEASE);
+			__atomic_store_n(&s->pid_ns, my_pid_ns(), __ATOMIC_RELEASE);
 			raise_high_water(i + 1);
 			return s;
 		}
@@ -335,11 +389,22 @@ uint64_t account_used(int device)
 	return sum;
 }
 
+static void raise_peak(int device, uint64_t used)
+{
+	uint64_t peak = __atomic_load_n(&account_g->peak_bytes[device], __ATOMIC_RELAXED);
+	while (peak < used && !__atomic_compare_exchange_n(&account_g->peak_bytes[device], &peak, used, 0,
+							  __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		;
+}
+
 static int try_reserve(struct slot *s, int device, uint64_t bytes, uint64_t limit_bytes)
 {
 	__atomic_add_fetch(&s->used_bytes[device], bytes, __ATOMIC_SEQ_CST);
-	if (account_used(device) <= limit_bytes)
+	uint64_t used = account_used(device);
+	if (used <= limit_bytes) {
+		raise_peak(device, used);
 		return 1;
+	}
 	__atomic_sub_fetch(&s->used_bytes[device], bytes, __ATOMIC_SEQ_CST);
 	return 0;
 }
@@ -352,6 +417,12 @@ int account_reserve(struct slot *s, int device, uint64_t bytes, uint64_t limit_b
 		return 1;
 	reclaim_dead_slots(my_pid); /* a crashed process may still hold what we need */
 	return try_reserve(s, device, bytes, limit_bytes);
+}
+
+uint64_t account_peak(int device)
+{
+	struct account_file *a = __atomic_load_n(&account_g, __ATOMIC_ACQUIRE);
+	return a && device >= 0 && device < HOOK_MAX_DEVICES ? __atomic_load_n(&a->peak_bytes[device], __ATOMIC_RELAXED) : 0;
 }
 
 void account_release(struct slot *s, int device, uint64_t bytes)

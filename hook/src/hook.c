@@ -10,6 +10,9 @@
  * Invariants:
  * - Configuration is read once from the environment at la_version (the process cannot widen it
  *   by changing its own environment later) and is read-only afterwards.
+ *   One exception: with $ROCSHARE_SLICE_DIR (the agent's read-only slice folder) the limited
+ *   GPUs' values come from its limits file, checked on every allocation (limits.c), so a resize
+ *   applies without a restart; the set of limited GPUs stays the environment's.
  * - Per-process state (pid, account slot, pointer table) lives in MADV_WIPEONFORK memory, so a
  *   fork()ed child starts clean and claims its own slot (pthread_atfork would not run: the audit
  *   library has its own libc copy, and fork() runs only the application's handlers).
@@ -122,6 +125,8 @@ static void read_config(void)
 	config_g.oversubscribe = o && (!strcmp(o, "true") || !strcmp(o, "1"));
 	parse_cu_masks(getenv("HSA_CU_MASK"));
 	config_g.account_dir = getenv("ROCSHARE_HOOK_DIR");
+	account_use_agent_folder(getenv("ROCSHARE_ACCOUNT_DIR"));
+	limits_configure(getenv("ROCSHARE_SLICE_DIR"));
 }
 
 /* ---- what the hook says when it refuses or gives up ---- */
@@ -350,9 +355,26 @@ static int current_device(void)
 	return dev;
 }
 
-static uint64_t limit_of(int dev)
+/* The environment's limit: which GPUs are limited at all (0: passed through), fixed at start. */
+static uint64_t env_limit(int dev)
 {
 	return dev >= 0 && dev < HOOK_MAX_DEVICES ? config_g.limit_bytes[dev] : 0;
+}
+
+/* The limit enforced now: the slice's limits file when the agent gave one (a resize applies at
+ * once), else the environment's; 0 and *why when the file is unusable (the caller refuses). */
+static uint64_t enforced_limit(int dev, const char **why)
+{
+	return limits_current(dev, env_limit(dev), why);
+}
+
+/* The limit to report (memory info, device properties): the enforced one, or the environment's
+ * while the limits file is unusable (allocations are refused meanwhile). */
+static uint64_t limit_of(int dev)
+{
+	const char *why = NULL;
+	uint64_t limit = enforced_limit(dev, &why);
+	return why ? env_limit(dev) : limit;
 }
 
 /* The process's slot; one more try when it had none (a slot may have been freed since). */
@@ -390,14 +412,19 @@ static void say_refused(struct process *p, int dev, uint64_t bytes, const char *
 static struct process *reserve(int dev, uint64_t bytes, hipError_t *refusal)
 {
 	*refusal = hipSuccess;
-	struct process *p = limit_of(dev) ? process_get() : NULL;
+	struct process *p = env_limit(dev) ? process_get() : NULL;
 	if (!p)
 		return NULL;
 	struct slot *s = slot_of(p);
+	const char *limits_why = NULL;
+	uint64_t limit = enforced_limit(dev, &limits_why);
 	if (!s) {
 		*refusal = hipErrorOutOfMemory;
 		say_refused(p, dev, bytes, __atomic_load_n(&p->no_slot_why, __ATOMIC_ACQUIRE));
-	} else if (!account_reserve(s, dev, bytes, limit_of(dev), p->pid)) {
+	} else if (limits_why) {
+		*refusal = hipErrorOutOfMemory;
+		say_refused(p, dev, bytes, limits_why);
+	} else if (!account_reserve(s, dev, bytes, limit, p->pid)) {
 		*refusal = hipErrorOutOfMemory;
 		say_refused(p, dev, bytes, "past the slice");
 	}
@@ -480,7 +507,9 @@ struct request {
 static hipError_t top_up(struct process *p, const struct request *r, void *ptr, uint64_t taken)
 {
 	struct slot *s = __atomic_load_n(&p->slot, __ATOMIC_ACQUIRE);
-	if (account_reserve(s, r->dev, taken - r->bytes, limit_of(r->dev), p->pid))
+	const char *limits_why = NULL;
+	uint64_t limit = enforced_limit(r->dev, &limits_why);
+	if (!limits_why && account_reserve(s, r->dev, taken - r->bytes, limit, p->pid))
 		return hipSuccess;
 	say_refused(p, r->dev, taken, "past the slice once padded");
 	REAL(&hip_map_g, hipFree)(ptr);
@@ -984,7 +1013,7 @@ static hipError_t w_hipMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 	hipError_t err = REAL(&hip_map_g, hipMemGetInfo)(free_bytes, total_bytes);
 	int dev = current_device();
 	uint64_t limit = limit_of(dev);
-	struct process *p = limit ? process_get() : NULL;
+	struct process *p = env_limit(dev) ? process_get() : NULL;
 	if (err != hipSuccess || !p || !free_bytes || !total_bytes)
 		return err;
 	account_refresh(p->pid);
@@ -1000,7 +1029,7 @@ static hipError_t w_hipMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 /* A call that reported dev's total memory succeeded: the slice's limit instead, where dev has one. */
 static hipError_t as_slice_total(hipError_t err, size_t *total_bytes, int dev)
 {
-	if (err == hipSuccess && total_bytes && limit_of(dev))
+	if (err == hipSuccess && total_bytes && env_limit(dev))
 		*total_bytes = limit_of(dev);
 	return err;
 }
@@ -1032,8 +1061,10 @@ static hipError_t w_hipDeviceTotalMem(size_t *bytes, hipDevice_t dev)
 static hipError_t w_hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr, int dev)
 {
 	hipError_t err = REAL(&hip_map_g, hipDeviceGetAttribute)(value, attr, dev);
-	if (err == hipSuccess && value && attr == hipDeviceAttributeTotalGlobalMem && limit_of(dev))
-		*value = limit_of(dev) > INT_MAX ? INT_MAX : (int)limit_of(dev);
+	if (err == hipSuccess && value && attr == hipDeviceAttributeTotalGlobalMem && env_limit(dev)) {
+		uint64_t limit = limit_of(dev);
+		*value = limit > INT_MAX ? INT_MAX : (int)limit;
+	}
 	return err;
 }
 

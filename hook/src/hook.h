@@ -31,6 +31,21 @@ void account_note(const char *text);
 /* Copy the last note to out; how many notes were written so far (0: none, or no account). */
 uint32_t account_read_note(char *out, size_t out_bytes);
 
+/* The node agent's account folder ($ROCSHARE_ACCOUNT_DIR, docs/container-account.md): when set, the
+ * account is <dir>/usage.v3.acct there and nowhere else (no fallback folder, no private account). */
+void account_use_agent_folder(const char *dir);
+/* The most the container held on device since its account was made (0 without an account). */
+uint64_t account_peak(int device);
+
+/* The slice's limits file (limits.c): $ROCSHARE_SLICE_DIR/limits, re-read when it changes. */
+void limits_configure(const char *slice_dir);
+int limits_configured(void);
+/* The limit now enforced on dev: env_bytes (the environment's) when no file is configured or dev
+ * has no limit there, else the file's; 0 with *why when the file is configured and unusable. */
+uint64_t limits_current(int dev, uint64_t env_bytes, const char **why);
+/* Parse a limits file's text (version 1): NULL and bytes/present filled, or why it is refused. */
+const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES], uint32_t *present);
+
 /* Decimal numbers, without libc's strto* (parse.c says why). Like strtoull/strtol in base 10:
  * leading blanks skipped, *end (if not NULL) after the last digit or s when none was read,
  * saturating when out of range. parse_u64 takes no sign but '+'. */

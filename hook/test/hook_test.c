@@ -42,6 +42,23 @@ __attribute__((weak)) uint32_t account_read_note(char *out, size_t out_bytes)
 	return 0;
 }
 
+/* 14d01c1's hook had no limits file: these stand in for it there (the hook's own win when it has them). */
+__attribute__((weak)) void limits_configure(const char *slice_dir)
+{
+	(void)slice_dir;
+}
+__attribute__((weak)) const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES],
+					       uint32_t *present)
+{
+	(void)text, (void)n, (void)bytes, (void)present;
+	return "no limits file in this hook";
+}
+__attribute__((weak)) uint64_t account_peak(int device)
+{
+	(void)device;
+	return 0;
+}
+
 #define MIB (1ull << 20)
 static int failures_g;
 #define CHECK(cond)                                                              \
@@ -588,6 +605,202 @@ static int run_mode(const char *mode, const char *mib)
 	return status;
 }
 
+
+/* ---- the slice's limits file (issue 43): read on every allocation, fail closed ---- */
+
+static void write_text(const char *path, const char *text, int in_place)
+{
+	char tmp[600];
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	int fd = open(in_place ? path : tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	CHECK(fd >= 0 && write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+	close(fd);
+	if (!in_place)
+		CHECK(rename(tmp, path) == 0);
+}
+
+static void test_limits_parse(void)
+{
+	uint64_t bytes[HOOK_MAX_DEVICES] = {0};
+	uint32_t present = 0;
+	const char *ok = "rocshare-limits 1\ngeneration 3\nmemory 0 4294967296\ncu-mask 0 0-15\nmemory 2 7\nfuture x\n";
+	CHECK(limits_parse(ok, strlen(ok), bytes, &present) == NULL);
+	CHECK(present == 5u && bytes[0] == 4294967296ull && bytes[2] == 7);
+	static const char *const refused[] = {
+		"", "rocshare-limits 2\nmemory 0 1\n", "rocshare-limits 1", "rocshare-limits 1\nmemory 0 1",
+		"rocshare-limits 1\nmemory 0  1\n", "rocshare-limits 1\nmemory  0 1\n", "rocshare-limits 1\nmemory 16 1\n",
+		"rocshare-limits 1\nmemory -1 1\n", "rocshare-limits 1\nmemory 0 -1\n", "rocshare-limits 1\nmemory 0 1x\n",
+		"rocshare-limits 1\nmemory 0 18446744073709551616\n", "rocshare-limits 1\nmemory 0\n",
+		"rocshare-limits 1\nmemory 0 1\nmemory 0 2\n", "rocshare-limits 1\nmemory \n", "ROCSHARE-LIMITS 1\n",
+		"rocshare-limits 1\nmemory 0 +1\n",
+	};
+	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+		const char *why = limits_parse(refused[i], strlen(refused[i]), bytes, &present);
+		if (!why)
+			fprintf(stderr, "accepted: %s\n", refused[i]);
+		CHECK(why != NULL);
+	}
+	CHECK(limits_parse("rocshare-limits 1\nmemory 0 1\n\0", 30, bytes, &present) != NULL); /* NUL byte */
+	static char big[4200];
+	memset(big, '#', sizeof big);
+	memcpy(big, "rocshare-limits 1\n", 18);
+	big[sizeof big - 1] = '\n';
+	CHECK(limits_parse(big, sizeof big, bytes, &present) != NULL);
+}
+
+/* A process holding 48 MiB under a 64 MiB limit file is refused 32 more; the file raised to 128 MiB,
+ * the same process gets them (no restart). An in-place rewrite of the same size within the same
+ * second is seen too. A missing, symlinked, malformed or foreign-version file refuses (fail closed),
+ * and so does a file without a line for the limited GPU. */
+static void test_limits_file_resize(void)
+{
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	__typeof__(&hipFree) f = BIND(hip_g, hipFree);
+	char dir[] = "/tmp/rocshare-hook-slice-XXXXXX", path[600], link_path[600];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	write_text(path, "rocshare-limits 1\ngeneration 1\nmemory 0 67108864\n", 0);
+	limits_configure(dir);
+	void *held = NULL, *more = NULL, *extra = NULL;
+	CHECK(m(&held, 48 * MIB) == hipSuccess);
+	CHECK(m(&more, 32 * MIB) == hipErrorOutOfMemory);
+	write_text(path, "rocshare-limits 1\ngeneration 2\nmemory 0 134217728\n", 0);
+	CHECK(m(&more, 32 * MIB) == hipSuccess); /* 80 of 128 MiB */
+	size_t free_bytes = 0, total = 0;
+	CHECK(BIND(hip_g, hipMemGetInfo)(&free_bytes, &total) == hipSuccess);
+	CHECK(total == 128 * MIB && free_bytes == 48 * MIB);
+	write_text(path, "rocshare-limits 1\ngeneration 3\nmemory 0 067108864\n", 1); /* same size, in place */
+	CHECK(m(&extra, 1 * MIB) == hipErrorOutOfMemory); /* shrunk below what is held: nothing more */
+	CHECK(f(more) == hipSuccess);
+	CHECK(m(&extra, 16 * MIB) == hipSuccess && f(extra) == hipSuccess); /* 48 + 16 = 64 */
+	write_text(path, "rocshare-limits 1\nmemory 1 134217728\n", 0); /* no line for GPU 0 */
+	CHECK(m(&extra, 1 * MIB) == hipErrorOutOfMemory);
+	write_text(path, "rocshare-limits 2\nmemory 0 134217728\n", 0);
+	CHECK(m(&extra, 1 * MIB) == hipErrorOutOfMemory);
+	char note[256];
+	account_read_note(note, sizeof note);
+	CHECK(strstr(note, "not version 1") != NULL);
+	snprintf(link_path, sizeof link_path, "%s/elsewhere", dir);
+	write_text(link_path, "rocshare-limits 1\nmemory 0 134217728\n", 0);
+	CHECK(unlink(path) == 0 && symlink(link_path, path) == 0);
+	CHECK(m(&extra, 1 * MIB) == hipErrorOutOfMemory); /* a symlink is not followed */
+	CHECK(unlink(path) == 0);
+	CHECK(m(&extra, 1 * MIB) == hipErrorOutOfMemory); /* missing */
+	account_read_note(note, sizeof note);
+	CHECK(strstr(note, "limits file is missing") != NULL);
+	write_text(path, "rocshare-limits 1\nmemory 0 67108864\n", 0);
+	CHECK(m(&extra, 16 * MIB) == hipSuccess && f(extra) == hipSuccess);
+	CHECK(account_peak(0) >= 80 * MIB);
+	CHECK(f(held) == hipSuccess);
+	limits_configure(NULL);
+	unlink(path);
+	unlink(link_path);
+	rmdir(dir);
+}
+
+/* Resizes while 4 threads allocate and free 16 MiB pieces: the limit flips between 64 and 128 MiB
+ * 300 times as the agent writes it (a new file renamed over the old); the threads take turns (a
+ * mutex, so what is held is known exactly: a reservation's tentative addition would otherwise show
+ * in account_used(); racing reservations are race_test.c's), the file changes under them. Nothing
+ * held ever passes the larger limit, and everything is given back. */
+struct resize_race {
+	__typeof__(&hipMalloc) m;
+	__typeof__(&hipFree) f;
+	pthread_mutex_t lock;
+	uint64_t held_bytes, most_held_bytes;
+	int stop, past, granted;
+};
+
+static void *resize_churn(void *arg)
+{
+	struct resize_race *r = arg;
+	void *held[8] = {0};
+	for (int round = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); round++) {
+		int i = round % 8;
+		pthread_mutex_lock(&r->lock);
+		if (held[i]) {
+			r->f(held[i]);
+			held[i] = NULL;
+			r->held_bytes -= 16 * MIB;
+		} else if (r->m(&held[i], 16 * MIB) == hipSuccess) {
+			r->granted++;
+			r->held_bytes += 16 * MIB;
+			r->past += r->held_bytes > 128 * MIB || account_used(0) != r->held_bytes;
+			r->most_held_bytes = r->held_bytes > r->most_held_bytes ? r->held_bytes : r->most_held_bytes;
+		} else {
+			held[i] = NULL;
+		}
+		pthread_mutex_unlock(&r->lock);
+	}
+	pthread_mutex_lock(&r->lock); /* the others may still be in their last round */
+	for (int i = 0; i < 8; i++)
+		if (held[i]) {
+			r->f(held[i]);
+			r->held_bytes -= 16 * MIB;
+		}
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+static void test_resize_race(void)
+{
+	char dir[] = "/tmp/rocshare-hook-race-XXXXXX", path[600];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	write_text(path, "rocshare-limits 1\nmemory 0 67108864\n", 0);
+	limits_configure(dir);
+	struct resize_race r = {BIND(hip_g, hipMalloc), BIND(hip_g, hipFree), PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, 0, 0};
+	pthread_t t[4];
+	int err_fd = dup(2), devnull = open("/dev/null", O_WRONLY); /* the refusals' lines */
+	dup2(devnull, 2);
+	for (int i = 0; i < 4; i++)
+		pthread_create(&t[i], NULL, resize_churn, &r);
+	for (int flip = 0; flip < 300; flip++)
+		write_text(path, flip % 2 ? "rocshare-limits 1\nmemory 0 67108864\n" : "rocshare-limits 1\nmemory 0 134217728\n",
+			   0);
+	__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	dup2(err_fd, 2);
+	close(err_fd);
+	close(devnull);
+	printf("resize race: %d granted, %d past 128 MiB or miscounted, at most %llu MiB held\n", r.granted, r.past,
+	       (unsigned long long)(r.most_held_bytes / MIB));
+	CHECK(r.past == 0 && r.most_held_bytes > 64 * MIB); /* the larger limit applied while they ran */
+	CHECK(account_used(0) == 0);
+	limits_configure(NULL);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* $ROCSHARE_ACCOUNT_DIR: the account is usage.v3.acct there; a folder that cannot hold it is a
+ * refusal, never /tmp or a private account (run in a child: the account is mapped once per image). */
+static void test_agent_folder(void)
+{
+	char dir[] = "/tmp/rocshare-hook-acct-XXXXXX", path[600];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/usage.v3.acct", dir);
+	pid_t child = fork();
+	if (child == 0) {
+		setenv("ROCSHARE_ACCOUNT_DIR", dir, 1);
+		execl(self_g_path, self_g_path, "alloc", "8", (char *)NULL);
+		_exit(3);
+	}
+	CHECK(exit_status(child) == 0);
+	CHECK(access(path, F_OK) == 0);
+	unlink(path);
+	char missing[700];
+	snprintf(missing, sizeof missing, "%s/not-there", dir);
+	child = fork();
+	if (child == 0) {
+		setenv("ROCSHARE_ACCOUNT_DIR", missing, 1);
+		execl(self_g_path, self_g_path, "alloc", "8", (char *)NULL);
+		_exit(3);
+	}
+	CHECK(exit_status(child) == 1); /* refused: no fallback to /tmp */
+	rmdir(dir);
+}
+
 /* The hook's own parsers (parse.c) answer as libc's strtol/strtoull in base 10 would, value and
  * end alike, except that parse_u64 takes no '-' (strtoull negates: "-1" is 2^64-1). */
 static void test_parse(void)
@@ -657,6 +870,10 @@ int main(int argc, char **argv)
 	RUN(test_reclaim_matches_start_time);
 	RUN(test_uids_share_one_account);
 	RUN(test_disabling_is_said);
+	RUN(test_limits_parse);
+	RUN(test_limits_file_resize);
+	RUN(test_resize_race);
+	RUN(test_agent_folder);
 	printf("%s: %d failures\n", failures_g ? "FAIL" : "ok", failures_g);
 	return failures_g != 0;
 }

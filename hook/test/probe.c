@@ -6,6 +6,9 @@
  *   hook-probe alloc <bytes>   one hipMalloc; prints its result, holds it until stdin closes
  *   hook-probe info            hipMemGetInfo only
  *   hook-probe fork <bytes>    allocate, fork; the child reports its own view and allocation
+ *   hook-probe hold <bytes>    one hipMalloc; prints its result, holds it until killed (the demo's processes)
+ *   hook-probe serve           one hipMalloc per line of stdin (<bytes>), each answered by a line
+ *                              {"result","free","total"}; everything held until stdin closes
  *   hook-probe bench <pairs>   ns per hipMalloc+hipFree pair after as many untimed: p50, p99
  *
  * The limit L is HIP_DEVICE_MEMORY_LIMIT_0 read here (MiB with "m"), else 1 GiB. */
@@ -210,6 +213,31 @@ static int run_alloc(unsigned long long bytes)
 	return 0;
 }
 
+static int run_hold(unsigned long long bytes)
+{
+	void *p = NULL;
+	hipError_t e = hipMalloc(&p, bytes);
+	printf("{\"result\":\"%s\",\"pid\":%d}\n", name(e), (int)getpid());
+	fflush(stdout);
+	for (;;)
+		pause(); /* held until killed */
+	return 0;
+}
+
+static int run_serve(void)
+{
+	char line[64];
+	while (fgets(line, sizeof line, stdin)) {
+		void *p = NULL;
+		hipError_t e = hipMalloc(&p, strtoull(line, NULL, 10));
+		size_t f = 0, t = 0;
+		hipMemGetInfo(&f, &t);
+		printf("{\"result\":\"%s\",\"free\":%zu,\"total\":%zu}\n", name(e), f, t);
+		fflush(stdout);
+	}
+	return 0; /* held memory goes with the process */
+}
+
 static int run_fork(unsigned long long bytes)
 {
 	void *p = NULL;
@@ -274,6 +302,10 @@ int main(int argc, char **argv)
 		return run_alloc(strtoull(argv[2], NULL, 10));
 	if (argc >= 3 && !strcmp(argv[1], "fork"))
 		return run_fork(strtoull(argv[2], NULL, 10));
+	if (argc >= 3 && !strcmp(argv[1], "hold"))
+		return run_hold(strtoull(argv[2], NULL, 10));
+	if (argc >= 2 && !strcmp(argv[1], "serve"))
+		return run_serve();
 	if (argc >= 3 && !strcmp(argv[1], "bench"))
 		return run_bench(atoi(argv[2]));
 	if (argc >= 2 && !strcmp(argv[1], "info")) {

@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocshare.api.container_account import DEFAULT_ACCOUNT_ROOT
 from rocshare.api.models import AgentInterface, GpuInfo, HookLibrary, HookMissing
 from rocshare.kube.client import ApiError, Kube
+from rocshare_agent.accounts import AccountStore
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.slice_limits import follow_resizes
 from rocshare_agent.deviceplugin.server import DEFAULT_PLUGIN_DIR, run_plugin_units
@@ -66,8 +68,8 @@ class AgentConfig:
     dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     load_check_dir: Path = Path(DEFAULT_LOAD_CHECK_DIR)
-    account_dir: Path | None = None
-    """The containers' account folders (docs/container-account.md); None: no accounts, no resize writes."""
+    account_dir: Path | None = Path(DEFAULT_ACCOUNT_ROOT)
+    """Per-container account folders (docs/container-account.md); None: the hook keeps its own, and resizes are not written."""
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):
@@ -79,6 +81,8 @@ def _start_monitor(config: AgentConfig, pods: KubePods):
     server, _thread = start_monitor(sysfs_root=config.sysfs_root, proc_root=config.proc_root,
                                     port=config.monitor_port, addr=config.monitor_addr,
                                     node_name=config.node_name, pods=lambda: _snapshot(pods),
+                                    accounts=_account_store(config),
+                                    cdi_dir=config.cdi_dir if config.interface == AgentInterface.DRA else None,
                                     extra_collectors=[HookCollector(node_name=config.node_name,
                                                                     hook_dir=config.hook_path)])
     log.info("monitor serving /metrics on %s:%d", config.monitor_addr, config.monitor_port)
@@ -154,7 +158,7 @@ async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
                                   hook_missing=config.hook_missing,
                                   load_check_dir=config.load_check_dir if _install_load_check(config) else None,
                                   dev_root=str(config.dev_root), cgroup_root=config.cgroup_root,
-                                  pod_device_dir=config.pod_device_dir)
+                                  pod_device_dir=config.pod_device_dir, accounts=_account_store(config))
     first_inventory = asyncio.Event()
 
     def on_inventory(gpus: list[GpuInfo]) -> None:
@@ -183,7 +187,7 @@ async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices
     service = DraPluginService(kube=kube, node_name=config.node_name, inventory=lambda: slices.offered,
                                cdi_dir=config.cdi_dir, hook_host_dir=config.hook_path,
                                hook_missing=config.hook_missing, dev_root=str(config.dev_root),
-                               load_check_dir=str(config.load_check_dir))
+                               load_check_dir=str(config.load_check_dir), accounts=_account_store(config))
     _install_load_check(config)
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(run_inventory_loop(kube, node_name=config.node_name, sysfs_root=config.sysfs_root,
@@ -194,6 +198,7 @@ async def _run_dra_parts(kube: Kube, config: AgentConfig, pods: KubePods, slices
         tasks.create_task(pods.run())
         tasks.create_task(serve_dra_plugin(service, plugins_dir=config.dra_plugins_dir,
                                            registry_dir=config.dra_registry_dir))
+        tasks.create_task(_sweep_claim_accounts(service))
 
 
 async def _withdraw_slice(slices: SlicePublisher) -> None:
@@ -211,6 +216,17 @@ async def _sweep_pod_devices(service: DevicePluginService, pods: KubePods, perio
         service.forget_gone_pods()
         service.audit_load_check()
         await asyncio.sleep(period_s)
+
+
+async def _sweep_claim_accounts(service: DraPluginService, period_s: float = 30.0) -> None:
+    """Account folders of claims no longer prepared go (unprepare removes them; this catches the rest)."""
+    while True:
+        service.forget_unprepared_accounts()
+        await asyncio.sleep(period_s)
+
+
+def _account_store(config: AgentConfig) -> AccountStore | None:
+    return AccountStore(config.account_dir) if config.account_dir is not None else None
 
 
 def main(config: AgentConfig) -> int:

@@ -13,6 +13,8 @@ import logging
 import os
 from pathlib import Path
 
+from rocshare.api.container_account import DEFAULT_ACCOUNT_ROOT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
@@ -37,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the host's group file (mounted in the agent), for the video and render group ids")
     parser.add_argument("--pod-device-dir", type=Path, default=Path("/var/lib/rocshare/pod-devices"),
                         help="host folder for per-pod device files that non-root containers can open; 'none' disables")
+    parser.add_argument("--account-dir", default=DEFAULT_ACCOUNT_ROOT,
+                        help="host folder for per-container account folders (docs/container-account.md): the hook's "
+                             "usage and the slice's limits, mounted into slice containers; 'none': the hook keeps "
+                             "its account in the container's /tmp and no limit changes without a restart")
     parser.add_argument("--exporter-url", default=None,
                         help="AMD Device Metrics Exporter /metrics URL (overrides the pool's health settings)")
     parser.add_argument("--health-interval-s", type=float, default=2.0, help="seconds between health checks")
@@ -80,5 +86,6 @@ def run(args: argparse.Namespace) -> int:
         proc_root=args.proc_root, monitor_port=args.monitor_port, monitor_addr=args.monitor_addr,
         interface=AgentInterface(args.interface), dra_plugins_dir=args.dra_plugins_dir,
         dra_registry_dir=args.dra_registry_dir, cdi_dir=args.cdi_dir, load_check_dir=args.load_check_dir,
+        account_dir=None if args.account_dir == "none" else Path(args.account_dir),
     )
     return main(config)

@@ -17,6 +17,15 @@ Per GPU (labels node, device_index, device_uuid, device_type), from the amdgpu D
   rocshare_host_gpu_temperature_celsius              hwmon temp1_input (milli-degrees)
   rocshare_host_gpu_power_usage_watts                hwmon power1_average, else power1_input (microwatts)
 
+Where a container has an account folder (docs/container-account.md, read by accounts.py) holding
+the hook's usage file, its used and limit series come from there instead: the hook's exact per-container account (what its
+processes hold through HIP, on every GPU position) and the limit the hook enforces (the slice's
+limits file). Beside them, rocshare's own:
+  rocshare_container_memory_peak_bytes   the most the container held per GPU since its account was made
+  rocshare_container_processes           live processes in the container's account
+  rocshare_container_accounts_unreadable accounts on the node that could not be read this scrape
+Used and peak are the container's own word (it can write its usage file); the limit is the agent's.
+
 A process is mapped to its pod through /proc/<pid>/cgroup (cgroupfs and systemd layouts;
 containerd, CRI-O and docker ids), the pod to its namespace and name through the agent's
 cache of this node's pods, and the container id to its name through the pod's container
@@ -40,7 +49,10 @@ from prometheus_client.registry import Collector
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, decode_record
 from rocshare.api.models import GpuInfo
+from rocshare.api.container_account import USAGE_FILE
+from rocshare_agent.accounts import AccountReading, AccountStore
 from rocshare_agent.discovery import DiscoveryResult, discover, drm_devices
+from rocshare_agent.dra.cdi import PreparedClaim, read_prepared
 from rocshare_agent.discovery.kfd import parse_int
 from rocshare_agent.discovery.sysfs import list_names, numbered_children, read_text
 
@@ -175,8 +187,11 @@ class GpuMetricsCollector(Collector):
     """Reads everything on each scrape; nothing is cached between scrapes."""
 
     def __init__(self, *, sysfs_root: Path, proc_root: Path = Path("/proc"), node_name: str = "",
-                 pods: PodsSource = lambda: (), discovery: Callable[[], DiscoveryResult] | None = None) -> None:
+                 pods: PodsSource = lambda: (), discovery: Callable[[], DiscoveryResult] | None = None,
+                 accounts: AccountStore | None = None, cdi_dir: Path | None = None) -> None:
         self.sysfs_root = Path(sysfs_root)
+        self._accounts = accounts
+        self._cdi_dir = cdi_dir
         self.proc_root = Path(proc_root)
         self.node_name = node_name
         self._pods = pods
@@ -194,7 +209,17 @@ class GpuMetricsCollector(Collector):
         limit = GaugeMetricFamily("hami_vgpu_memory_limit_bytes", help_texts["limit"], labels=CONTAINER_LABELS)
         busy = GaugeMetricFamily("hami_container_device_utilization_ratio", help_texts["busy"], labels=CONTAINER_LABELS)
         gpus = {gpu.id: gpu for gpu in result.gpus}
-        for (name, gpu_id), usage in sorted(self._usage(result).items(), key=lambda item: repr(item[0])):
+        usage_by_key = self._usage(result)
+        accounted = self._account_usage(gpus)
+        for key, entry in accounted.usage.items():
+            kfd = usage_by_key.get(key)
+            if key in accounted.counted:  # the hook's account is exact per container: it replaces KFD's sum
+                entry.cu_busy = kfd.cu_busy if kfd is not None else None
+                usage_by_key[key] = entry
+            elif kfd is not None and entry.limit_bytes is not None:
+                kfd.limit_bytes = entry.limit_bytes  # no usage file yet: KFD's use, the limit enforced now
+        yield from accounted.families(self.node_name)
+        for (name, gpu_id), usage in sorted(usage_by_key.items(), key=lambda item: repr(item[0])):
             gpu = gpus[gpu_id]
             labels = [name.namespace, name.pod, name.container, str(usage.vdevice_index or 0), gpu.id, ZONE]
             used.add_metric(labels, usage.used_bytes)
@@ -231,6 +256,29 @@ class GpuMetricsCollector(Collector):
                 if kfd_gpu_id in busy:
                     entry.cu_busy = (entry.cu_busy or 0) + busy[kfd_gpu_id]
         return usage
+
+    def _account_usage(self, gpus: Mapping[str, GpuInfo]) -> _Accounted:
+        accounted = _Accounted()
+        if self._accounts is None:
+            return accounted
+        pods = list(self._pods())
+        by_uid = _pods_by_uid(pods)
+        claims = self._prepared_claims()
+        for reading in self._accounts.read_all():
+            if reading.error is not None:
+                accounted.unreadable += 1
+            named = _account_owner(reading, by_uid, pods, claims)
+            if named is not None:
+                accounted.add(reading, named[0], [gpus.get(gpu_id) for gpu_id in named[1]])
+        return accounted
+
+    def _prepared_claims(self) -> dict[str, PreparedClaim]:
+        if self._cdi_dir is None:
+            return {}
+        try:
+            return {claim.uid: claim for claim in read_prepared(self._cdi_dir) if not isinstance(claim, str)}
+        except OSError:
+            return {}
 
     def _processes(self, pods: Mapping[str, Mapping[str, Any]]) -> Iterator[_Process]:
         for pid, proc_dir in numbered_children(self.sysfs_root / KFD_PROC):
@@ -273,6 +321,89 @@ class GpuMetricsCollector(Collector):
                 if value is not None:
                     families[key].add_metric(label_sets[key], value)
         yield from families.values()
+
+
+class _Accounted:
+    """What the node's accounts say, keyed as the KFD usage is (container, GPU id)."""
+
+    def __init__(self) -> None:
+        self.usage: dict[tuple[ContainerName, str], _ContainerUsage] = {}
+        self.peak: dict[tuple[ContainerName, str], tuple[int, int]] = {}  # (position, bytes)
+        self.processes: dict[ContainerName, int] = {}
+        self.counted: set[tuple[ContainerName, str]] = set()  # keys whose account has a usage file
+        self.unreadable = 0
+
+    def add(self, reading: AccountReading, name: ContainerName, gpus: Sequence[GpuInfo | None]) -> None:
+        usage, limits = reading.usage, reading.limits
+        if usage is not None:
+            self.processes[name] = usage.processes
+        for position, gpu in enumerate(gpus):
+            if gpu is None:
+                continue
+            limit = None  # limits unreadable: not reported
+            if limits is not None and position in limits.memory_bytes:
+                limit = limits.memory_bytes[position]
+            elif limits is not None and gpu.vram_mib is not None:
+                limit = gpu.vram_mib * MIB  # a whole GPU: its VRAM, as for KFD's series
+            used = usage.used_bytes.get(position, 0) if usage is not None else 0
+            self.usage[(name, gpu.id)] = _ContainerUsage(used_bytes=used, limit_bytes=limit, vdevice_index=position)
+            if usage is not None:
+                self.counted.add((name, gpu.id))
+                self.peak[(name, gpu.id)] = (position, usage.peak_bytes.get(position, 0))
+
+    def families(self, node_name: str) -> Iterator[GaugeMetricFamily]:
+        peak = GaugeMetricFamily("rocshare_container_memory_peak_bytes",
+                                 "The most the container held on the GPU since its account was made (its own word)",
+                                 labels=CONTAINER_LABELS[:-1])
+        processes = GaugeMetricFamily("rocshare_container_processes", "Live processes in the container's account",
+                                      labels=["namespace", "pod", "container"])
+        unreadable = GaugeMetricFamily("rocshare_container_accounts_unreadable",
+                                       f"Account folders whose {USAGE_FILE} or limits could not be read this scrape",
+                                       labels=["node"])
+        for (name, gpu_id), (position, value) in sorted(self.peak.items(), key=lambda item: repr(item[0])):
+            peak.add_metric([name.namespace, name.pod, name.container, str(position), gpu_id], value)
+        for name, count in sorted(self.processes.items(), key=repr):
+            processes.add_metric([name.namespace, name.pod, name.container], count)
+        unreadable.add_metric([node_name], self.unreadable)
+        yield from (peak, processes, unreadable)
+
+
+def _account_owner(reading: AccountReading, pods_by_uid: Mapping[str, Mapping[str, Any]],
+                   pods: Sequence[Mapping[str, Any]], claims: Mapping[str, PreparedClaim]
+                   ) -> tuple[ContainerName, list[str]] | None:
+    """The container an account belongs to and its GPU ids by position; None when its pod or claim is
+    not (or no longer) on this node."""
+    owner = reading.owner
+    if owner.kind == "pod":
+        pod = pods_by_uid.get(owner.uid)
+        ids = _record_devices(pod).get(owner.container) if pod is not None else None
+        if pod is None or ids is None:
+            return None
+        meta = pod.get("metadata") or {}
+        return ContainerName(meta.get("namespace", ""), meta.get("name", ""), owner.container), ids
+    claim = claims.get(owner.uid)
+    consumer = _claim_consumer(pods, claim.namespace, claim.name) if claim is not None else None
+    if claim is None or consumer is None:
+        return None
+    return consumer, [device.slice.gpu_id for device in claim.devices]
+
+
+def _claim_consumer(pods: Sequence[Mapping[str, Any]], namespace: str, claim_name: str) -> ContainerName | None:
+    """The container of a pod in `namespace` that names the ResourceClaim `claim_name` (one consumer:
+    the driver refuses a claim shared by several)."""
+    for pod in pods:
+        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        if meta.get("namespace") != namespace:
+            continue
+        entries = {entry.get("name") for entry in status.get("resourceClaimStatuses") or []
+                   if entry.get("resourceClaimName") == claim_name}
+        entries |= {entry.get("name") for entry in spec.get("resourceClaims") or []
+                    if entry.get("resourceClaimName") == claim_name}
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            named = {claim.get("name") for claim in (container.get("resources") or {}).get("claims") or []}
+            if named & entries:
+                return ContainerName(namespace, meta.get("name", ""), container.get("name", ""))
+    return None
 
 
 def _pods_by_uid(pods: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
@@ -319,13 +450,14 @@ def _first_hwmon(device_dir: Path) -> Path | None:
 
 def start_monitor(*, sysfs_root: Path, proc_root: Path = Path("/proc"), port: int = MONITOR_PORT,
                   addr: str = "0.0.0.0", node_name: str = "", pods: PodsSource = lambda: (),
-                  discovery: Callable[[], DiscoveryResult] | None = None, extra_collectors: Sequence[Collector] = ()):
+                  discovery: Callable[[], DiscoveryResult] | None = None, extra_collectors: Sequence[Collector] = (),
+                  accounts: AccountStore | None = None, cdi_dir: Path | None = None):
     """Serve /metrics in a background thread; returns (server, thread): `server.shutdown()` stops it.
     `pods` is called from that thread: it must return a snapshot (a new list), never a live view.
     `extra_collectors` join the registry (the agent's memory-hook gauge, hook.py)."""
     registry = CollectorRegistry()
     registry.register(GpuMetricsCollector(sysfs_root=sysfs_root, proc_root=proc_root, node_name=node_name,
-                                          pods=pods, discovery=discovery))
+                                          pods=pods, discovery=discovery, accounts=accounts, cdi_dir=cdi_dir))
     for collector in extra_collectors:
         registry.register(collector)
     return start_http_server(port, addr=addr, registry=registry)

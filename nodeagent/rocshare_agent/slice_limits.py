@@ -10,88 +10,52 @@ Only the record is read (the request annotation is the tenant's word; the record
 operator alone, admission refuses it from anyone else). The folder is made by Allocate; a folder
 that is not there (the pod was served by an agent without accounts, or not yet) is left alone, and
 the next event tries again. Folders are opened one level at a time without following a link
-(``O_NOFOLLOW`` relative to the parent's descriptor): the container can write its ``usage/`` folder,
-never redirect where the agent writes.
+(a ``slice`` that is a link is refused): the container can write its ``usage/`` folder, never redirect
+where the agent writes.
 
-Format, version 1 (the contract): ``rocshare-limits 1``, ``generation <n>``, then per GPU position
-``memory <i> <bytes>`` for a slice (a whole GPU has no line) and ``cu-mask <i> <ranges>`` where the
-slice has CU ranges. The hook of account43's first version applies the CU mask from the environment
-only; the line is written for the hook that applies it to existing queues.
+The file is the one Allocate writes (api.container_account: limits_for, encode_limits; version 1 of
+docs/container-account.md), with the record's generation.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, ContainerAllocation, decode_record
-from rocshare.core.cumask import render_ranges
+from rocshare.api.container_account import SLICE_DIR, limits_for
 from rocshare.core.holdings import is_plain_init
+from rocshare_agent.accounts import AccountStore
 
 log = logging.getLogger(__name__)
 
-HEADER = "rocshare-limits 1"
-LIMITS_FILE = "limits"
-MIB = 1024 * 1024
 EVENT_WAIT_S = 30.0
 
 
-def render_limits(container: ContainerAllocation, generation: int) -> str:
-    """The ``slice/limits`` text for one container of a record."""
-    lines = [HEADER, f"generation {generation}"]
-    for position, device in enumerate(container.devices):
-        if device.whole:
-            continue
-        lines.append(f"memory {position} {device.memory_mib * MIB}")
-        if device.cu_ranges:
-            lines.append(f"cu-mask {position} {render_ranges(device.cu_ranges)}")
-    return "\n".join(lines) + "\n"
-
-
-def write_limits(account_root: Path, pod_uid: str, container: str, text: str) -> bool:
-    """Replace ``slice/limits`` of that container's account; False when its folder is not there."""
+def write_limits(store: AccountStore, pod_uid: str, container: ContainerAllocation, generation: int) -> bool:
+    """Replace ``slice/limits`` of that container's account with the record's (api.container_account
+    limits_for, the rule Allocate writes by; AccountStore.write_limits, whole); False when Allocate made
+    no such folder. A ``slice`` that is not a real folder (a link) is an error, never followed."""
+    folder = store.pod_folder(pod_uid, container.name)
     try:
-        folder = _open_folder(account_root, ("pods", pod_uid, container, "slice"))
+        mode = os.lstat(folder / SLICE_DIR).st_mode
     except FileNotFoundError:
         return False
-    try:
-        temporary = f".{LIMITS_FILE}.{os.getpid()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=folder)
-        try:
-            os.write(fd, text.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, LIMITS_FILE, src_dir_fd=folder, dst_dir_fd=folder)
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    if not stat.S_ISDIR(mode):
+        raise OSError(f"{folder / SLICE_DIR} is not a folder (a link?): not written")
+    store.write_limits(folder, limits_for(container.devices, generation))
     return True
-
-
-def _open_folder(root: Path, parts: Iterable[str]) -> int:
-    """A descriptor of root/parts..., each level opened without following a link."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    for part in parts:
-        if not part or part in (".", "..") or "/" in part:
-            os.close(fd)
-            raise FileNotFoundError(f"not a folder name: {part!r}")
-        try:
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = inner
-    return fd
 
 
 class LimitsFollower:
     """Writes each resized record's limits once per (pod, generation)."""
 
     def __init__(self, account_root: Path) -> None:
-        self.account_root = account_root
+        self.store = AccountStore(account_root)
         self._written: dict[str, tuple[str, int]] = {}
         """Pod uid -> (record text, generation) whose limits are written."""
 
@@ -124,7 +88,7 @@ class LimitsFollower:
             if is_plain_init(container.init, container.sidecar) or all(d.whole for d in container.devices):
                 continue
             try:
-                done = write_limits(self.account_root, uid, container.name, render_limits(container, record.generation))
+                done = write_limits(self.store, uid, container, record.generation)
             except OSError as error:
                 log.error("slice limits of pod %s container %s: cannot write: %s", uid, container.name, error)
                 done = False

@@ -199,14 +199,22 @@ def test_multi_container_multi_gpu_pod_gets_exactly_its_record(cluster, mi210, m
     assert pod["status"]["phase"] == "Running", pod["status"].get("message")
     specs = container_specs(pod)
     hook_mount = [{"hostPath": f"{mi210.hook_dir}/libamvgpu.so", "containerPath": HOOK, "readOnly": True}]
+    account_env = {"ROCSHARE_ACCOUNT_DIR": "/usr/local/vgpu/account", "ROCSHARE_SLICE_DIR": "/usr/local/vgpu/slice"}
     assert specs["setup"]["envs"] == {"ROCR_VISIBLE_DEVICES": g2, "HIP_VISIBLE_DEVICES": "0", "HSA_CU_MASK": "0:0-9",
-                                      "HIP_DEVICE_MEMORY_LIMIT_0": "1024m", "LD_AUDIT": HOOK}
+                                      "HIP_DEVICE_MEMORY_LIMIT_0": "1024m", "LD_AUDIT": HOOK, **account_env}
     assert specs["a"]["envs"] == {"ROCR_VISIBLE_DEVICES": g0, "HIP_VISIBLE_DEVICES": "0", "HSA_CU_MASK": "0:0-51",
-                                  "HIP_DEVICE_MEMORY_LIMIT_0": "4096m", "LD_AUDIT": HOOK}
+                                  "HIP_DEVICE_MEMORY_LIMIT_0": "4096m", "LD_AUDIT": HOOK, **account_env}
     assert specs["b"]["envs"] == {"ROCR_VISIBLE_DEVICES": f"{g1},{g0}", "HIP_VISIBLE_DEVICES": "0,1",
-                                  "HSA_CU_MASK": "1:52-103", "HIP_DEVICE_MEMORY_LIMIT_1": "2048m", "LD_AUDIT": HOOK}
-    for name in ("setup", "a", "b"):
-        assert specs[name]["mounts"] == hook_mount
+                                  "HSA_CU_MASK": "1:52-103", "HIP_DEVICE_MEMORY_LIMIT_1": "2048m", "LD_AUDIT": HOOK,
+                                  **account_env}
+    for name in ("setup", "a", "b"):  # the container's account folder (docs/container-account.md): usage rw, slice ro
+        folder = mi210.account_dir / "pods" / pod["metadata"]["uid"] / name
+        assert specs[name]["mounts"] == [*hook_mount,
+                                         {"hostPath": f"{folder}/usage", "containerPath": "/usr/local/vgpu/account",
+                                          "readOnly": False},
+                                         {"hostPath": f"{folder}/slice", "containerPath": "/usr/local/vgpu/slice",
+                                          "readOnly": True}]
+        assert (folder / "slice" / "limits").is_file()
     dev = mi210.dev_root
     assert specs["b"]["devices"] == [
         {"hostPath": f"{dev}/kfd", "containerPath": "/dev/kfd", "permissions": "rw"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -218,5 +219,84 @@ def test_a_refusal_is_said_on_stderr_and_noted_in_the_account(hook_build: HookBu
     said = (f"refused {MIB} bytes on GPU 0: past the slice (the container holds {limit} of its {limit}-byte limit)")
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and re.fullmatch(r"rocshare-hook\[\d+\]: " + re.escape(said), lines[0]), out.stderr
-    [account] = tmp_path.glob("rocshare-hook-v2-*.acct")
+    [account] = tmp_path.glob("rocshare-hook-v3-*.acct")
     assert said.encode() in account.read_bytes()
+
+
+GIB = 1024 * MIB
+
+
+def _write_limits(slice_dir, generation: int, limit_bytes: int) -> None:
+    """The agent's way (docs/container-account.md): a whole new file renamed over the old one."""
+    temporary = slice_dir / "limits.tmp"
+    temporary.write_text(f"rocshare-limits 1\ngeneration {generation}\nmemory 0 {limit_bytes}\n")
+    temporary.rename(slice_dir / "limits")
+
+
+class Server:
+    """hook-probe serve: one running process that allocates on request and holds it all."""
+
+    def __init__(self, hook_build: HookBuild, env):
+        self.proc = subprocess.Popen([str(hook_build.probe), "serve"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def alloc(self, nbytes: int) -> dict:
+        self.proc.stdin.write(f"{nbytes}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> str:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        return self.proc.stderr.read()
+
+
+def test_a_limit_raised_in_the_slice_file_applies_without_a_restart(hook_build: HookBuild, tmp_path):
+    """Issue 43: a process holding 3 GiB under a 4 GiB limit is refused at 5 GiB; after the agent
+    rewrites the slice's limits file to 8 GiB, the same process (same pid, never restarted) gets
+    to 5 GiB, and memory info follows."""
+    account, slice_dir = tmp_path / "account", tmp_path / "slice"
+    account.mkdir()
+    slice_dir.mkdir()
+    _write_limits(slice_dir, 1, 4 * GIB)
+    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", ROCSHARE_ACCOUNT_DIR=str(account),
+                         ROCSHARE_SLICE_DIR=str(slice_dir), ROCM_STUB_VRAM_MIB="16384")
+    server = Server(hook_build, env)
+    try:
+        assert server.alloc(3 * GIB)["result"] == "hipSuccess"
+        refused = server.alloc(2 * GIB)
+        assert refused == {"result": "hipErrorOutOfMemory", "free": 1 * GIB, "total": 4 * GIB}
+        _write_limits(slice_dir, 2, 8 * GIB)
+        assert server.alloc(2 * GIB) == {"result": "hipSuccess", "free": 3 * GIB, "total": 8 * GIB}
+        pid = server.proc.pid
+    finally:
+        stderr = server.close()
+    assert server.proc.returncode == 0 and pid == server.proc.pid
+    assert f"refused {2 * GIB} bytes on GPU 0: past the slice (the container holds {3 * GIB} of its {4 * GIB}" in stderr
+    assert [p.name for p in account.iterdir()] == ["usage.v3.acct"]  # the account is in the agent's folder
+    assert not list(tmp_path.glob("rocshare-hook-*.acct"))  # and not in $ROCSHARE_HOOK_DIR
+    data = (account / "usage.v3.acct").read_bytes()
+    assert len(data) == 37248
+    assert struct.unpack_from("<Q", data, 37120)[0] == 5 * GIB  # peak on GPU 0 since the file was made
+
+
+def test_the_container_cannot_raise_its_limit_without_the_slice_file(hook_build: HookBuild, tmp_path):
+    """A tenant's process that removes or forges what it can write (the usage folder) gains nothing:
+    the limit comes from the slice folder only, and with the slice folder's file gone every limited
+    allocation is refused rather than falling back to a limit of the environment's."""
+    account, slice_dir = tmp_path / "account", tmp_path / "slice"
+    account.mkdir()
+    slice_dir.mkdir()
+    (account / "limits").write_text("rocshare-limits 1\nmemory 0 17179869184\n")  # a forged one, ignored
+    _write_limits(slice_dir, 1, 1 * GIB)
+    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="8192m", ROCSHARE_ACCOUNT_DIR=str(account),
+                         ROCSHARE_SLICE_DIR=str(slice_dir))
+    server = Server(hook_build, env)
+    try:
+        assert server.alloc(1 * GIB)["result"] == "hipSuccess"
+        assert server.alloc(1)["result"] == "hipErrorOutOfMemory"  # the file's 1 GiB, not the env's 8
+        (slice_dir / "limits").unlink()
+        assert server.alloc(1)["result"] == "hipErrorOutOfMemory"
+    finally:
+        stderr = server.close()
+    assert "the slice's limits file is missing" in stderr

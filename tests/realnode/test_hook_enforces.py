@@ -219,3 +219,50 @@ def test_the_cu_mask_holds_ceil_of_the_requested_share(deployed: Deployed, pods:
     wanted = math.ceil(cus * CORES_PCT / 100)  # 32
     ids = cu_ids(env["HSA_CU_MASK"])
     assert len(ids) == len(set(ids)) == wanted and min(ids) >= 0 and max(ids) < cus, env["HSA_CU_MASK"]
+
+
+ACCOUNT_ROOT = Path("/var/lib/rocshare/accounts")  # the agent's --account-dir, a hostPath on this node
+
+
+def test_the_slice_takes_its_limit_from_a_folder_it_cannot_write(deployed: Deployed, pods: dict) -> None:
+    """Issue 43 (docs/container-account.md), in a real container: the slice's account folder is on the
+    node where the agent made it, the usage file the hook writes appears there; the tenant, root in
+    its container, cannot write, replace or add to its slice folder (read-only bind), so it cannot
+    raise its own limit; the agent's rewrite of the limits file (done here as the agent does it: a
+    new file renamed over the old) lets the running pod allocate past its old limit, no restart."""
+    pod = pods["slice"]
+    env = container_env(deployed, "probe-slice")
+    assert env["ROCSHARE_ACCOUNT_DIR"] == "/usr/local/vgpu/account"
+    assert env["ROCSHARE_SLICE_DIR"] == "/usr/local/vgpu/slice"
+    folder = ACCOUNT_ROOT / "pods" / pod["metadata"]["uid"] / pod["spec"]["containers"][0]["name"]
+    limits = folder / "slice" / "limits"
+    slice_bytes = SLICE_MIB * MIB
+    original = limits.read_text()
+    assert f"\nmemory 0 {slice_bytes}\n" in original and original.startswith("rocshare-limits 1\n"), original
+    tenant_tries = ["echo 'rocshare-limits 1' > /usr/local/vgpu/slice/limits",
+                    "mv /usr/local/vgpu/slice/limits /usr/local/vgpu/slice/old",
+                    "printf 'rocshare-limits 1\\nmemory 0 99999999999\\n' > /usr/local/vgpu/slice/new",
+                    "rm -f /usr/local/vgpu/slice/limits", "mount -o remount,rw /usr/local/vgpu/slice"]
+    for command in tenant_tries:
+        done = exec_in(deployed, "probe-slice", "sh", "-c", command, check=False)
+        assert done.returncode != 0, (command, done.stdout, done.stderr)
+    assert limits.read_text() == original and sorted(p.name for p in limits.parent.iterdir()) == ["limits"]
+    held = probe(deployed, "probe-slice", "alloc", str(slice_bytes // 2))
+    assert held["result"] == "hipSuccess", held
+    usage = folder / "usage" / "usage.v3.acct"
+    peak = int.from_bytes(usage.read_bytes()[37120:37128], "little")
+    assert usage.stat().st_size == 37248 and peak >= slice_bytes // 2, peak
+    past = probe(deployed, "probe-slice", "alloc", str(slice_bytes + MIB))
+    assert past["result"] == "hipErrorOutOfMemory", past
+    try:
+        temporary = limits.parent / ".limits.tmp"
+        temporary.write_text(original.replace(f"memory 0 {slice_bytes}\n", f"memory 0 {2 * slice_bytes}\n"))
+        temporary.rename(limits)
+        grown = probe(deployed, "probe-slice", "alloc", str(slice_bytes + MIB))
+        assert grown["result"] == "hipSuccess", grown
+        info = probe(deployed, "probe-slice", "info")
+        assert info["memGetInfo"]["total"] == 2 * slice_bytes, info
+    finally:
+        temporary = limits.parent / ".limits.tmp"
+        temporary.write_text(original)
+        temporary.rename(limits)

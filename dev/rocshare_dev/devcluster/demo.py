@@ -26,6 +26,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram, mi300x_spx
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
+from rocshare_dev.devcluster import hook_workloads
 from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
 
 RUN = PROJECT_ROOT / "run" / "demo"
@@ -150,6 +151,11 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
     started = _step(f"waiting for the sample pods in {', '.join(NAMESPACES)} to run and the pools to count their GPUs")
     _wait_running(cluster, timeout_s=180)
     _wait_pools_counted(cluster, timeout_s=60)
+    _done(started)
+
+    started = _step("starting one hook-probe per slice container under the real memory hook (stub ROCm runtime), "
+                    "each holding half its slice in the container's account")
+    pids.update(hook_workloads.start(_pods(cluster), RUN / "hook-probes"))
     _done(started)
 
 

@@ -72,6 +72,11 @@ class SimulatedNode:
         return self._pid("agent")
 
     @property
+    def account_dir(self) -> Path:
+        """The node's container account folders (the agent's --account-dir), its own per simulated node."""
+        return self.root / "accounts"
+
+    @property
     def plugin_dir(self) -> Path:
         return self.root / "device-plugins"
 
@@ -119,7 +124,7 @@ class SimulatedNode:
         self._spawn("agent", [
             sys.executable, "-m", "rocshare.cli", "agent", f"--node-name={self.name}", f"--kubeconfig={self.kubeconfig}",
             f"--sysfs-root={self.sysfs_root}", f"--dev-root={self.dev_root}", f"--device-plugin-dir={self.plugin_dir}",
-            f"--hook-path={self.hook_dir}", "--hook-library=External",
+            f"--hook-path={self.hook_dir}", "--hook-library=External", f"--account-dir={self.account_dir}",
             f"--health-interval-s={self.health_interval_s}", "--monitor-port=0",
             "--cgroup-root=none", *self.agent_args])
 

@@ -12,6 +12,9 @@ A pure function of the allocation record's container entry and the node's invent
   mounted read-only -- unless the node has no hook and its pool runs slices without one
   (``memory_hook=False``): then no hook and no ``HIP_DEVICE_MEMORY_LIMIT_<i>`` either, since
   nothing would enforce it (the caller says so in an event; see hook.py).
+* A slice given the hook, when the caller made its account folder (`account`), gets it mounted:
+  the usage folder read-write and the slice folder read-only, at the fixed paths of
+  docs/container-account.md, with ROCSHARE_ACCOUNT_DIR and ROCSHARE_SLICE_DIR naming them.
 * On an oversubscribed pool (deviceMemoryScaling > 1), a slice whose GPUs can all oversubscribe
   (XNACK-capable: CDNA and the other gfx9 parts) gets ``HIP_OVERSUBSCRIBE=true`` and
   ``HSA_XNACK=1``, since hipMalloc then allocates from managed memory, which needs XNACK. An RDNA
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocshare.api.allocation import ContainerAllocation, DeviceSlice
+from rocshare.api.container_account import ACCOUNT_CONTAINER_DIR, ACCOUNT_DIR_ENV, SLICE_CONTAINER_DIR, SLICE_DIR_ENV
 from rocshare.api.container_env import (
     HIP_OVERSUBSCRIBE,
     HIP_VISIBLE_DEVICES,
@@ -46,7 +50,7 @@ from rocshare.api.gfx import xnack_capable
 from rocshare.api.models import GpuInfo
 from rocshare.core.cumask import render_hsa_cu_mask
 
-__all__ = ["HOOK_CONTAINER_DIR", "HOOK_CONTAINER_PATH", "HOOK_LIBRARY", "ContainerSpec", "DeviceNode", "Mount",
+__all__ = ["AccountFolders", "HOOK_CONTAINER_DIR", "HOOK_CONTAINER_PATH", "HOOK_LIBRARY", "ContainerSpec", "DeviceNode", "Mount",
            "SpecError", "render_container"]
 ROCR_UUID = re.compile(r"^GPU-[0-9a-fA-F]{16}$")
 
@@ -70,6 +74,14 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class AccountFolders:
+    """The host folders of a container's account (accounts.py made them)."""
+
+    usage_host_dir: str
+    slice_host_dir: str
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
     envs: dict[str, str] = field(default_factory=dict)
     devices: list[DeviceNode] = field(default_factory=list)
@@ -77,7 +89,8 @@ class ContainerSpec:
 
 
 def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, GpuInfo], *, oversubscribed: bool,
-                     hook_host_dir: str, memory_hook: bool = True, dev_root: str = "/dev") -> ContainerSpec:
+                     hook_host_dir: str, memory_hook: bool = True, dev_root: str = "/dev",
+                     account: AccountFolders | None = None) -> ContainerSpec:
     """The spec for `container`; raises SpecError when a committed GPU is not on this node."""
     gpus = [_gpu_for(device, gpus_by_id, container.name) for device in container.devices]
     has_slice = any(not device.whole for device in container.devices)
@@ -94,6 +107,11 @@ def render_container(container: ContainerAllocation, gpus_by_id: Mapping[str, Gp
             envs.update(_memory_limits(container.devices))
             envs[LD_AUDIT] = HOOK_CONTAINER_PATH
             mounts.append(Mount(str(PurePosixPath(hook_host_dir) / HOOK_LIBRARY), HOOK_CONTAINER_PATH))
+            if account is not None:
+                envs[ACCOUNT_DIR_ENV] = ACCOUNT_CONTAINER_DIR
+                envs[SLICE_DIR_ENV] = SLICE_CONTAINER_DIR
+                mounts.append(Mount(account.usage_host_dir, ACCOUNT_CONTAINER_DIR, read_only=False))
+                mounts.append(Mount(account.slice_host_dir, SLICE_CONTAINER_DIR, read_only=True))
         if oversubscribed and all(xnack_capable(gpu.gfx_target_version) for gpu in gpus):
             envs[HIP_OVERSUBSCRIBE] = "true"
             envs[HSA_XNACK] = "1"

@@ -37,12 +37,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rocshare.api.allocation import ContainerAllocation
+from rocshare.api.container_account import limits_for
 from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.api.resource_names import GPU_RESOURCE
 from rocshare.kube.client import ApiError
 from rocshare_agent.deviceplugin import deviceplugin_pb2 as pb
 from rocshare_agent.deviceplugin import dmem
-from rocshare_agent.deviceplugin.container_spec import ContainerSpec, SpecError, render_container
+from rocshare_agent.accounts import AccountStore
+from rocshare_agent.deviceplugin.container_spec import AccountFolders, ContainerSpec, SpecError, render_container
 from rocshare_agent.deviceplugin.devices import plugin_devices
 from rocshare_agent.deviceplugin.inflight import InFlightFinder, InFlightPod, PodRef, Refusal, next_container
 from rocshare_agent.deviceplugin.pod_devices import PodDeviceDir, container_identity
@@ -73,6 +75,10 @@ record against what the kubelet asks."""
 SERVED_MEMORY = 4096  # fully served pod uids remembered until the kubelet's status write is surely visible
 
 
+class AccountError(Exception):
+    """The container's account folder could not be made."""
+
+
 class PodSource(Protocol):
     """The node's pods (API server dicts) and the refusal the agent writes."""
 
@@ -87,12 +93,14 @@ class DevicePluginService:
     def __init__(self, *, node_name: str, pods: PodSource, hook_host_dir: str,
                  dev_root: str = "/dev", cgroup_root: Path | None = None,
                  pod_device_dir: Path | None = None, hook_missing: HookMissing = HookMissing.REFUSE,
-                 hook_check: Callable[[str], HookCheck] = check_hook, load_check_dir: Path | None = None) -> None:
+                 hook_check: Callable[[str], HookCheck] = check_hook, load_check_dir: Path | None = None,
+                 accounts: AccountStore | None = None) -> None:
         self.node_name = node_name
         self._pods = pods
         self._hook_host_dir = hook_host_dir
         self._hook_missing = hook_missing
         self._hook_check = hook_check
+        self._accounts = accounts  # per-container account folders (accounts.py); None: the hook's /tmp
         self.load_check_dir = load_check_dir  # set once the check and its CDI spec are installed (app.py)
         self._dev_root = dev_root
         self._cgroup_root = cgroup_root
@@ -218,12 +226,15 @@ class DevicePluginService:
         container = next_container(in_flight, served, device_count)
         memory_hook = self._memory_hook(container, in_flight.pod)
         try:
+            account = self._account_for(uid, container) if memory_hook else None
             spec = render_container(container, self._gpus_by_id, oversubscribed=in_flight.record.oversubscribed,
                                     hook_host_dir=self._hook_host_dir, memory_hook=memory_hook,
-                                    dev_root=self._dev_root)
+                                    dev_root=self._dev_root, account=account)
             spec = await self._for_its_user(spec, in_flight.pod, container.name)
         except SpecError as error:
             raise Refusal(f"pod {in_flight.pod}: {error}", in_flight.pod) from None
+        except AccountError as error:
+            raise Refusal(f"pod {in_flight.pod}: cannot make its account folder: {error}", in_flight.pod) from None
         except OSError as error:
             raise Refusal(f"pod {in_flight.pod}: cannot make device files for its user: {error}", in_flight.pod) from None
         if gets_load_check(spec):
@@ -235,6 +246,16 @@ class DevicePluginService:
             self._cap_vram(in_flight)
         log.info("Allocate: pod %s container %s (%d devices)", in_flight.pod, container.name, device_count)
         return to_response(spec)
+
+    def _account_for(self, pod_uid: str, container: ContainerAllocation) -> AccountFolders | None:
+        """The container's account folder with its limits written, for a slice; None without a store."""
+        if self._accounts is None or all(device.whole for device in container.devices):
+            return None
+        try:
+            folder = self._accounts.pod_folder(pod_uid, container.name)
+            return self._accounts.prepare(folder, limits_for(container.devices, generation=1))
+        except (OSError, ValueError) as error:
+            raise AccountError(str(error)) from None
 
     def _memory_hook(self, container: ContainerAllocation, pod: PodRef) -> bool:
         """Whether a slice container gets the hook; raises Refusal when it needs it and the pool
@@ -303,7 +324,11 @@ class DevicePluginService:
         remove_witnesses(check_dir, [name for name in witnessed if name.split("_", 1)[0] not in live])
 
     def forget_gone_pods(self) -> None:
-        """Remove per-pod device files of pods no longer on this node."""
+        """Remove per-pod device files and account folders of pods no longer on this node."""
+        if self._accounts is not None:
+            gone = self._accounts.remove_pods_except(p["metadata"].get("uid") for p in self._pods.cached())
+            if gone:
+                log.info("removed the account folders of %d finished pods", len(gone))
         if self._pod_devices is not None:
             removed = self._pod_devices.forget_all_but(p["metadata"].get("uid") for p in self._pods.cached())
             if removed:

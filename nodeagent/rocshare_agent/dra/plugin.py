@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rocshare.api import dra
+from rocshare.api.container_account import limits_for
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, encode_record
 from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, HookMissing, Sharing
@@ -29,7 +30,8 @@ from rocshare.core.dra_shares import AllocatedDevice, Holdings, ShareError, plan
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.resource_slices import specs_by_device
 from rocshare.kube.client import ApiError, Kube, NotFound, object_path
-from rocshare_agent.deviceplugin.container_spec import SpecError, render_container
+from rocshare_agent.accounts import AccountStore
+from rocshare_agent.deviceplugin.container_spec import AccountFolders, SpecError, render_container
 from rocshare_agent.dra import cdi
 from rocshare_agent.dra import dra_pb2 as pb
 from rocshare_agent.hook import HookCheck, check_hook, missing_message
@@ -41,6 +43,7 @@ NOT_ALLOCATED_REASON = "ClaimNotAllocated"
 LEDGER_REASON = "PreparedRecordUnreadable"
 HOOK_REASON = "MemoryHookMissing"
 SHARED_REASON = "ClaimSharedByConsumers"
+ACCOUNT_REASON = "AccountFolderUnusable"
 
 Inventory = Callable[[], tuple[Sequence[GpuInfo], Sharing] | None]
 """What the node's ResourceSlice offers now (SlicePublisher.offered): GPUs and pool settings."""
@@ -55,12 +58,13 @@ class DraPluginService:
     def __init__(self, *, kube: Kube, node_name: str, inventory: Inventory, cdi_dir: Path, hook_host_dir: str,
                  hook_missing: HookMissing = HookMissing.REFUSE, dev_root: str = "/dev",
                  hook_check: Callable[[str], HookCheck] = check_hook,
-                 load_check_dir: str = DEFAULT_LOAD_CHECK_DIR) -> None:
+                 load_check_dir: str = DEFAULT_LOAD_CHECK_DIR, accounts: AccountStore | None = None) -> None:
         self.kube, self.node_name, self.inventory = kube, node_name, inventory
         self.load_check_dir = load_check_dir  # a slice's CDI spec runs the check from here (load_check.py)
         self.cdi_dir = Path(cdi_dir)
         self.hook_host_dir, self.hook_missing, self.dev_root = hook_host_dir, hook_missing, dev_root
         self.hook_check = hook_check
+        self.accounts = accounts  # the claim's account folder (accounts.py); None: the hook's /tmp
         self._lock = asyncio.Lock()
 
     async def node_prepare_resources(self, request: pb.NodePrepareResourcesRequest) -> pb.NodePrepareResourcesResponse:
@@ -77,6 +81,8 @@ class DraPluginService:
             for claim in request.claims:
                 try:
                     removed = cdi.remove_spec(self.cdi_dir, claim.uid)
+                    if self.accounts is not None:
+                        self.accounts.remove_claim(claim.uid)
                 except OSError as error:  # the kubelet calls again; the claim's CUs stay held meanwhile
                     response.claims[claim.uid].CopyFrom(pb.NodeUnprepareResourceResponse(
                         error=f"rocshare: cannot remove the claim's CDI spec: {error}"))
@@ -119,9 +125,10 @@ class DraPluginService:
             cdi.PreparedDevice(request=a.request, pool=self.node_name, device=a.device, share_id=a.share_id, slice=s)
             for a, s in zip(allocated, slices)))
         container = ContainerAllocation(name=claim.name, devices=slices)
+        memory_hook = self._memory_hook(container)
         spec = render_container(container, {gpu.id: gpu for gpu in gpus}, oversubscribed=_oversubscribed(gpus, sharing),
-                                hook_host_dir=self.hook_host_dir, memory_hook=self._memory_hook(container),
-                                dev_root=self.dev_root)
+                                hook_host_dir=self.hook_host_dir, memory_hook=memory_hook,
+                                dev_root=self.dev_root, account=self._account_for(claim.uid, container, memory_hook))
         cdi.write_spec(self.cdi_dir, prepared, spec, self.load_check_dir)
         await self._record_on_claim(prepared)
         log.info("prepared claim %s/%s (%s): %s", claim.namespace, claim.name, claim.uid,
@@ -191,6 +198,29 @@ class DraPluginService:
         if offered is None:
             raise PrepareError(NOT_ALLOCATED_REASON, "the node has not published its devices yet")
         return offered
+
+    def _account_for(self, claim_uid: str, container: ContainerAllocation, memory_hook: bool) -> AccountFolders | None:
+        """The claim's account folder (one per claim, whoever consumes it) with its limits written."""
+        if self.accounts is None or not memory_hook or all(device.whole for device in container.devices):
+            return None
+        try:
+            return self.accounts.prepare(self.accounts.claim_folder(claim_uid),
+                                         limits_for(container.devices, generation=1))
+        except (OSError, ValueError) as error:
+            raise PrepareError(ACCOUNT_REASON, f"cannot make the claim's account folder: {error}") from None
+
+    def forget_unprepared_accounts(self) -> None:
+        """Remove account folders of claims this node no longer has prepared."""
+        if self.accounts is None:
+            return
+        try:
+            prepared = [record.uid for record in cdi.read_prepared(self.cdi_dir) if not isinstance(record, str)]
+        except OSError as error:
+            log.warning("accounts: cannot read the prepared claims in %s: %s", self.cdi_dir, error)
+            return
+        gone = self.accounts.remove_claims_except(prepared)
+        if gone:
+            log.info("removed the account folders of %d unprepared claims", len(gone))
 
     def _memory_hook(self, container: ContainerAllocation) -> bool:
         if all(device.whole for device in container.devices):

@@ -11,6 +11,7 @@ match is an error (an undecodable record keeps its GPUs blocked, never "free").
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -111,3 +112,8 @@ def _first_problem(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "(root)"
     return f"{where}: {first['msg']}"
+
+
+def render_cu_ranges(ranges: Sequence[tuple[int, int]]) -> str:
+    """CU ranges as HSA_CU_MASK and the account's limits file write them: "0-15,32,40-47"."""
+    return ",".join(f"{low}" if low == high else f"{low}-{high}" for low, high in ranges)

@@ -79,7 +79,7 @@ CONDITION_REASONS = (
 PREPARE_REASONS = _reasons(
     Where.DRA_PREPARE,
     "ShareNotHonoured", "DeviceNotOnNode", "AllocationUnreadable", "ClaimNotAllocated", "PreparedRecordUnreadable",
-    "ClaimSharedByConsumers",
+    "ClaimSharedByConsumers", "AccountFolderUnusable",
 )
 """Why the node agent refused to prepare a DRA claim (pools with agent.interface DRA): the first
 word of the error the kubelet reports (rocshare.core.dra_shares, rocshare_agent.dra.plugin)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from rocshare.api.allocation import DeviceSlice
+from rocshare.api.allocation import DeviceSlice, render_cu_ranges
 
 
 def cu_count_for(cores_pct: int, cu_total: int, align: int = 1) -> int:
@@ -87,8 +87,7 @@ def choose_cu_ranges(held_mask: int, cu_total: int, need: int, align: int = 1) -
     return sorted(ranges)
 
 
-def render_ranges(ranges: Sequence[tuple[int, int]]) -> str:
-    return ",".join(f"{low}" if low == high else f"{low}-{high}" for low, high in ranges)
+render_ranges = render_cu_ranges  # "0-15,32" (api.allocation: the account's limits file writes it too)
 
 
 def render_hsa_cu_mask(devices: Sequence[DeviceSlice]) -> str:

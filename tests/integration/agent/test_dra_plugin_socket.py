@@ -255,3 +255,36 @@ async def test_a_cdi_folder_that_cannot_be_written_fails_the_prepare_with_why(pl
     reply = await prepare(str(plugin_socket(dirs["plugins"])), ("a", "uid-a"))
     assert reply.claims["uid-a"].error.startswith(f"rocshare: CDI folder {dirs['cdi']}: ")
     assert list(reply.claims["uid-a"].devices) == []
+
+
+async def test_a_claim_gets_one_account_folder_mounted_in_its_cdi_spec(tmp_path):
+    """docs/container-account.md: prepare makes claims/<uid>/ with the slice's limits, and the CDI spec
+    (what every consumer of the claim receives) binds its usage read-write and its slice read-only;
+    unprepare removes the folder."""
+    from rocshare.api.container_account import USAGE_FILE
+    from rocshare_agent.accounts import AccountStore
+
+    gpus = discover(SYSFS / "vega10-1gpu").gpus
+    claims = Claims()
+    claims.add("a", "uid-a", cus=16, mib=4096)
+    service = DraPluginService(kube=claims, node_name=NODE, inventory=lambda: (gpus, Sharing()),
+                               cdi_dir=tmp_path / "cdi", hook_host_dir=str(tmp_path / "vgpu"),
+                               hook_missing=HookMissing.REFUSE, hook_check=hook_present,
+                               accounts=AccountStore(tmp_path / "accounts"))
+    reply = await service.node_prepare_resources(pb.NodePrepareResourcesRequest(
+        claims=[pb.Claim(namespace="team", name="a", uid="uid-a")]))
+    assert reply.claims["uid-a"].error == ""
+    env, _nodes, mounts = edits(tmp_path / "cdi", "uid-a")
+    folder = tmp_path / "accounts" / "claims" / "uid-a"
+    assert {m["containerPath"]: (m["hostPath"], m["options"]) for m in mounts if "account" in m["containerPath"]
+            or "slice" in m["containerPath"]} == {
+        "/usr/local/vgpu/account": (str(folder / "usage"), ["nosuid", "nodev", "bind"]),
+        "/usr/local/vgpu/slice": (str(folder / "slice"), ["ro", "nosuid", "nodev", "bind"])}
+    assert env["ROCSHARE_ACCOUNT_DIR"] == "/usr/local/vgpu/account"
+    assert env["ROCSHARE_SLICE_DIR"] == "/usr/local/vgpu/slice"
+    assert (folder / "slice" / "limits").read_text() == (
+        f"rocshare-limits 1\ngeneration 1\nmemory 0 {4096 * 1024 * 1024}\ncu-mask 0 0-15\n")
+    (folder / "usage" / USAGE_FILE).write_bytes(b"")  # what a consumer's hook would have made
+    await service.node_unprepare_resources(pb.NodeUnprepareResourcesRequest(
+        claims=[pb.Claim(namespace="team", name="a", uid="uid-a")]))
+    assert not folder.exists()

@@ -6,6 +6,8 @@ answers (without a preference, warned once) when the API server times out."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import pytest
 
@@ -199,3 +201,50 @@ async def test_a_lookup_that_works_again_rearms_the_warning(caplog):
         await service.get_preferred_allocation(preference_request(1))
     assert list(healthy.container_responses[0].deviceIDs) == ["GPU-0000000000000002::0"]
     assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 2
+
+
+async def test_allocate_mounts_the_containers_account_with_its_limits_read_only(tmp_path):
+    """docs/container-account.md: a slice container gets its account folder, the usage read-write and
+    the slice's limits read-only at fixed paths, the limits file holding the record's figures; a whole
+    GPU gets none; the folder goes once the pod is gone (after the grace)."""
+    from rocshare.api.container_account import USAGE_FILE
+    from rocshare_agent.accounts import AccountStore
+
+    pods = [committed_pod("p", {"a": ["GPU-0000000000000000", "GPU-0000000000000001"]})]
+    source = MemoryPods(pods)
+    store = AccountStore(tmp_path / "accounts")
+    service = DevicePluginService(node_name=NODE, pods=source, hook_host_dir="/opt/vgpu", hook_check=hook_present,
+                                  accounts=store)
+    service.set_inventory([gpu(0), gpu(1), gpu(2)])
+    response = (await service.allocate(request(2))).container_responses[0]
+    folder = tmp_path / "accounts" / "pods" / "uid-p" / "a"
+    mounts = {m.container_path: (m.host_path, m.read_only) for m in response.mounts}
+    assert mounts["/usr/local/vgpu/account"] == (str(folder / "usage"), False)
+    assert mounts["/usr/local/vgpu/slice"] == (str(folder / "slice"), True)
+    assert response.envs["ROCSHARE_ACCOUNT_DIR"] == "/usr/local/vgpu/account"
+    assert response.envs["ROCSHARE_SLICE_DIR"] == "/usr/local/vgpu/slice"
+    mib = 2048 * 1024 * 1024  # committed_pod's slices: 2048 MiB, CUs 0-51, on both GPUs
+    assert (folder / "slice" / "limits").read_text() == (
+        f"rocshare-limits 1\ngeneration 1\nmemory 0 {mib}\nmemory 1 {mib}\ncu-mask 0 0-51\ncu-mask 1 0-51\n")
+    assert not (folder / "usage" / USAGE_FILE).exists()  # the hook makes it
+    source.pods.clear()
+    service.forget_gone_pods()
+    assert folder.exists()  # within the grace
+    old = time.time() - 3600
+    os.utime(tmp_path / "accounts" / "pods" / "uid-p", (old, old))
+    service.forget_gone_pods()
+    assert not (tmp_path / "accounts" / "pods" / "uid-p").exists()
+
+
+async def test_a_whole_gpu_gets_no_account(tmp_path):
+    from rocshare_agent.accounts import AccountStore
+
+    rec = AllocationRecord(node=NODE, containers=[ContainerAllocation(name="w", devices=[
+        DeviceSlice(gpu_id="GPU-0000000000000000", memory_mib=65536, cu_count=104, whole=True)])])
+    pod = committed_pod("w", {"w": ["GPU-0000000000000000"]})
+    pod["metadata"]["annotations"][ALLOCATION_ANNOTATION] = encode_record(rec)
+    service = DevicePluginService(node_name=NODE, pods=MemoryPods([pod]), hook_host_dir="/opt/vgpu",
+                                  hook_check=hook_present, accounts=AccountStore(tmp_path / "accounts"))
+    service.set_inventory([gpu(0)])
+    response = (await service.allocate(request(1))).container_responses[0]
+    assert "ROCSHARE_SLICE_DIR" not in response.envs and not (tmp_path / "accounts" / "pods").exists()

@@ -11,7 +11,9 @@ import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice, \
     encode_record
-from rocshare_agent.slice_limits import LimitsFollower, render_limits, write_limits
+from rocshare.api.container_account import encode_limits, limits_for
+from rocshare_agent.accounts import AccountStore
+from rocshare_agent.slice_limits import LimitsFollower, write_limits
 
 UID = "0b9c3c4e-0000-4000-8000-000000000001"
 
@@ -38,16 +40,18 @@ def pod(rec: AllocationRecord) -> dict:
 
 def test_the_contracts_example_is_what_is_rendered():
     rec = record(4096, [(0, 15), (32, 47)], 7)
-    assert render_limits(rec.containers[1], rec.generation) == (
+    assert encode_limits(limits_for(rec.containers[1].devices, rec.generation)) == (
         "rocshare-limits 1\ngeneration 7\nmemory 0 4294967296\ncu-mask 0 0-15,32-47\n")  # the whole GPU 1: no line
 
 
 def test_written_whole_into_the_folder_allocate_made(tmp_path: Path):
     slice_dir = account(tmp_path)
-    assert write_limits(tmp_path, UID, "main", "rocshare-limits 1\ngeneration 1\n")
-    assert (slice_dir / "limits").read_text() == "rocshare-limits 1\ngeneration 1\n"
+    main = record(4096, [(0, 15)], 2).containers[1]
+    assert write_limits(AccountStore(tmp_path), UID, main, 2)
+    assert (slice_dir / "limits").read_text() == "rocshare-limits 1\ngeneration 2\nmemory 0 4294967296\ncu-mask 0 0-15\n"
     assert sorted(os.listdir(slice_dir)) == ["limits"]  # no temporary file left
-    assert not write_limits(tmp_path, "another-uid", "main", "x")  # no folder: nothing made
+    assert not write_limits(AccountStore(tmp_path), "another-uid", main, 2)  # no folder: nothing made
+    assert not (tmp_path / "pods" / "another-uid").exists()
 
 
 def test_a_link_in_the_path_is_not_followed(tmp_path: Path):
@@ -55,9 +59,9 @@ def test_a_link_in_the_path_is_not_followed(tmp_path: Path):
     elsewhere.mkdir()
     (tmp_path / "pods" / UID / "main").mkdir(parents=True)
     (tmp_path / "pods" / UID / "main" / "slice").symlink_to(elsewhere)
-    with pytest.raises(OSError):  # ELOOP: refused, not followed
-        write_limits(tmp_path, UID, "main", "x")
-    assert not (elsewhere / "limits").exists()
+    with pytest.raises(OSError, match="not a folder"):  # refused, not followed
+        write_limits(AccountStore(tmp_path), UID, record(4096, [(0, 15)], 2).containers[1], 2)
+    assert os.listdir(elsewhere) == []
 
 
 def test_follower_writes_each_generation_once(tmp_path: Path):

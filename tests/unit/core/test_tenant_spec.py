@@ -33,6 +33,7 @@ ENV_CASES = [
     ("the hook's account dir", env("ROCSHARE_HOOK_DIR"), "ProtectedEnvVar"),
     ("valueFrom a ConfigMap", env(HSA_CU_MASK={"configMapKeyRef": {"name": "m", "key": "k"}}), "ProtectedEnvVar"),
     ("valueFrom a field", env(LD_AUDIT={"fieldRef": {"fieldPath": "metadata.name"}}), "ProtectedEnvVar"),
+    ("the account and slice folders (issue 43)", env("ROCSHARE_ACCOUNT_DIR", "ROCSHARE_SLICE_DIR"), "ProtectedEnvVar"),
     ("the app's own variables", env("APP_MODE", "HIP_LAUNCH_BLOCKING", "LD_LIBRARY_PATH", "HSA_ENABLE_SDMA"), None),
     ("case matters (env is case-sensitive)", env("ld_audit"), None),
 ]
@@ -79,6 +80,9 @@ MOUNT_CASES = [
     ("relative (the kubelet puts it under /)", "usr/local/vgpu", "HookPathMount"),
     ("above it: /usr/local", "/usr/local", "HookPathMount"),
     ("above it: /usr", "/usr", "HookPathMount"),
+    ("a forged slice folder (issue 43)", "/usr/local/vgpu/slice", "HookPathMount"),
+    ("a forged limits file (issue 43)", "/usr/local/vgpu/slice/limits", "HookPathMount"),
+    ("the account folder (issue 43)", "/usr/local/vgpu/account", "HookPathMount"),
     ("a sibling", "/usr/local/vgpu2", None),
     ("elsewhere", "/data", None),
     ("/tmp", "/tmp", None),

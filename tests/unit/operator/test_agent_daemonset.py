@@ -54,6 +54,9 @@ def test_the_pools_interface_picks_the_agents_kubelet_side() -> None:
     assert plugin_mounts["cdi"] == plugin_host["cdi"] == "/var/run/cdi"
     from rocshare_agent.load_check import DEFAULT_LOAD_CHECK_DIR  # the agent's default --load-check-dir
     assert plugin_mounts["load-check"] == plugin_host["load-check"] == DEFAULT_LOAD_CHECK_DIR
+    from rocshare.api.container_account import DEFAULT_ACCOUNT_ROOT  # the account folders the agent binds
+    assert plugin_mounts["accounts"] == plugin_host["accounts"] == DEFAULT_ACCOUNT_ROOT
+    assert f"--account-dir={DEFAULT_ACCOUNT_ROOT}" in plugin["containers"][0]["args"]
     dra = render(interface="DRA")["spec"]["template"]["spec"]
     assert "--interface=DRA" in dra["containers"][0]["args"]
     mounts = {m["name"]: m["mountPath"] for m in dra["containers"][0]["volumeMounts"]}

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, AllocationRecord, encode_record
 from rocshare.core.ids import claim_key
+from rocshare.api.container_account import USAGE_FILE, USAGE_FILE_BYTES, SliceLimits
+from rocshare_agent.accounts import AccountStore
 from rocshare_agent.monitor import GpuMetricsCollector
 from rocshare_operator.extender.metrics import ExtenderMetrics
 from rocshare_operator.extender.state import SchedulerState
@@ -210,11 +212,28 @@ def test_monitor_matches_the_documented_list(tmp_path) -> None:
     sysfs, proc = _capture_with_a_process(tmp_path)
     pod = {"metadata": {"uid": UID, "namespace": "team", "name": "infer"},
            "status": {"containerStatuses": [{"name": "main", "containerID": f"containerd://{CID}"}]}}
+    # a second pod whose slice has an account folder (docs/container-account.md): its series come from there
+    store = AccountStore(tmp_path / "accounts")
+    folders = store.prepare(store.pod_folder("uid-acct", "main"), SliceLimits(1, {0: 2048 * MIB}))
+    usage = bytearray(USAGE_FILE_BYTES)
+    usage[0:4] = (1).to_bytes(4, "little")  # one slot in use
+    usage[8:12] = (77).to_bytes(4, "little")  # its pid
+    usage[24:32] = (512 * MIB).to_bytes(8, "little")  # used on GPU 0
+    usage[37120:37128] = (768 * MIB).to_bytes(8, "little")  # peak on GPU 0
+    (Path(folders.usage_host_dir) / USAGE_FILE).write_bytes(bytes(usage))
+    record = AllocationRecord.model_validate({"node": "apu", "containers": [
+        {"name": "main", "devices": [{"gpuId": "GPU-pci-0000-c1-00-0", "memoryMiB": 2048, "cuCount": 6}]}]})
+    accounted = {"metadata": {"uid": "uid-acct", "namespace": "team", "name": "notebook",
+                              "annotations": {ALLOCATION_ANNOTATION: encode_record(record)}}, "status": {}}
     registry = CollectorRegistry()
-    registry.register(GpuMetricsCollector(sysfs_root=sysfs, proc_root=proc, node_name="apu", pods=lambda: [pod]))
+    registry.register(GpuMetricsCollector(sysfs_root=sysfs, proc_root=proc, node_name="apu",
+                                          pods=lambda: [pod, accounted], accounts=store))
     values = check_contract("Node agent monitor", registry)
-    assert values["hami_vgpu_memory_used_bytes"] == [1024 * MIB]
-    assert values["hami_vgpu_memory_limit_bytes"] == [4096 * MIB]
+    assert sorted(values["hami_vgpu_memory_used_bytes"]) == [512 * MIB, 1024 * MIB]
+    assert sorted(values["hami_vgpu_memory_limit_bytes"]) == [2048 * MIB, 4096 * MIB]
+    assert values["rocshare_container_memory_peak_bytes"] == [768 * MIB]
+    assert values["rocshare_container_processes"] == [1]
+    assert values["rocshare_container_accounts_unreadable"] == [0]
     assert values["hami_container_device_utilization_ratio"] == [50.0]  # 6 of 12 CUs, percent
     assert values["hami_host_gpu_utilization_ratio"] == [3.0]  # gpu_busy_percent 3, percent
     assert values["hami_host_gpu_memory_controller_utilization_ratio"] == [7.0]

@@ -77,6 +77,18 @@ def test_figures_compare_bound_rates_and_cpu_per_bound_pod():
     assert figures["dra_cpu_ms_per_bound_pod"] == 20.0  # 2 s over 100 pods, the bench's own watch left out
 
 
+def test_figures_split_each_modes_cpu_per_bound_pod_by_process():
+    dra_phase = {"burst": burst(100, 4.0), "cpu_s": {"kube-scheduler": 2.5, "kube-controller-manager": 0.7,
+                                                      "bench": 99.0}, "others_cpu_s": 0.0}
+    figures = dra.figures(nodes=10, pods=100, dra_phase=dra_phase, plain=phase(burst(100, 2.0), 1.0),
+                          extender=phase(burst(50, 5.0), 3.0))
+    assert figures["dra_cpu_ms_per_bound_pod_kube_scheduler"] == 25.0  # 2.5 s over 100 pods
+    assert figures["dra_cpu_ms_per_bound_pod_kube_controller_manager"] == 7.0
+    assert figures["dra_extender_cpu_ms_per_bound_pod_kube_scheduler"] == 60.0  # 3 s over 50 pods
+    assert figures["dra_plain_cpu_ms_per_bound_pod_kube_scheduler"] == 10.0
+    assert not any(key.endswith("_bench") for key in figures)  # the harness's own watch is no mode's cost
+
+
 def test_an_unfinished_dra_burst_has_no_rate_and_says_how_far_it_got():
     figures = dra.figures(nodes=10, pods=100, dra_phase=phase(burst(100, None, bound=40), 2.0),
                           plain=phase(burst(100, 2.0), 1.0), extender=phase(burst(100, 5.0), 3.0))

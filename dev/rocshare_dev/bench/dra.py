@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,9 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT, help="where to write the figures")
+    parser.add_argument("--write-inputs", type=Path, default=None, metavar="DIR",
+                        help="only write one node's ResourceSlice and the pods' claim spec (slice.json, claim.json) "
+                             "for dev/dra-allocbench, and exit")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.write_inputs is not None:
+        write_inputs(args.write_inputs)
+        return 0
     figures = run_dra(nodes=args.nodes, pods=args.pods, burst_timeout_s=args.burst_timeout_s,
                       work_dir=args.work_dir, keep=args.keep, json_out=args.json_out)
     print(json.dumps(figures, indent=2))
@@ -129,6 +136,19 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     await kube.request("DELETE", f"{RESOURCE}/resourceslices",
                        query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
     return result
+
+
+def write_inputs(folder: Path) -> None:
+    """The DRA phase's slice (of node dra-00000) and claim spec as JSON, for dev/dra-allocbench."""
+    from rocshare_agent.discovery import discover
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as sysfs:
+        gpus = discover(mi210_with_synthetic_vram(FIXTURES, Path(sysfs))).gpus
+    name = f"{NODE_PREFIX}{0:05d}"
+    (folder / "slice.json").write_text(json.dumps(resource_slice(node_name=name, node_uid=None, gpus=gpus,
+                                                                  sharing=Sharing(), generation=1)))
+    (folder / "claim.json").write_text(json.dumps(claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)["spec"]["spec"]))
 
 
 async def publish_nodes(kube: Kube, nodes: Mapping[str, tuple[dict[str, Any], list[GpuInfo]]]) -> None:

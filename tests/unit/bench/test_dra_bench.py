@@ -4,6 +4,7 @@ worked out here from the capture (8 x MI210, 104 CUs; VRAM synthetic, 64 GiB) an
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -102,3 +103,11 @@ def test_bench_all_renders_the_dra_section_with_the_command_of_its_scale():
     lines = bench_all._section_lines("dra", section)
     assert lines[0].startswith("## DRA mode")
     assert any("`dra_bound_pods_per_s` | 12.5" in line and "--nodes 100 --pods 400" in line for line in lines)
+
+
+def test_write_inputs_gives_dra_allocbench_the_phases_slice_and_claim(tmp_path, gpus):
+    dra.write_inputs(tmp_path)
+    written = json.loads((tmp_path / "slice.json").read_text())
+    assert written["spec"]["nodeName"] == "dra-00000" and len(written["spec"]["devices"]) == 8
+    assert json.loads((tmp_path / "claim.json").read_text()) == dra.claim_template("t", "ns", e2e.SLICE,
+                                                                                   gpus)["spec"]["spec"]

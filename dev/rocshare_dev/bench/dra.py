@@ -23,7 +23,9 @@ NodePrepareResources and nothing starts a container. Bound is where kube-schedul
             json_out=DEFAULT_JSON_OUT) -> dict
 
 returns the figures (`dra_bound_pods_per_s`, `dra_extender_bound_pods_per_s`,
-`dra_plain_bound_pods_per_s`, ratios, CPU per pod) and writes them as JSON to `json_out`.
+`dra_plain_bound_pods_per_s`, ratios, CPU per pod in all, and per process for each mode:
+`dra_[extender_|plain_]cpu_ms_per_bound_pod_<process>`; the API requests per pod in the JSON) and
+writes them as JSON to `json_out`.
 A rate is 0 when not every pod was bound before the deadline (`dra_*_bound_pods` say how many).
 """
 
@@ -32,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,9 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs) afterwards")
     parser.add_argument("--json-out", type=Path, default=DEFAULT_JSON_OUT, help="where to write the figures")
+    parser.add_argument("--write-inputs", type=Path, default=None, metavar="DIR",
+                        help="only write one node's ResourceSlice and the pods' claim spec (slice.json, claim.json) "
+                             "for dev/dra-allocbench, and exit")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.write_inputs is not None:
+        write_inputs(args.write_inputs)
+        return 0
     figures = run_dra(nodes=args.nodes, pods=args.pods, burst_timeout_s=args.burst_timeout_s,
                       work_dir=args.work_dir, keep=args.keep, json_out=args.json_out)
     print(json.dumps(figures, indent=2))
@@ -126,6 +136,19 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     await kube.request("DELETE", f"{RESOURCE}/resourceslices",
                        query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
     return result
+
+
+def write_inputs(folder: Path) -> None:
+    """The DRA phase's slice (of node dra-00000) and claim spec as JSON, for dev/dra-allocbench."""
+    from rocshare_agent.discovery import discover
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as sysfs:
+        gpus = discover(mi210_with_synthetic_vram(FIXTURES, Path(sysfs))).gpus
+    name = f"{NODE_PREFIX}{0:05d}"
+    (folder / "slice.json").write_text(json.dumps(resource_slice(node_name=name, node_uid=None, gpus=gpus,
+                                                                  sharing=Sharing(), generation=1)))
+    (folder / "claim.json").write_text(json.dumps(claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)["spec"]["spec"]))
 
 
 async def publish_nodes(kube: Kube, nodes: Mapping[str, tuple[dict[str, Any], list[GpuInfo]]]) -> None:
@@ -205,12 +228,27 @@ def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str
         "dra_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(dra_phase["cpu_s"], ours.bound),
         "dra_extender_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(extender["cpu_s"], ext.bound),
         "dra_plain_cpu_ms_per_bound_pod": e2e.cpu_ms_per_pod(plain["cpu_s"], base.bound),
+        **cpu_ms_per_pod_by_process("dra_", dra_phase["cpu_s"], ours.bound),
+        **cpu_ms_per_pod_by_process("dra_extender_", extender["cpu_s"], ext.bound),
+        **cpu_ms_per_pod_by_process("dra_plain_", plain["cpu_s"], base.bound),
         "dra_cpu_s_by_process": dra_phase["cpu_s"],
+        "dra_extender_cpu_s_by_process": extender["cpu_s"],
+        "dra_plain_cpu_s_by_process": plain["cpu_s"],
+        "dra_requests_per_bound_pod": e2e.requests_per_pod(dra_phase.get("requests") or Counter(), ours.bound),
+        "dra_extender_requests_per_bound_pod": e2e.requests_per_pod(extender.get("requests") or Counter(), ext.bound),
+        "dra_plain_requests_per_bound_pod": e2e.requests_per_pod(plain.get("requests") or Counter(), base.bound),
         "dra_cpu_s_other_users": dra_phase["others_cpu_s"],
         "dra_extender_cpu_s_other_users": extender["others_cpu_s"],
         "dra_plain_cpu_s_other_users": plain["others_cpu_s"],
         "dra_k8s_version": DRA_K8S_VERSION,
     }
+
+
+def cpu_ms_per_pod_by_process(prefix: str, cpu_s: Mapping[str, float], pods: int) -> dict[str, float | None]:
+    """Each process's CPU per bound pod (`<prefix>cpu_ms_per_bound_pod_<process>`, the bench's own
+    watch left out), so the report shows where a mode's CPU goes."""
+    return {f"{prefix}cpu_ms_per_bound_pod_{name.replace('-', '_')}": e2e.cpu_ms_per_pod({name: spent_s}, pods)
+            for name, spent_s in sorted(cpu_s.items()) if name != "bench"}
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

@@ -4,6 +4,7 @@ worked out here from the capture (8 x MI210, 104 CUs; VRAM synthetic, 64 GiB) an
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -77,6 +78,18 @@ def test_figures_compare_bound_rates_and_cpu_per_bound_pod():
     assert figures["dra_cpu_ms_per_bound_pod"] == 20.0  # 2 s over 100 pods, the bench's own watch left out
 
 
+def test_figures_split_each_modes_cpu_per_bound_pod_by_process():
+    dra_phase = {"burst": burst(100, 4.0), "cpu_s": {"kube-scheduler": 2.5, "kube-controller-manager": 0.7,
+                                                      "bench": 99.0}, "others_cpu_s": 0.0}
+    figures = dra.figures(nodes=10, pods=100, dra_phase=dra_phase, plain=phase(burst(100, 2.0), 1.0),
+                          extender=phase(burst(50, 5.0), 3.0))
+    assert figures["dra_cpu_ms_per_bound_pod_kube_scheduler"] == 25.0  # 2.5 s over 100 pods
+    assert figures["dra_cpu_ms_per_bound_pod_kube_controller_manager"] == 7.0
+    assert figures["dra_extender_cpu_ms_per_bound_pod_kube_scheduler"] == 60.0  # 3 s over 50 pods
+    assert figures["dra_plain_cpu_ms_per_bound_pod_kube_scheduler"] == 10.0
+    assert not any(key.endswith("_bench") for key in figures)  # the harness's own watch is no mode's cost
+
+
 def test_an_unfinished_dra_burst_has_no_rate_and_says_how_far_it_got():
     figures = dra.figures(nodes=10, pods=100, dra_phase=phase(burst(100, None, bound=40), 2.0),
                           plain=phase(burst(100, 2.0), 1.0), extender=phase(burst(100, 5.0), 3.0))
@@ -90,3 +103,11 @@ def test_bench_all_renders_the_dra_section_with_the_command_of_its_scale():
     lines = bench_all._section_lines("dra", section)
     assert lines[0].startswith("## DRA mode")
     assert any("`dra_bound_pods_per_s` | 12.5" in line and "--nodes 100 --pods 400" in line for line in lines)
+
+
+def test_write_inputs_gives_dra_allocbench_the_phases_slice_and_claim(tmp_path, gpus):
+    dra.write_inputs(tmp_path)
+    written = json.loads((tmp_path / "slice.json").read_text())
+    assert written["spec"]["nodeName"] == "dra-00000" and len(written["spec"]["devices"]) == 8
+    assert json.loads((tmp_path / "claim.json").read_text()) == dra.claim_template("t", "ns", e2e.SLICE,
+                                                                                   gpus)["spec"]["spec"]

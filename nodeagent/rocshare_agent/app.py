@@ -69,7 +69,8 @@ class AgentConfig:
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     load_check_dir: Path = Path(DEFAULT_LOAD_CHECK_DIR)
     account_dir: Path | None = Path(DEFAULT_ACCOUNT_ROOT)
-    """Per-container account folders (docs/container-account.md); None: the hook keeps its own, and resizes are not written."""
+    """Per-container account folders (docs/container-account.md); None: the hook keeps its own;
+    resizes are not written."""
 
 
 def _start_monitor(config: AgentConfig, pods: KubePods):

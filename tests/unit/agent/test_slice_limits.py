@@ -48,7 +48,8 @@ def test_written_whole_into_the_folder_allocate_made(tmp_path: Path):
     slice_dir = account(tmp_path)
     main = record(4096, [(0, 15)], 2).containers[1]
     assert write_limits(AccountStore(tmp_path), UID, main, 2)
-    assert (slice_dir / "limits").read_text() == "rocshare-limits 1\ngeneration 2\nmemory 0 4294967296\ncu-mask 0 0-15\n"
+    assert (slice_dir / "limits").read_text() == (
+        "rocshare-limits 1\ngeneration 2\nmemory 0 4294967296\ncu-mask 0 0-15\n")
     assert sorted(os.listdir(slice_dir)) == ["limits"]  # no temporary file left
     assert not write_limits(AccountStore(tmp_path), "another-uid", main, 2)  # no folder: nothing made
     assert not (tmp_path / "pods" / "another-uid").exists()

@@ -475,7 +475,8 @@ def test_rocshare_dashboard_rate_panels(scraped: Setting) -> None:
     assert raw[labels(verb="bind", outcome="bound")] == scraped.bound_pods
     requests = prometheus.query(substitute(panels["Extender requests per second by verb [A]"], window), at)
     counts = prometheus.query("sum by (verb) (rocshare_extender_request_duration_seconds_count)", at)
-    verbs = ("filter", "prioritize", "bind", "preempt")  # the shipped configuration declares all four
+    # The shipped configurations: extender mode's profile declares the first four, DRA mode's the last.
+    verbs = ("filter", "prioritize", "bind", "preempt", "prioritize-dra")
     assert set(requests) == set(counts) == {labels(verb=verb) for verb in verbs}
     for key, value in counts.items():
         assert math.isclose(requests[key] * window, value, rel_tol=0.05, abs_tol=1e-9), (sorted(key), value)

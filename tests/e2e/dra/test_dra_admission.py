@@ -33,7 +33,7 @@ from rocshare.core.policies import Policy
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
 from rocshare.core.request import parse_pod
 from rocshare.kube.client import Kube, NotFound, object_path
-from rocshare_agent.deviceplugin.container_spec import render_container
+from rocshare_agent.deviceplugin.container_spec import AccountFolders, render_container
 from rocshare_agent.discovery import discover
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, free_port, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
@@ -127,7 +127,11 @@ def device_plugin_env(pod: dict, gpu: GpuInfo, hook_dir: str) -> dict[str, str]:
     inventory = NodeInventory.from_gpu_infos("n", [gpu], Sharing())
     record = allocate(inventory, Ledger().usage(inventory), parse_pod(pod), Policy())
     assert not isinstance(record, FitFailure), record
-    return render_container(record.containers[0], {gpu.id: gpu}, oversubscribed=False, hook_host_dir=hook_dir).envs
+    # Both modes give a slice container its account folder (docs/container-account.md); the host
+    # folders do not show in the environment, which names the fixed container paths.
+    account = AccountFolders(usage_host_dir="/host/usage", slice_host_dir="/host/slice")
+    return render_container(record.containers[0], {gpu.id: gpu}, oversubscribed=False, hook_host_dir=hook_dir,
+                            account=account).envs
 
 
 async def test_hami_style_pod_in_a_dra_pool_gets_a_claim_and_the_device_plugin_environment(

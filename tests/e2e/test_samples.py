@@ -59,6 +59,7 @@ def samples_fleet(cluster, tmp_path_factory) -> Iterator[dict[str, dict]]:
         for node in nodes:
             node.stop()
         operator.stop()
+        cluster.stop_default_scheduler()  # started for samples/dra; the rest of the suite has none
 
 
 @pytest.fixture(scope="module")

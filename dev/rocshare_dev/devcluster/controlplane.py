@@ -218,6 +218,25 @@ class ControlPlane:
                                        *self._feature_gate_args()])
         self._save_state()
 
+    def start_default_scheduler(self) -> None:
+        """A plain kube-scheduler for the pods of `default-scheduler`, as a cluster's own scheduler runs
+        beside rocshare's: DRA pods stay with it (its DRA plugin allocates their claims). The dev
+        control plane otherwise runs rocshare's profile only. No leader election, no serving port."""
+        path = self.root / "default-scheduler-config.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "leaderElection": {"leaderElect": False},
+            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 200, "burst": 400}}))
+        self._spawn("default-scheduler", [f"--config={path}", "--secure-port=0", "-v=1", *self._feature_gate_args()],
+                    binary="kube-scheduler")
+        self._save_state()
+
+    def stop_default_scheduler(self) -> None:
+        pid = self.pids.pop("default-scheduler", None)
+        if pid:
+            stop_process(pid, "default-scheduler")
+        self._save_state()
+
     def stop(self) -> None:
         """Stop every component started from this folder (also ones from an earlier process)."""
         for name, pid in reversed(list(self._known_pids().items())):
@@ -348,9 +367,9 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], *, binary: str | None = None) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        process = subprocess.Popen([*self.command_prefix, str(self.bin_dir / name), *args], stdout=log,
+        process = subprocess.Popen([*self.command_prefix, str(self.bin_dir / (binary or name)), *args], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.pids[name] = process.pid

@@ -102,7 +102,9 @@ def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_d
         nodes.append(node)
         node.start()
     if dra:
-        announce("applying samples/dra: the DRA pool, then its pods once the pool has labelled its node")
+        announce("starting the cluster's own kube-scheduler (DRA pods) and applying samples/dra: the DRA pool, "
+                 "then its pods once the pool has labelled its node")
+        cluster.start_default_scheduler()
         apply_dra_samples(cluster)
 
 
@@ -174,6 +176,8 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
                             node_setup=_with_monitor, dra=True)
     finally:
         pids["operator"] = operator.pid
+        if "default-scheduler" in cluster.pids:
+            pids["default-scheduler"] = cluster.pids["default-scheduler"]
         for node in nodes:
             pids[f"{node.name}/kubelet-peer"] = node.kubelet_pid
             pids[f"{node.name}/agent"] = node.agent_pid

@@ -20,7 +20,7 @@ import pytest
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT
-from rocshare_dev.devcluster.demo import DRA_NAMESPACE, DRA_NODE, start_samples_fleet
+from rocshare_dev.devcluster.demo import DRA_NAMESPACE, DRA_NODE, apply_dra_samples, start_samples_fleet
 from rocshare_dev.devcluster.evidence import conflicts, inventories, parse_cu_mask, shares_of
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from tests.e2e.fleet import read_pod, record_of, runtime_of, scheduling_failures, wait_for, wait_running
@@ -188,11 +188,23 @@ async def test_pools_and_shares_report(running, cluster) -> None:
     assert [q["spec"]["hard"]["limits.amd.com/gpumem"] for q in quota] == ["8192"]
 
 
-async def test_the_dra_pool_runs_a_claim_and_amd_limits_and_its_share_counts_them(running, kube: Kube) -> None:
+@pytest.mark.parametrize(("sample", "message"), sorted(REFUSED.items()))
+def test_refused_samples_name_the_problem(samples_fleet, cluster, sample: str, message: str) -> None:
+    # As a plain user with the built-in edit role: rocshare's own writers are trusted.
+    cluster.kubectl("create", "rolebinding", "samples-edit", "--clusterrole=edit", "--user=sample-user",
+                    "-n", "gpu-samples", check=False)
+    as_user = f"--kubeconfig={cluster.user_kubeconfig('sample-user')}"  # the last --kubeconfig wins
+    result = cluster.kubectl(as_user, "apply", "-f", str(SAMPLES / "refused" / sample), check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+async def test_the_dra_pool_runs_a_claim_and_amd_limits_and_its_share_counts_them(running, cluster, kube: Kube) -> None:
     """samples/dra/: a pod written as a claim and one written with amd.com/* limits (turned into a claim
     by the webhook) run on the DRA node, each container receiving its claim's CDI device with a
     quarter of an MI210 (8 GiB, 26 of its 104 CUs, worked out here from the inventory), on CUs
-    disjoint from the other's; `kubectl get amdgpushares` counts both claims."""
+    disjoint from the other's; `kubectl get amdgpushares` counts both claims. Last in the module: with a
+    DRA pool present, the refused samples (no nodeSelector) would match pools of both kinds."""
+    apply_dra_samples(cluster)
     pods = {name: await wait_running(kube, name, DRA_NAMESPACE, timeout_s=120) for name in ("dra-claim",
                                                                                           "dra-amd-limits")}
     gpus = inventories((await kube.list(object_path(API_VERSION, "amdgpunodes")))["items"])[DRA_NODE[0]]
@@ -220,13 +232,3 @@ async def test_the_dra_pool_runs_a_claim_and_amd_limits_and_its_share_counts_the
     status = await wait_for(counted, timeout_s=60, what="team-dra counting the two claims")
     assert sorted(holder["pod"].split("/")[0] for holder in status["pods"]) == ["resourceclaim", "resourceclaim"]
     assert (status["used"]["memoryMiB"], status["used"]["gpus"], status["used"]["coresPercent"]) == (16384, 2, 50)
-
-
-@pytest.mark.parametrize(("sample", "message"), sorted(REFUSED.items()))
-def test_refused_samples_name_the_problem(samples_fleet, cluster, sample: str, message: str) -> None:
-    # As a plain user with the built-in edit role: rocshare's own writers are trusted.
-    cluster.kubectl("create", "rolebinding", "samples-edit", "--clusterrole=edit", "--user=sample-user",
-                    "-n", "gpu-samples", check=False)
-    as_user = f"--kubeconfig={cluster.user_kubeconfig('sample-user')}"  # the last --kubeconfig wins
-    result = cluster.kubectl(as_user, "apply", "-f", str(SAMPLES / "refused" / sample), check=False)
-    assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -83,9 +83,9 @@ def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_d
     (node name, sysfs root) -> (sysfs root, extra agent arguments) lets a test give a node a
     copy of its capture and its agent a monitor port; `operator_started` runs once the operator
     is ready, before any sample is applied. With `dra` (the control plane must serve consumable
-    capacity: `dra_feature_gates`) the DRA node starts too and samples/dra/ is applied once the
-    other samples' pods exist (a pod without a nodeSelector would otherwise match pools of both
-    kinds, which admission refuses)."""
+    capacity: `dra_feature_gates`) the DRA node and a plain kube-scheduler start too; the caller
+    applies samples/dra/ (apply_dra_samples) once it is done with pods of the other samples: a pod
+    without a nodeSelector created after it matches pools of both kinds, which admission refuses."""
     operator.start()
     operator.install_webhooks()
     operator_started()
@@ -102,10 +102,8 @@ def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_d
         nodes.append(node)
         node.start()
     if dra:
-        announce("starting the cluster's own kube-scheduler (DRA pods) and applying samples/dra: the DRA pool, "
-                 "then its pods once the pool has labelled its node")
+        announce("starting the cluster's own kube-scheduler, for the DRA pods")
         cluster.start_default_scheduler()
-        apply_dra_samples(cluster)
 
 
 def apply_dra_samples(cluster: ControlPlane, *, timeout_s: float = 60.0) -> None:
@@ -174,6 +172,8 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
     try:
         start_samples_fleet(cluster, operator, RUN, nodes, announce=lambda text: print(f"    {text}", flush=True),
                             node_setup=_with_monitor, dra=True)
+        print("    applying samples/dra: the DRA pool, then its pods once the pool has labelled its node", flush=True)
+        apply_dra_samples(cluster)
     finally:
         pids["operator"] = operator.pid
         if "default-scheduler" in cluster.pids:

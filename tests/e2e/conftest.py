@@ -2,7 +2,8 @@
 and kube-scheduler v1.35 (built by `make controlplane`), started once per test session
 in a temp folder on free loopback ports, with crds/ installed. Torn down at the end;
 no process is left behind. Missing binaries fail the session: an e2e test that skips
-proves nothing.
+proves nothing. The control plane serves DRA with consumable capacity (on 1.35 its alpha gate,
+dra_feature_gates), as `make demo` does: test_samples.py runs samples/dra/ on it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports
+from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, Ports, dra_feature_gates, k8s_version
 from rocshare.kube.client import Kube
 
 SHARED = (PROJECT_ROOT / ".." / "shared").resolve()
@@ -21,7 +22,8 @@ SYSFS_FIXTURES = SHARED / "fixtures" / "sysfs"
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    control_plane = ControlPlane(root=tmp_path_factory.mktemp("cluster"), ports=Ports.free())
+    control_plane = ControlPlane(root=tmp_path_factory.mktemp("cluster"), ports=Ports.free(),
+                                 feature_gates=dra_feature_gates(k8s_version()))
     try:
         control_plane.start()
         control_plane.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))

@@ -4,10 +4,10 @@ or refused with the expected message.
 
 The fleet is `make demo`'s (dev/rocshare_dev/devcluster/demo.py: two MI210 nodes with a synthetic
 64 GiB per GPU, an MI300X in CPX mode, an MI300X in SPX mode derived from the CPX capture (tainted for
-the inference pair), a Strix Point APU), started by the same function, so the
-demo and this test cannot drift apart. Placement assertions are about properties (the GPU's own
-CU count, NUMA node, XGMI peers) rather than one node or GPU, where the samples leave the choice
-to the scheduler.
+the inference pair), a Strix Point APU, and an MI210 node in DRA mode for samples/dra/), started by the
+same function, so the demo and this test cannot drift apart. Placement assertions are about properties
+(the GPU's own CU count, NUMA node, XGMI peers) rather than one node or GPU, where the samples leave the
+choice to the scheduler.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import yaml
 from rocshare.api.models import API_VERSION
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.controlplane import PROJECT_ROOT
-from rocshare_dev.devcluster.demo import start_samples_fleet
+from rocshare_dev.devcluster.demo import DRA_NAMESPACE, DRA_NODE, apply_dra_samples, start_samples_fleet
+from rocshare_dev.devcluster.evidence import conflicts, inventories, parse_cu_mask, shares_of
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from tests.e2e.fleet import (
     mask_bits,
@@ -56,9 +57,10 @@ def samples_fleet(cluster, tmp_path_factory) -> Iterator[dict[str, dict]]:
     operator = OperatorProcess(cluster)
     nodes: list = []
     try:
-        start_samples_fleet(cluster, operator, tmp_path_factory.mktemp("samples"), nodes)
+        start_samples_fleet(cluster, operator, tmp_path_factory.mktemp("samples"), nodes, dra=True)
         yield {node.name: node for node in nodes}
     finally:
+        cluster.kubectl("delete", "-k", str(SAMPLES / "dra"), "--ignore-not-found", "--wait=false", check=False)
         cluster.kubectl("delete", "-k", str(SAMPLES), "--ignore-not-found", "--wait=false", check=False)
         cluster.kubectl("delete", "pods", "--all", "-n", "gpu-samples", "--force", "--grace-period=0", check=False)
         cluster.kubectl("delete", "mutatingwebhookconfiguration,validatingwebhookconfiguration", "rocshare-pods",
@@ -68,6 +70,8 @@ def samples_fleet(cluster, tmp_path_factory) -> Iterator[dict[str, dict]]:
         for node in nodes:
             node.stop()
         operator.stop()
+        cluster.stop_default_scheduler()  # started for samples/dra; the rest of the suite has neither
+        cluster.stop_dra_scheduler()
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +246,39 @@ def test_refused_samples_name_the_problem(samples_fleet, cluster, sample: str, m
     as_user = f"--kubeconfig={cluster.user_kubeconfig('sample-user')}"  # the last --kubeconfig wins
     result = cluster.kubectl(as_user, "apply", "-f", str(SAMPLES / "refused" / sample), check=False)
     assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+async def test_the_dra_pool_runs_a_claim_and_amd_limits_and_its_share_counts_them(running, cluster, kube: Kube) -> None:
+    """samples/dra/: a pod written as a claim and one written with amd.com/* limits (turned into a claim
+    by the webhook) run on the DRA node, each container receiving its claim's CDI device with a
+    quarter of an MI210 (8 GiB, 26 of its 104 CUs, worked out here from the inventory), on CUs
+    disjoint from the other's; `kubectl get amdgpushares` counts both claims. Last in the module: with a
+    DRA pool present, the refused samples (no nodeSelector) would match pools of both kinds."""
+    apply_dra_samples(cluster)
+    pods = {name: await wait_running(kube, name, DRA_NAMESPACE, timeout_s=120) for name in ("dra-claim",
+                                                                                          "dra-amd-limits")}
+    gpus = inventories((await kube.list(object_path(API_VERSION, "amdgpunodes")))["items"])[DRA_NODE[0]]
+    translated = pods["dra-amd-limits"]["spec"]["containers"][0]["resources"]
+    assert "limits" not in translated or not any(key.startswith("amd.com/") for key in translated["limits"])
+    held = []
+    for name, pod in pods.items():
+        assert pod["spec"]["nodeName"] == DRA_NODE[0]
+        [claim_status] = pod["status"]["resourceClaimStatuses"]
+        claim = await kube.get(object_path("resource.k8s.io/v1", "resourceclaims", claim_status["resourceClaimName"],
+                                           namespace=DRA_NAMESPACE))
+        received = runtime_of(pod)
+        assert received["main"]["cdiDevices"] == [f"rocshare.io/gpu={claim['metadata']['uid']}"]
+        [share] = shares_of(f"{DRA_NAMESPACE}/{name}", DRA_NODE[0], received, gpus)
+        cus = sum(high - low + 1 for low, high in parse_cu_mask(received["main"]["envs"]["HSA_CU_MASK"])[0])
+        assert share.memory_mib == 8192 and cus == math.ceil(share.gpu.cu_count * 25 / 100) == 26  # MI210: 104 CUs
+        assert conflicts(share, held) == []
+        held.append(share)
+
+    async def counted():
+        share = await kube.get(object_path(API_VERSION, "amdgpushares", "team-dra", namespace=DRA_NAMESPACE))
+        status = share.get("status") or {}
+        return status if len(status.get("pods") or []) == 2 else None
+
+    status = await wait_for(counted, timeout_s=60, what="team-dra counting the two claims")
+    assert sorted(holder["pod"].split("/")[0] for holder in status["pods"]) == ["resourceclaim", "resourceclaim"]
+    assert (status["used"]["memoryMiB"], status["used"]["gpus"], status["used"]["coresPercent"]) == (16384, 2, 50)

@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
@@ -29,4 +30,9 @@ func deviceCapacity(m *devicemanager.ManagerImpl) (v1.ResourceList, v1.ResourceL
 // allocateDevices runs the device manager's Allocate for one container of a pod being added.
 func allocateDevices(ctx context.Context, m *devicemanager.ManagerImpl, pod *v1.Pod, container *v1.Container) error {
 	return m.Allocate(ctx, pod, container, lifecycle.AddOperation)
+}
+
+// nodeGetter is the DRA manager's GetNodeFunc as v1.37 declares it (with a context).
+func nodeGetter(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
+	return get
 }

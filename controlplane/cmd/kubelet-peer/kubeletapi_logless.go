@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
 
@@ -27,4 +28,9 @@ func deviceCapacity(m *devicemanager.ManagerImpl) (v1.ResourceList, v1.ResourceL
 // allocateDevices runs the device manager's Allocate for one container of a pod being added.
 func allocateDevices(_ context.Context, m *devicemanager.ManagerImpl, pod *v1.Pod, container *v1.Container) error {
 	return m.Allocate(pod, container)
+}
+
+// nodeGetter is the DRA manager's GetNodeFunc as v1.35 declares it (no context).
+func nodeGetter(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
+	return func() (*v1.Node, error) { return get(context.Background()) }
 }

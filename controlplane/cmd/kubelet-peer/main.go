@@ -15,6 +15,12 @@
 // --device-plugin-dir at the real path of that folder. Killing the peer and starting it again is
 // a kubelet restart: the device manager removes every socket in the folder on start.
 //
+// With --dra-registry-dir the peer also runs the kubelet's DRA manager and plugin manager
+// (dra.go): DRA plugins register there as with a kubelet, the peer prepares a pod's claims over
+// the plugin's socket before it reports the pod Running, records the CDI devices each container
+// got with their edits from the runtime's CDI specs (cdi.go), and unprepares them once the pod
+// is deleted.
+//
 // With --node-count N the peer plays N nodes in one process instead (see multi.go): each node
 // has its own device manager listening on its own folder under --plugin-root, so no mount
 // namespace (and no root) is needed. Benchmarks use it to simulate hundreds of nodes.
@@ -44,6 +50,7 @@ type options struct {
 	labels     string
 	heartbeat  time.Duration
 	multi      multiOptions
+	dra        draOptions
 }
 
 func parseFlags() options {
@@ -57,6 +64,7 @@ func parseFlags() options {
 	flag.StringVar(&o.labels, "labels", "", "extra node labels set at creation, k=v,k=v")
 	flag.DurationVar(&o.heartbeat, "heartbeat-interval", heartbeatInterval, "how often the Node status and Lease are refreshed when nothing changed")
 	addMultiFlags(&o.multi)
+	addDRAFlags(&o.dra)
 	klog.InitFlags(nil)
 	flag.Parse()
 	return o

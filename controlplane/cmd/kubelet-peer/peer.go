@@ -35,6 +35,7 @@ type peer struct {
 	startTime     metav1.Time
 	heartbeat     time.Duration
 	devices       *devicemanager.ManagerImpl
+	dra           *dynamicResources // nil: no DRA (multi-node mode, or no --dra-registry-dir)
 	informer      cache.SharedIndexInformer
 	pods          listersv1.PodLister
 	queue         workqueue.TypedRateLimitingInterface[string]
@@ -82,7 +83,12 @@ func newPeer(client kubernetes.Interface, o options) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the device manager: %w", err)
 	}
-	return newPeerWith(client, o, devices)
+	p, err := newPeerWith(client, o, devices)
+	if err != nil {
+		return nil, err
+	}
+	p.dra, err = newDynamicResources(client, o.dra)
+	return p, err
 }
 
 // newPeerWith builds the peer around a device manager made by the caller (multi.go makes one
@@ -134,6 +140,11 @@ func (p *peer) run(ctx context.Context) error {
 		return fmt.Errorf("starting the device manager: %w", err)
 	}
 	defer func() { _ = p.devices.Stop(logger) }()
+	if p.dra != nil {
+		if err := p.dra.start(ctx, p.activePods, p.getNode, ready); err != nil {
+			return err
+		}
+	}
 	klog.InfoS("kubelet-peer serving", "node", p.nodeName, "socket", kubeletPluginDir+"/kubelet.sock")
 	go p.syncNodeLoop(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {

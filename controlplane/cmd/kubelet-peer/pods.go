@@ -46,6 +46,7 @@ type containerRuntimeSpec struct {
 	Mounts      []volumeMount       `json:"mounts"`
 	Annotations map[string]string   `json:"annotations,omitempty"`
 	DeviceIDs   map[string][]string `json:"deviceIDs,omitempty"`
+	CDIDevices  []string            `json:"cdiDevices,omitempty"` // from the pod's DRA claims
 }
 
 func allContainers(pod *v1.Pod) []v1.Container {
@@ -83,6 +84,12 @@ func (p *peer) admit(ctx context.Context, pod *v1.Pod) error {
 			return p.reject(ctx, pod, result.Reason, result.Message)
 		}
 	}
+	// SyncPod, after admission: the claims are prepared before any container starts. A failure
+	// leaves the pod Pending and is retried, with the kubelet's event.
+	if err := p.dra.prepare(ctx, pod); err != nil {
+		p.recordEvent(ctx, pod, "FailedPrepareDynamicResources", err.Error())
+		return err
+	}
 	specs, err := p.runtimeSpecs(ctx, pod)
 	if err != nil {
 		p.admitted.Insert(pod.UID)
@@ -110,9 +117,27 @@ func (p *peer) runtimeSpecs(ctx context.Context, pod *v1.Pod) (map[string]contai
 		}
 		spec := specFromOptions(options)
 		spec.DeviceIDs = deviceIDs(p.devices.GetDevices(string(pod.UID), container.Name))
+		if err := p.addCDIDevices(pod, &container, &spec); err != nil {
+			return nil, fmt.Errorf("container %s: %w", container.Name, err)
+		}
 		specs[container.Name] = spec
 	}
 	return specs, nil
+}
+
+// addCDIDevices: the container's CDI devices from its claims, and what the runtime's CDI specs
+// make of them.
+func (p *peer) addCDIDevices(pod *v1.Pod, container *v1.Container, spec *containerRuntimeSpec) error {
+	names, err := p.dra.cdiDevices(pod, container)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	spec.CDIDevices = names
+	edits, err := resolveCDI(p.dra.cdiDirs, names)
+	if err != nil {
+		return err
+	}
+	return applyCDI(spec, edits)
 }
 
 func specFromOptions(options *devicemanager.DeviceRunContainerOptions) containerRuntimeSpec {
@@ -189,9 +214,14 @@ func (p *peer) updatePodStatus(ctx context.Context, pod *v1.Pod, change func(*v1
 	})
 }
 
-// removePod: the kubelet stops the containers, then removes the pod with grace 0. The devices
-// are released when the device manager next sees the pod missing from activePods.
+// removePod: the kubelet stops the containers, unprepares the pod's claims, then removes the pod
+// with grace 0. The devices are released when the device manager next sees the pod missing from
+// activePods.
 func (p *peer) removePod(ctx context.Context, pod *v1.Pod) error {
+	if err := p.dra.unprepare(ctx, pod); err != nil {
+		p.recordEvent(ctx, pod, "FailedUnprepareDynamicResources", err.Error())
+		return err
+	}
 	grace := int64(0)
 	uid := pod.UID
 	err := p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{

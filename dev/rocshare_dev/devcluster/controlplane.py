@@ -29,6 +29,7 @@ import yaml
 from rocshare_dev.devcluster import certs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+DRA_SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-dra-config.yaml"
 VERSIONS_DIR = PROJECT_ROOT / "controlplane" / "k8s"
 DEFAULT_K8S_VERSION = (VERSIONS_DIR / "default-version").read_text().strip()
 DRA_K8S_VERSION = "1.37.2"
@@ -218,6 +219,46 @@ class ControlPlane:
                                        *self._feature_gate_args()])
         self._save_state()
 
+    def start_default_scheduler(self) -> None:
+        """A plain kube-scheduler for the pods of `default-scheduler`, as a cluster's own scheduler runs
+        beside rocshare's: DRA pods stay with it (its DRA plugin allocates their claims). The dev
+        control plane otherwise runs rocshare's profile only. No leader election, no serving port."""
+        path = self.root / "default-scheduler-config.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "leaderElection": {"leaderElect": False},
+            "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 200, "burst": 400}}))
+        self._spawn("default-scheduler", [f"--config={path}", "--secure-port=0", "-v=1", *self._feature_gate_args()],
+                    binary="kube-scheduler")
+        self._save_state()
+
+    def stop_default_scheduler(self) -> None:
+        self._stop_component("default-scheduler")
+
+    def start_dra_scheduler(self, extender_url: str) -> str:
+        """kube-scheduler with the configuration DRA mode ships (DRA_SCHEDULER_CONFIG: the allocator, and
+        the operator's prioritize-dra at `extender_url`), as the operator's pod runs it: the webhook sends
+        the pods it gives claims to this profile. Returns the profile's schedulerName."""
+        config = yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text())
+        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+        config["leaderElection"] = {"leaderElect": False}
+        config["extenders"][0]["urlPrefix"] = extender_url
+        path = self.root / "kube-scheduler-dra.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._spawn("dra-scheduler", [f"--config={path}", "--secure-port=0", "-v=2", *self._feature_gate_args()],
+                    binary="kube-scheduler")
+        self._save_state()
+        return config["profiles"][0]["schedulerName"]
+
+    def stop_dra_scheduler(self) -> None:
+        self._stop_component("dra-scheduler")
+
+    def _stop_component(self, name: str) -> None:
+        pid = self.pids.pop(name, None)
+        if pid:
+            stop_process(pid, name)
+        self._save_state()
+
     def stop(self) -> None:
         """Stop every component started from this folder (also ones from an earlier process)."""
         for name, pid in reversed(list(self._known_pids().items())):
@@ -348,9 +389,9 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], *, binary: str | None = None) -> None:
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        process = subprocess.Popen([*self.command_prefix, str(self.bin_dir / name), *args], stdout=log,
+        process = subprocess.Popen([*self.command_prefix, str(self.bin_dir / (binary or name)), *args], stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.pids[name] = process.pid

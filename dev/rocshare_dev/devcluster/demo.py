@@ -5,7 +5,10 @@ with rocshare's extender), the operator (reconcilers, extender, admission webhoo
 simulated fleet — each node a kubelet peer (the kubelet's own device manager) and a
 rocshare agent reading a real sysfs capture from ../shared/fixtures/sysfs — then applies
 samples/ and shows where every sample pod landed: GPU, MiB and CU mask, as the kubelet
-handed them to the container.
+handed them to the container. Beside the device-plugin pools, one node serves its GPUs through DRA
+(DRA_NODE): the control plane runs with consumable capacity on (dra_feature_gates), samples/dra/
+adds its pool and two pods, one written as a claim and one with amd.com/* limits, which
+kube-scheduler allocates and the node's kubelet peer prepares over the DRA plugin's socket.
 
 Everything runs detached, recorded in run/demo/state.json; `make demo-down` stops it all.
 Running `make demo` again while the demo is up only prints the status.
@@ -24,7 +27,9 @@ from pathlib import Path
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram, mi300x_spx
-from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, stop_process
+from rocshare_dev.devcluster.controlplane import (
+    PROJECT_ROOT, ControlPlane, ControlPlaneError, Ports, dra_feature_gates, k8s_version, stop_process)
+from rocshare_dev.devcluster.evidence import parse_cu_mask
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster import hook_workloads
 from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
@@ -49,8 +54,14 @@ TAINTS = {"demo-mi300x-spx": ("rocshare.io/dedicated=inference:NoSchedule",)}
 other samples cannot take its GPUs and the pair's placement is the same on every run."""
 
 
+DRA_NODE = ("demo-mi210-dra", "mi210-8gpu-xgmi", "mi210-dra")
+"""The node of samples/dra's pool (mi210-dra): its agent is a DRA driver, its kubelet peer prepares claims."""
+DRA_SAMPLES = PROJECT_ROOT / "samples" / "dra"
+DRA_POOL, DRA_NAMESPACE = "mi210-dra", "gpu-dra"
+DRA_PODS = ("dra-claim", "dra-amd-limits")
+
 METRICS_PORT = 31993
-MONITOR_PORTS = {name: 39394 + position for position, (name, _capture, _class) in enumerate(FLEET)}
+MONITOR_PORTS = {name: 39394 + position for position, (name, _capture, _class) in enumerate((*FLEET, DRA_NODE))}
 """Loopback ports of the agents' monitors in `make demo` (the tests give theirs free ports)."""
 
 
@@ -74,27 +85,57 @@ def _sysfs_for(capture: str, work_dir: Path) -> Path:
 def start_samples_fleet(cluster: ControlPlane, operator: OperatorProcess, work_dir: Path, nodes: list[SimulatedNode],
                         *, announce=lambda text: None,
                         node_setup: Callable[[str, Path], tuple[Path, tuple[str, ...]]] | None = None,
-                        operator_started: Callable[[], None] = lambda: None) -> None:
+                        operator_started: Callable[[], None] = lambda: None, dra: bool = False) -> None:
     """The operator, samples/ applied, and the FLEET's simulated nodes, each added to `nodes`
     before it starts (so a caller can stop what started when a later step fails).
     `make demo`, tests/e2e/test_samples.py and tests/e2e/test_dashboards.py run this; `node_setup`
     (node name, sysfs root) -> (sysfs root, extra agent arguments) lets a test give a node a
     copy of its capture and its agent a monitor port; `operator_started` runs once the operator
-    is ready, before any sample is applied."""
+    is ready, before any sample is applied. With `dra` (the control plane must serve consumable
+    capacity: `dra_feature_gates`) the DRA node, a plain kube-scheduler and DRA mode's start too; the caller
+    applies samples/dra/ (apply_dra_samples) once it is done with pods of the other samples: a pod
+    without a nodeSelector created after it matches pools of both kinds, which admission refuses."""
     operator.start()
     operator.install_webhooks()
     operator_started()
     cluster.kubectl("apply", "-k", str(PROJECT_ROOT / "samples"))
-    for name, capture, node_class in FLEET:
-        announce(f"starting simulated node {name}: kubelet peer + agent on the {capture} capture")
+    for name, capture, node_class in (*FLEET, DRA_NODE) if dra else FLEET:
+        is_dra = (name, capture, node_class) == DRA_NODE
+        announce(f"starting simulated node {name}: kubelet peer + agent{' (DRA)' if is_dra else ''} "
+                 f"on the {capture} capture")
         sysfs_root, agent_args = _sysfs_for(capture, work_dir), ()
         if node_setup is not None:
             sysfs_root, agent_args = node_setup(name, sysfs_root)
         node = SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=sysfs_root, agent_args=agent_args,
                              work_dir=work_dir / "nodes", labels={"rocshare.io/node-class": node_class},
-                             taints=TAINTS.get(name, ()))
+                             taints=TAINTS.get(name, ()), dra=is_dra)
         nodes.append(node)
         node.start()
+    if dra:
+        announce("starting the cluster's own kube-scheduler (pods written with claims) and DRA mode's "
+                 "(pods whose amd.com/* limits admission turned into claims)")
+        cluster.start_default_scheduler()
+        cluster.start_dra_scheduler(f"http://127.0.0.1:{operator.port}/extender")
+
+
+def apply_dra_samples(cluster: ControlPlane, *, timeout_s: float = 60.0) -> None:
+    """The DeviceClass (part of rocshare's install; the demo runs the operator as a process, not from
+    the manifests), the pool, then the pods once its node carries the pool's label and has reported its GPUs,
+    since admission works a pod's percentages out from the GPUs of the pool's nodes."""
+    cluster.kubectl("apply", "-f", str(PROJECT_ROOT / "manifests" / "base" / "dra" / "deviceclass.yaml"))
+    cluster.kubectl("apply", "-f", str(DRA_SAMPLES / "10-pool-mi210-dra.yaml"))
+    deadline = time.monotonic() + timeout_s
+    while not _dra_pool_ready(cluster):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pool {DRA_POOL} did not count {DRA_NODE[0]}'s GPUs within {timeout_s:.0f} s")
+        time.sleep(0.5)
+    cluster.kubectl("apply", "-k", str(DRA_SAMPLES))
+
+
+def _dra_pool_ready(cluster: ControlPlane) -> bool:
+    labelled = cluster.kubectl("get", "nodes", "-l", f"rocshare.io/pool={DRA_POOL}", "-o", "name").stdout.split()
+    pool = json.loads(cluster.kubectl("get", "amdgpupool", DRA_POOL, "-o", "json").stdout)
+    return bool(labelled) and (pool.get("status") or {}).get("gpusTotal", 0) > 0
 
 
 def up() -> int:
@@ -107,7 +148,7 @@ def up() -> int:
         return 1
     shutil.rmtree(RUN, ignore_errors=True)
     RUN.mkdir(parents=True)
-    cluster = ControlPlane(root=RUN / "cluster", ports=Ports.fixed())
+    cluster = ControlPlane(root=RUN / "cluster", ports=Ports.fixed(), feature_gates=dra_feature_gates(k8s_version()))
     pids: dict[str, int] = {}
     try:
         _start(cluster, pids)
@@ -127,7 +168,9 @@ def up() -> int:
 
 
 def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
-    started = _step("starting the control plane (etcd, kube-apiserver, controller-manager, kube-scheduler v1.35)")
+    gates = ", with " + " ".join(cluster.feature_gates) if cluster.feature_gates else ""
+    started = _step(f"starting the control plane (etcd, kube-apiserver, controller-manager, kube-scheduler "
+                    f"v{k8s_version()}{gates})")
     cluster.start()
     cluster.kubectl("apply", "--server-side", "-f", str(PROJECT_ROOT / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
@@ -140,15 +183,20 @@ def _start(cluster: ControlPlane, pids: dict[str, int]) -> None:
     nodes: list[SimulatedNode] = []
     try:
         start_samples_fleet(cluster, operator, RUN, nodes, announce=lambda text: print(f"    {text}", flush=True),
-                            node_setup=_with_monitor)
+                            node_setup=_with_monitor, dra=True)
+        print("    applying samples/dra: the DRA pool, then its pods once the pool has labelled its node", flush=True)
+        apply_dra_samples(cluster)
     finally:
         pids["operator"] = operator.pid
+        if "default-scheduler" in cluster.pids:
+            pids["default-scheduler"] = cluster.pids["default-scheduler"]
         for node in nodes:
             pids[f"{node.name}/kubelet-peer"] = node.kubelet_pid
             pids[f"{node.name}/agent"] = node.agent_pid
     _done(started)
 
-    started = _step(f"waiting for the sample pods in {', '.join(NAMESPACES)} to run and the pools to count their GPUs")
+    started = _step(f"waiting for the sample pods in {', '.join((*NAMESPACES, DRA_NAMESPACE))} to run and the pools "
+                    "to count their GPUs")
     _wait_running(cluster, timeout_s=180)
     _wait_pools_counted(cluster, timeout_s=60)
     _done(started)
@@ -188,7 +236,7 @@ def _wait_running(cluster: ControlPlane, *, timeout_s: float) -> None:
 
 
 def _pods(cluster: ControlPlane) -> list[dict]:
-    return [pod for namespace in NAMESPACES
+    return [pod for namespace in (*NAMESPACES, DRA_NAMESPACE)
             for pod in json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]]
 
 
@@ -222,6 +270,8 @@ def _show(cluster: ControlPlane) -> None:
 def _slices(pod: dict) -> list[str]:
     meta = pod["metadata"]
     text = meta.get("annotations", {}).get(ALLOCATION_ANNOTATION)
+    if text is None and pod["spec"].get("resourceClaims"):
+        return _claim_slices(pod)
     if text is None:
         return [f"{meta['name']:<18} {'(pending)':<16}"]
     record = decode_record(text)
@@ -232,6 +282,24 @@ def _slices(pod: dict) -> list[str]:
         for device in container.devices:
             lines.append(f"{meta['name']:<18} {record.node:<16} {device.gpu_id:<24} {device.memory_mib:>6} "
                          f"{device.cu_count:>4}  {mask}")
+    return lines
+
+
+def _claim_slices(pod: dict) -> list[str]:
+    """A DRA pod: its allocation record is on its claim; what the container got is in the CDI edits
+    the kubelet peer recorded (GPU, memory limit, CU mask)."""
+    name, runtime = pod["metadata"]["name"], runtime_specs(pod)
+    if runtime is None:
+        return [f"{name:<18} {'(pending)':<16}"]
+    lines = []
+    for received in runtime.values():
+        envs = received.get("envs") or {}
+        masks = parse_cu_mask(envs.get("HSA_CU_MASK", ""))
+        for index, gpu in enumerate(filter(None, envs.get("ROCR_VISIBLE_DEVICES", "").split(","))):
+            memory = envs.get(f"HIP_DEVICE_MEMORY_LIMIT_{index}", "-").removesuffix("m")
+            cus = sum(high - low + 1 for low, high in masks.get(index, ())) or "all"
+            lines.append(f"{name:<18} {pod['spec'].get('nodeName', ''):<16} {gpu:<24} {memory:>6} {cus:>4}  "
+                         f"{envs.get('HSA_CU_MASK', '(all CUs)')}  (DRA: {', '.join(received.get('cdiDevices', []))})")
     return lines
 
 

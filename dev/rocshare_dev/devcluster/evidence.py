@@ -1,7 +1,9 @@
 """Invariants checked from what containers received, never from rocshare's own records.
 
 The kubelet peer reports, with the status that moves a pod to Running, what each container would
-be handed by the runtime: its device nodes and environment (simnode.runtime_specs). From that
+be handed by the runtime: its device nodes and environment (simnode.runtime_specs) -- for a DRA
+container, the edits of its claims' CDI specs as the runtime applies them, so both kinds read the
+same. From that
 alone -- `ROCR_VISIBLE_DEVICES`, the `/dev/dri/renderD<N>` nodes, `HSA_CU_MASK`,
 `HIP_DEVICE_MEMORY_LIMIT_<i>` -- this module works out which GPU each container got and what
 part of it, and checks, at every moment of a run, for every GPU:

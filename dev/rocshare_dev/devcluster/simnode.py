@@ -6,6 +6,13 @@ and ``rocshare agent`` pointed at the same folder by its real path, with sysfs f
 capture and a /dev made of plain files for the capture's device nodes. Used by the e2e tests
 and `make demo`. Needs root (mount namespaces) and the kubelet-peer binary.
 
+With `dra=True` the node is a DRA node: the agent runs as a DRA driver (--interface=DRA) with its
+plugin socket under <root>/plugins, its registration socket in <root>/registry and its CDI specs in
+<root>/cdi; the kubelet peer watches <root>/registry with the kubelet's plugin and DRA managers,
+prepares each pod's claims over the plugin's socket before it reports the pod Running, and reads
+the CDI specs there as the container runtime would (controlplane/cmd/kubelet-peer/dra.go, cdi.go).
+Unix socket paths hold at most 107 bytes: give a DRA node a short work_dir.
+
 Health is simulated through /dev: `set_gpu_healthy(minor, False)` removes the render node the
 agent checks, as a lost device would. Pool settings are written on the Node the way the
 operator does (annotation rocshare.io/pool-settings) before the agent starts, when given.
@@ -33,7 +40,8 @@ PEER_CONTAINERS_CONDITION = "kubelet-peer.rocshare.io/Containers"
 
 def runtime_specs(pod: dict) -> dict | None:
     """Per container name, what the kubelet peer handed the runtime (envs, devices, mounts,
-    deviceIDs); None while the peer has not admitted the pod."""
+    deviceIDs from device plugins, cdiDevices from DRA claims, whose CDI edits are in envs, devices
+    and mounts as the runtime applies them); None while the peer has not admitted the pod."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == PEER_CONTAINERS_CONDITION:
             return json.loads(condition.get("message") or "{}")
@@ -48,7 +56,7 @@ class SimulatedNode:
     def __init__(self, *, name: str, kubeconfig: Path | str, sysfs_root: Path, work_dir: Path,
                  bin_dir: Path = DEFAULT_BIN_DIR, settings: NodeSettings | None = None,
                  health_interval_s: float = 0.5, hook_dir: Path | None = None, labels: dict[str, str] | None = None,
-                 agent_args: tuple[str, ...] = (), taints: tuple[str, ...] = ()) -> None:
+                 agent_args: tuple[str, ...] = (), taints: tuple[str, ...] = (), dra: bool = False) -> None:
         self.name = name
         self.kubeconfig = str(kubeconfig)
         self.sysfs_root = Path(sysfs_root)
@@ -61,6 +69,7 @@ class SimulatedNode:
         self.agent_args = agent_args
         self.taints = taints
         """`key=value:Effect`, set once the Node exists and before the agent registers its GPUs."""
+        self.dra = dra
         self._processes: dict[str, subprocess.Popen] = {}
 
     @property
@@ -79,6 +88,18 @@ class SimulatedNode:
     @property
     def plugin_dir(self) -> Path:
         return self.root / "device-plugins"
+
+    @property
+    def dra_plugins_dir(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def dra_registry_dir(self) -> Path:
+        return self.root / "registry"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.root / "cdi"
 
     @property
     def dev_root(self) -> Path:
@@ -110,7 +131,19 @@ class SimulatedNode:
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
         self._spawn("kubelet-peer", [
             str(self.bin_dir / "kubelet-peer"), f"--kubeconfig={self.kubeconfig}", f"--node-name={self.name}",
-            f"--plugin-dir={self.plugin_dir}", f"--labels={labels}"])
+            f"--plugin-dir={self.plugin_dir}", f"--labels={labels}", *self._kubelet_dra_args()])
+
+    def _kubelet_dra_args(self) -> list[str]:
+        if not self.dra:
+            return []
+        return [f"--dra-registry-dir={self.dra_registry_dir}", f"--dra-state-dir={self.root / 'dra-state'}",
+                f"--cdi-dir={self.cdi_dir}"]
+
+    def _agent_dra_args(self) -> list[str]:
+        if not self.dra:
+            return []
+        return ["--interface=DRA", f"--dra-plugins-dir={self.dra_plugins_dir}",
+                f"--dra-registry-dir={self.dra_registry_dir}", f"--cdi-dir={self.cdi_dir}"]
 
     def stop_kubelet(self) -> None:
         self._stop("kubelet-peer")
@@ -126,7 +159,7 @@ class SimulatedNode:
             f"--sysfs-root={self.sysfs_root}", f"--dev-root={self.dev_root}", f"--device-plugin-dir={self.plugin_dir}",
             f"--hook-path={self.hook_dir}", "--hook-library=External", f"--account-dir={self.account_dir}",
             f"--health-interval-s={self.health_interval_s}", "--monitor-port=0",
-            "--cgroup-root=none", *self.agent_args])
+            "--cgroup-root=none", *self._agent_dra_args(), *self.agent_args])
 
     def stop_agent(self) -> None:
         self._stop("agent")

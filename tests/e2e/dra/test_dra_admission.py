@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.models import API_VERSION, GpuInfo, Sharing
@@ -35,7 +33,6 @@ from rocshare.core.request import parse_pod
 from rocshare.kube.client import Kube, NotFound, object_path
 from rocshare_agent.deviceplugin.container_spec import AccountFolders, render_container
 from rocshare_agent.discovery import discover
-from rocshare_dev.devcluster.controlplane import PROJECT_ROOT, free_port, stop_process
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
 from tests.e2e.dra.test_dra_allocation import RESOURCE, as_kubelet, cdi_env
@@ -340,7 +337,6 @@ async def test_claims_made_from_templates_are_held_to_the_quota(cluster, kube, o
 
 PLACE_POOL = "dra-placement"
 PLACE_SELECTOR = {"rocshare-e2e/placement": "dra"}
-DRA_SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-dra-config.yaml"
 NODE_CPUS = 16  # kubelet-peer's default capacity
 
 
@@ -373,22 +369,11 @@ def placement_nodes(cluster, sysfs_fixtures):
 def dra_scheduler(cluster, operator):
     """kube-scheduler with the configuration DRA mode ships, its extender the operator's: the webhook
     sends the pods it gives claims to this profile."""
-    config = yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text())
-    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig)}
-    config["leaderElection"] = {"leaderElect": False}
-    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{operator.port}/extender"
-    path = cluster.root / "kube-scheduler-dra.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    with open(cluster.logs / "kube-scheduler-dra.log", "ab") as log:
-        process = subprocess.Popen([str(cluster.bin_dir / "kube-scheduler"), f"--config={path}",
-                                    "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=2"],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+    name = cluster.start_dra_scheduler(f"http://127.0.0.1:{operator.port}/extender")
     try:
-        yield config["profiles"][0]["schedulerName"]
+        yield name
     finally:
-        stop_process(process.pid, "DRA mode's kube-scheduler")
-        process.wait(timeout=10)
+        cluster.stop_dra_scheduler()
 
 
 async def _bound(kube: Kube, pod: str) -> str | None:

@@ -1,7 +1,10 @@
 """rocshare as a DRA driver on Kubernetes 1.37.2: the node agent (a real process, in DRA mode, on a
 simulated node with the Vega10 capture: one GPU, 64 CUs, 16368 MiB) publishes its ResourceSlice,
 the real kube-scheduler allocates ResourceClaims with capacity requests from it, and the agent's
-DRA plugin, called over its real socket as the kubelet calls it, prepares them.
+DRA plugin, called over its real socket as the kubelet calls it, prepares them. The kubelet peer
+runs the kubelet's own plugin and DRA managers: it registers the plugin, prepares each bound pod's
+claims before it reports the pod Running, with what the container received, and unprepares them
+when the pod is deleted; the tests below also call the plugin themselves, as a kubelet would.
 
 Evidence comes from the API server (the stored slice, the claims' allocation results, the pods'
 scheduling conditions) and from the CDI specs the plugin wrote; every expected number is worked out
@@ -20,7 +23,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rocshare.api.models import Sharing
+from rocshare.api.models import API_VERSION, Sharing
 from rocshare.core.dra_claims import claim_spec
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
@@ -32,7 +35,8 @@ from rocshare_agent.dra import dra_pb2_grpc as pb_grpc
 from rocshare_agent.dra import registration_pb2 as reg_pb
 from rocshare_agent.dra import registration_pb2_grpc as reg_grpc
 from rocshare_agent.dra.server import plugin_socket, registration_socket
-from rocshare_dev.devcluster.simnode import SimulatedNode
+from rocshare_dev.devcluster.evidence import inventories, shares_of
+from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
 from tests.e2e.fleet import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -49,11 +53,8 @@ def dra_node(cluster, capture: Path, prefix: str) -> SimulatedNode:
     (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer)."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-    root = work / name
     return SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=capture, work_dir=work,
-                         bin_dir=cluster.bin_dir, health_interval_s=0.3, agent_args=(
-                             "--interface=DRA", f"--dra-plugins-dir={root / 'plugins'}",
-                             f"--dra-registry-dir={root / 'registry'}", f"--cdi-dir={root / 'cdi'}"))
+                         bin_dir=cluster.bin_dir, health_interval_s=0.3, dra=True)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +170,59 @@ async def test_the_agent_publishes_its_slice_and_follows_health(kube, node):
 async def _with_devices(kube: Kube, node: SimulatedNode, count: int) -> dict | None:
     body = await stored_slice(kube, node)
     return body if body is not None and len(body["spec"].get("devices", [])) == count else None  # [] is omitted
+
+
+async def running_specs(kube: Kube, pod: str) -> dict | None:
+    stored = await kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+    return runtime_specs(stored) if (stored.get("status") or {}).get("phase") == "Running" else None
+
+
+async def gone(kube: Kube, path: str) -> bool:
+    try:
+        await kube.get(path)
+    except NotFound:
+        return True
+    return False
+
+
+async def test_a_claim_runs_on_the_simulated_node_with_its_cdi_device_and_is_unprepared_on_delete(kube, node):
+    """The kubelet peer prepares the claim over the plugin's socket (found through the registration
+    socket) before it reports the pod Running, and the container receives the claim's CDI device and
+    the edits of the CDI spec the plugin wrote; deleting the pod unprepares the claim before the pod
+    object goes. Runs first on the empty GPU and leaves it empty for the tests after it."""
+    await wait_for(lambda: _with_devices(kube, node, 1), timeout_s=30, what="the node's device published")
+    await claim_with_pod(kube, node, "runs", memory="2Gi", compute="8")
+    specs = await wait_for(lambda: running_specs(kube, "pod-runs"), timeout_s=60, what="pod-runs Running")
+    uid = await claim_uid(kube, "runs")
+    [result] = (await allocation(kube, "runs"))["devices"]["results"]
+    assert consumed(result) == (2048, 8, 1)
+    main = specs["main"]
+    assert main["cdiDevices"] == [f"rocshare.io/gpu={uid}"]
+    # What the container got, against the spec file as the plugin wrote it (read while prepared)...
+    spec = json.loads((node.cdi_dir / f"rocshare.io-gpu_{uid}.json").read_text())
+    [device] = spec["devices"]
+    assert f"{spec['kind']}={device['name']}" == main["cdiDevices"][0]
+    edits = device["containerEdits"]
+    expected_env = dict(item.split("=", 1) for item in edits["env"])
+    assert {key: main["envs"].get(key) for key in expected_env} == expected_env
+    assert {(d["hostPath"], d["path"]) for d in edits["deviceNodes"]} <= {
+        (d["hostPath"], d["containerPath"]) for d in main["devices"]}
+    # ...and against the request, worked out here: the first 8 of 64 CUs of the empty GPU, 2 GiB.
+    assert main["envs"]["HSA_CU_MASK"] == "0:0-7" and main["envs"]["HIP_DEVICE_MEMORY_LIMIT_0"] == "2048m"
+    assert (str(node.dev_root / "dri" / "renderD128"), "/dev/dri/renderD128") in {
+        (d["hostPath"], d["containerPath"]) for d in main["devices"]}
+    # The evidence checks read a DRA container as they read a device plugin's.
+    gpu_node = await kube.get(object_path(API_VERSION, "amdgpunodes", node.name))
+    [share] = shares_of(f"{NAMESPACE}/pod-runs", node.name, specs, inventories([gpu_node])[node.name])
+    assert (share.gpu.render_minor, share.memory_mib, share.cu_ranges) == (128, 2048, ((0, 7),))
+
+    pod_path = f"/api/v1/namespaces/{NAMESPACE}/pods/pod-runs"
+    await kube.delete(pod_path)  # graceful: the peer unprepares, then removes the pod
+    await wait_for(lambda: gone(kube, pod_path), timeout_s=30, what="pod-runs removed by the peer")
+    assert not (node.cdi_dir / f"rocshare.io-gpu_{uid}.json").exists()
+    claim_path = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims/runs"
+    await kube.delete(claim_path)
+    await wait_for(lambda: gone(kube, claim_path), timeout_s=30, what="claim runs deleted")
 
 
 async def test_kube_scheduler_shares_one_gpu_refuses_overflow_and_whole_and_the_plugin_prepares(

@@ -113,6 +113,10 @@ def test_minor_differences_in_the_kubelet_peers_go_api() -> None:
     assert "m.Allocate(ctx, pod, container, lifecycle.AddOperation)" in contextual.read_text()
     assert "m.GetCapacity(klog.Background())" in contextual.read_text()
     assert "m.Allocate(pod, container)" in logless.read_text()
+    # The DRA manager's GetNodeFunc takes a context from 1.37 (cmd/kubelet-peer/dra.go calls nodeGetter).
+    assert "func nodeGetter(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {\n\treturn get\n}" in (
+        contextual.read_text())
+    assert "return func() (*v1.Node, error) { return get(context.Background()) }" in logless.read_text()
     build = (PROJECT_ROOT / "controlplane" / "build.sh").read_text()
     assert '[ "$minor" -ge 37 ] && peer_tags="kubelet_contextual"' in build
     # No other file of the peer calls the changed methods directly.

@@ -21,7 +21,7 @@ KUBECTL = bin_dir() / "kubectl"
 # Schemas of the oldest supported minor: manifests valid there are valid on the newer ones.
 KUBERNETES_VERSION = "1.35.0"
 KUSTOMIZATIONS = ("manifests/base", "manifests/overlays/dev", "manifests/overlays/cert-manager",
-                  "manifests/observability", "samples")
+                  "manifests/observability", "samples", "samples/dra")
 
 # Kinds of other projects (not installed in the test cluster, no schema offline): checked
 # against contract schemas in contracts.py instead.

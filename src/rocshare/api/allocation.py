@@ -10,12 +10,12 @@ match is an error (an undecodable record keeps its GPUs blocked, never "free").
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
+from rocshare.api.annotation_json import decode_annotation, encode_annotation
 from rocshare.api.models import _Model
 
 ALLOCATION_ANNOTATION = "rocshare.io/allocation"
@@ -89,29 +89,12 @@ class AllocationRecord(_Model):
 
 
 def encode_record(record: AllocationRecord) -> str:
-    return json.dumps(record.to_json_dict(), separators=(",", ":"), sort_keys=True)
+    return encode_annotation(record)
 
 
 def decode_record(text: str) -> AllocationRecord:
     """Parse the annotation's text; raises AllocationError naming the problem."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise AllocationError(f"{ALLOCATION_ANNOTATION} is not JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise AllocationError(f"{ALLOCATION_ANNOTATION} must be a JSON object, got {type(data).__name__}")
-    if data.get("version") != 1:
-        raise AllocationError(f"{ALLOCATION_ANNOTATION} has unsupported version {data.get('version')!r} (this build reads 1)")
-    try:
-        return AllocationRecord.model_validate(data)
-    except ValidationError as error:
-        raise AllocationError(f"{ALLOCATION_ANNOTATION} is invalid: {_first_problem(error)}") from None
-
-
-def _first_problem(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(root)"
-    return f"{where}: {first['msg']}"
+    return decode_annotation(text, AllocationRecord, annotation=ALLOCATION_ANNOTATION, error=AllocationError)
 
 
 def render_cu_ranges(ranges: Sequence[tuple[int, int]]) -> str:

@@ -14,12 +14,12 @@ decides what fits, from the claim), so a tenant who forges it moves nothing but 
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
+from rocshare.api.annotation_json import decode_annotation, encode_annotation
 from rocshare.api.models import _Model
 
 DRA_REQUEST_ANNOTATION = "rocshare.io/dra-request"
@@ -42,23 +42,12 @@ class DraRequest(_Model):
 
 
 def encode_request(request: DraRequest) -> str:
-    return json.dumps(request.to_json_dict(), separators=(",", ":"), sort_keys=True)
+    return encode_annotation(request)
 
 
 def decode_request(text: str) -> DraRequest:
     """Parse the annotation's text; raises DraRequestError naming the problem."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise DraRequestError(f"{DRA_REQUEST_ANNOTATION} is not JSON: {error}") from None
-    if not isinstance(data, dict) or data.get("version") != 1:
-        raise DraRequestError(f"{DRA_REQUEST_ANNOTATION} must be an object of version 1")
-    try:
-        return DraRequest.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(root)"
-        raise DraRequestError(f"{DRA_REQUEST_ANNOTATION} is invalid: {where}: {first['msg']}") from None
+    return decode_annotation(text, DraRequest, annotation=DRA_REQUEST_ANNOTATION, error=DraRequestError)
 
 
 def request_of(pod: Mapping[str, Any]) -> DraRequest | None:

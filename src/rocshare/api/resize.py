@@ -11,11 +11,11 @@ cannot write it). Decoding a request that does not match is an error naming the 
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
+from rocshare.api.annotation_json import decode_annotation, encode_annotation
 from rocshare.api.models import _Model
 
 RESIZE_ANNOTATION = "rocshare.io/resize"
@@ -56,25 +56,12 @@ class ResizeRequest(_Model):
 
 
 def encode_request(request: ResizeRequest) -> str:
-    return json.dumps(request.to_json_dict(), separators=(",", ":"), sort_keys=True)
+    return encode_annotation(request)
 
 
 def decode_request(text: str) -> ResizeRequest:
     """Parse the annotation's text; raises ResizeError naming the problem."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, TypeError) as error:
-        raise ResizeError(f"{RESIZE_ANNOTATION} is not JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ResizeError(f"{RESIZE_ANNOTATION} must be a JSON object, got {type(data).__name__}")
-    if data.get("version") != 1:
-        raise ResizeError(f"{RESIZE_ANNOTATION} has unsupported version {data.get('version')!r} (this build reads 1)")
-    try:
-        return ResizeRequest.model_validate(data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(root)"
-        raise ResizeError(f"{RESIZE_ANNOTATION} is invalid: {where}: {first['msg']}") from None
+    return decode_annotation(text, ResizeRequest, annotation=RESIZE_ANNOTATION, error=ResizeError)
 
 
 def request_generation(text: str | None) -> int:

@@ -57,16 +57,18 @@ def operator_pods(deployed: Deployed) -> list[dict]:
 
 def test_operator_pods_run_both_containers_unprivileged_without_restarts(deployed: Deployed) -> None:
     """Defect 3: Kopf's getpass.getuser() crashed the operator (uid 65532 has no passwd entry).
-    The operator is a native sidecar (an init container that keeps running), kube-scheduler the container."""
+    The operator is a native sidecar (an init container that keeps running), kube-scheduler (extender
+    mode's profile) and kube-scheduler-dra (DRA mode's, issue 42) the containers."""
     for pod in operator_pods(deployed):
         statuses = {status["name"]: status for status in
                     [*pod["status"].get("initContainerStatuses", []), *pod["status"]["containerStatuses"]]}
-        assert set(statuses) == {"operator", "kube-scheduler"}
+        assert set(statuses) == {"operator", "kube-scheduler", "kube-scheduler-dra"}
         for name, status in statuses.items():
             assert status["ready"] and status["restartCount"] == 0, (name, status)
         assert statuses["operator"]["image"].endswith("localhost/rocshare/operator:dev")
         # The scheduler image is the control plane's own build (make images), tagged with its version.
-        assert statuses["kube-scheduler"]["image"].endswith(f"localhost/rocshare/kube-scheduler:v{k8s_version()}")
+        for scheduler in ("kube-scheduler", "kube-scheduler-dra"):
+            assert statuses[scheduler]["image"].endswith(f"localhost/rocshare/kube-scheduler:v{k8s_version()}")
         uid = deployed.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator", "--", "id", "-u")
         assert uid.stdout.strip() == "65532"
         logs = deployed.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "operator").stdout

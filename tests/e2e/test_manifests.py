@@ -135,6 +135,7 @@ OPERATOR_NEEDS = [
     ("patch", "amdgpupools.rocshare.io", None, None, "status"),
     ("list", "amdgpushares.rocshare.io"), ("patch", "amdgpushares.rocshare.io", None, None, "status"),
     ("watch", "amdgpunodes.rocshare.io"), ("patch", "nodes"), ("watch", "nodes"),
+    ("patch", "amdgpunodes.rocshare.io", None, None, "status"),  # status.isolation (the pool loop, issue 41)
     ("get", "pods"), ("patch", "pods"), ("watch", "pods"), ("create", "pods", None, None, "binding"),
     ("delete", "pods"), ("patch", "pods", None, None, "status"), ("list", "poddisruptionbudgets.policy"),
     ("create", "resourcequotas"), ("patch", "resourcequotas"), ("watch", "resourcequotas"),
@@ -145,6 +146,7 @@ OPERATOR_NEEDS = [
     # kube-scheduler, through system:kube-scheduler, system:volume-scheduler and our Role:
     ("create", "bindings"), ("create", "leases.coordination.k8s.io", NAMESPACE),
     ("update", "leases.coordination.k8s.io", NAMESPACE, "rocshare-scheduler"),
+    ("update", "leases.coordination.k8s.io", NAMESPACE, "rocshare-dra-scheduler"),  # DRA mode's (issue 42)
     ("get", "configmaps", "kube-system", "extension-apiserver-authentication"),
     ("watch", "persistentvolumeclaims"),
     # dev overlay: its own self-signed certificate and caBundle
@@ -154,7 +156,7 @@ OPERATOR_NEEDS = [
 OPERATOR_MUST_NOT = [
     ("update", "pods"), ("delete", "nodes"), ("create", "nodes"), ("list", "secrets"),
     ("get", "secrets", NAMESPACE, "some-other-secret"), ("delete", "amdgpupools.rocshare.io"),
-    ("create", "amdgpunodes.rocshare.io"), ("patch", "amdgpunodes.rocshare.io", None, None, "status"),
+    ("create", "amdgpunodes.rocshare.io"), ("patch", "amdgpunodes.rocshare.io"),
     ("delete", "daemonsets.apps", NAMESPACE), ("patch", "clusterkopfpeerings.kopf.dev", None, "other"),
     ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None, "someone-elses"),
     ("update", "leases.coordination.k8s.io", NAMESPACE, "someone-elses-lease"),

@@ -75,7 +75,7 @@ from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
 from rocshare_dev.devcluster.simfleet import SimulatedFleet, offered
 from rocshare.api.models import API_VERSION
-from rocshare.kube.client import Kube, object_path
+from rocshare.kube.client import Kube, NotFound, object_path
 
 DEFAULT_JSON_OUT = PROJECT_ROOT / ".cache" / "bench" / "e2e.json"
 BASELINE_SCHEDULER = "baseline-scheduler"
@@ -175,6 +175,8 @@ async def _run(root: Path, *, nodes: int, pods: int, gpus_per_node: int, burst_t
         async with await Kube.connect(cluster.kubeconfig) as kube:
             for namespace in ("bench-baseline", "bench-rocshare", "bench-hami"):
                 await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
+            for namespace in ("bench-baseline", "bench-rocshare", "bench-hami"):
+                await _default_service_account(kube, namespace)
             baseline = await _baseline_phase(stack, kube, root, nodes=nodes, pods=pods,
                                              gpus_per_node=gpus_per_node, timeout_s=burst_timeout_s)
             rocshare = await _rocshare_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s,
@@ -310,6 +312,21 @@ async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pod
     for error in node_side.errors[:5]:
         print(f"rocshare-dev bench e2e: HAMi's node side (harness): {error}", file=sys.stderr)
     return {**result, "locks_released": node_side.released, "node_side_errors": node_side.errors}
+
+
+async def _default_service_account(kube: Kube, namespace: str, timeout_s: float = 120) -> None:
+    """Wait for kube-controller-manager to give a new namespace its default ServiceAccount: until then
+    the API server refuses the namespace's pods (a busy 2-core CI machine once took longer than the
+    baseline's nodes took to start)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            await kube.get(object_path("v1", "serviceaccounts", "default", namespace=namespace))
+            return
+        except NotFound:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no default ServiceAccount in {namespace} after {timeout_s:.0f} s") from None
+            await asyncio.sleep(0.2)
 
 
 async def measured_burst(stack: Stack, kube: Kube, namespace: str, count: int, limits: dict[str, str],

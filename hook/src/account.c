@@ -176,6 +176,13 @@ static enum open_result create_published(const char *path, int *fd)
 	return lost_race ? open_existing(path, fd) : ABSENT;
 }
 
+/* The file at `path`, made and published when there is none yet. */
+static enum open_result open_or_create(const char *path, int *fd)
+{
+	enum open_result r = open_existing(path, fd);
+	return r == ABSENT ? create_published(path, fd) : r;
+}
+
 static struct account_file *map_fd(int fd, const char **why)
 {
 	/* lseek, not fstat: fstat is a GLIBC_2.33 symbol and we keep the glibc floor low */
@@ -220,9 +227,7 @@ static struct account_file *map_agent_account(const char **why)
 	char path[512];
 	snprintf(path, sizeof path, "%s/usage.v3.acct", agent_dir_g);
 	int fd = -1;
-	enum open_result r = open_existing(path, &fd);
-	if (r == ABSENT)
-		r = create_published(path, &fd);
+	enum open_result r = open_or_create(path, &fd);
 	if (r == OPENED)
 		return map_fd(fd, why);
 	*why = r == UNUSABLE ? "the account file exists but cannot be opened"
@@ -241,9 +246,7 @@ static struct account_file *map_account(const char *dir_override, const char **w
 		char path[512];
 		account_path(path, sizeof path, dirs[i]);
 		int fd = -1;
-		enum open_result r = open_existing(path, &fd);
-		if (r == ABSENT)
-			r = create_published(path, &fd);
+		enum open_result r = open_or_create(path, &fd);
 		if (r == OPENED)
 			return map_fd(fd, why);
 		if (r == UNUSABLE) {

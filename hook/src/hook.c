@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hip/hip_runtime_api.h>
@@ -47,7 +48,6 @@
 #include <hsa/hsa_ext_amd.h>
 
 #define EXPORT __attribute__((visibility("default")))
-#define CU_MASK_WORDS 8 /* 256 CUs, more than any AMD GPU has */
 
 EXPORT const char rocshare_hook_version[] = "rocshare-hook " HOOK_VERSION;
 
@@ -207,10 +207,10 @@ static void *real_fn(void **slot, struct link_map **lib, const char *name)
 
 /* ---- per-process state: wiped on fork ---- */
 
-enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_QUEUE, K_MAPPING, K_POOL };
+enum kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_MAPPING, K_POOL };
 struct entry {
 	uintptr_t key; /* 0 empty, TOMBSTONE freed */
-	uint64_t bytes; /* K_MAPPING: the mapped range's size; K_QUEUE: the agent handle */
+	uint64_t bytes; /* K_MAPPING: the mapped range's size */
 	uint64_t link;  /* K_HANDLE: references (the handle itself + its mappings); K_MAPPING: the handle */
 	int32_t device, kind;
 };
@@ -224,7 +224,16 @@ struct process {
 	const char *no_slot_why;
 };
 static struct process *process_g;   /* one page, MADV_WIPEONFORK */
+#define QUEUE_SLOTS 4096 /* KFD's default limit of queues per process and device */
+
+struct queue_rec {
+	uintptr_t queue; /* 0: free */
+	int dev;         /* the GPU's index as HSA_CU_MASK numbers it; -1 unknown */
+	int has_want;
+	uint32_t want[CU_MASK_WORDS];
+};
 static struct entry *table_g;       /* TABLE_SLOTS entries, MADV_WIPEONFORK */
+static struct queue_rec *queues_g;  /* QUEUE_SLOTS ROCr queues (their CU masks), MADV_WIPEONFORK */
 static int wipe_on_fork_g = 1;      /* 0: kernel without it, compare pids instead */
 
 static void setup_process_memory(void)
@@ -232,16 +241,20 @@ static void setup_process_memory(void)
 	process_g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	table_g = mmap(NULL, TABLE_SLOTS * sizeof(struct entry), PROT_READ | PROT_WRITE,
 		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (process_g == MAP_FAILED || table_g == MAP_FAILED) {
+	queues_g = mmap(NULL, QUEUE_SLOTS * sizeof(struct queue_rec), PROT_READ | PROT_WRITE,
+			MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (process_g == MAP_FAILED || table_g == MAP_FAILED || queues_g == MAP_FAILED) {
 		int err = errno;
 		process_g = NULL; /* wrappers then pass everything through */
+		queues_g = NULL;
 		account_attach(config_g.account_dir, (int)getpid()); /* for the note; no slot */
 		say("disabled: cannot map its per-process memory (%s): this process's GPU memory is NOT limited",
 		    strerror(err));
 		return;
 	}
 #ifdef MADV_WIPEONFORK
-	if (madvise(process_g, 4096, MADV_WIPEONFORK) || madvise(table_g, TABLE_SLOTS * sizeof(struct entry), MADV_WIPEONFORK))
+	if (madvise(process_g, 4096, MADV_WIPEONFORK) || madvise(table_g, TABLE_SLOTS * sizeof(struct entry), MADV_WIPEONFORK) ||
+	    madvise(queues_g, QUEUE_SLOTS * sizeof(struct queue_rec), MADV_WIPEONFORK))
 		wipe_on_fork_g = 0;
 #else
 	wipe_on_fork_g = 0;
@@ -258,6 +271,7 @@ static struct process *process_get(void)
 		return p;
 	if (st == 2) { /* forked child on a kernel without MADV_WIPEONFORK */
 		memset(table_g, 0, TABLE_SLOTS * sizeof(struct entry));
+		memset(queues_g, 0, QUEUE_SLOTS * sizeof(struct queue_rec));
 		__atomic_store_n(&p->state, 0, __ATOMIC_RELEASE);
 		st = 0;
 	}
@@ -312,15 +326,6 @@ static struct entry *table_entry(uintptr_t key, int kind)
 			return &table_g[i];
 	}
 	return NULL;
-}
-
-/* Read key of that kind without removing it; 1 and its bytes when it is there. */
-static int table_find(uintptr_t key, int kind, uint64_t *bytes)
-{
-	struct entry *e = table_entry(key, kind);
-	if (e)
-		*bytes = e->bytes;
-	return e != NULL;
 }
 
 /* Remove key of that kind; 1 and its bytes/device when it was there. */
@@ -1068,7 +1073,216 @@ static hipError_t w_hipDeviceGetAttribute(int *value, hipDeviceAttribute_t attr,
 	return err;
 }
 
-/* ---- ROCr queues: a CU mask never leaves the slice ---- */
+/* ---- ROCr queues: a CU mask never leaves the slice, and follows the slice when it is resized ----
+ * ROCr's rule (ROCR-Runtime: core/util/flag.cpp Flag::parse_masks, called once from
+ * core/runtime/amd_topology.cpp BuildTopology when the runtime loads; core/runtime/amd_aql_queue.cpp
+ * AqlQueue::SetCUMasking): HSA_CU_MASK is read with the program's getenv when the runtime loads;
+ * every queue gets it at creation (unless HSA_CU_MASK_SKIP_INIT=1), and every
+ * hsa_amd_queue_cu_set_mask is ANDed with it (HSA_STATUS_CU_MASK_REDUCED when bits were dropped).
+ * A process's queues therefore never use a CU outside the mask its runtime loaded with:
+ * start_slice_masks() puts the slice file's current mask into HSA_CU_MASK before the runtime reads
+ * it; a mask applied later can shrink below that, or grow back up to it, never past it.
+ *
+ * Every queue seen created is tracked (queues_g) with the mask its owner asked for (want; all CUs
+ * when it never asked); the hook applies want AND the current slice at creation, on the owner's
+ * set_mask, and to every tracked queue when the file's masks change (follow_slice_locked). These
+ * calls are rare and serialized by one lock (ROCr serializes SetCUMasking too), so a queue always
+ * ends with the slice of the last change the hook saw. */
+
+static struct {
+	uint32_t mask[HOOK_MAX_DEVICES][CU_MASK_WORDS]; /* the slice now (GPUs the environment masks) */
+	uint32_t rocr[HOOK_MAX_DEVICES][CU_MASK_WORDS]; /* what this process's ROCr loaded with */
+	uint32_t changes_applied;                        /* the limits_masks_changes() mask follows */
+	const char *said_problem;                        /* the file's problem last said (NULL none) */
+	int64_t checked_s;                               /* the launch check: the second it last looked */
+	int32_t lock;                                    /* the holder's pid, 0 free */
+} slice_g;
+
+static void queue_lock(void)
+{
+	int32_t me = (int32_t)getpid();
+	for (;;) {
+		int32_t cur = 0;
+		if (__atomic_compare_exchange_n(&slice_g.lock, &cur, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			return;
+		/* held by another process: a parent's thread at our fork(), which will never let go here */
+		if (cur != me && __atomic_compare_exchange_n(&slice_g.lock, &cur, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			return;
+		sched_yield();
+	}
+}
+
+static void queue_unlock(void)
+{
+	__atomic_store_n(&slice_g.lock, 0, __ATOMIC_RELEASE);
+}
+
+static int cu_count(const uint32_t mask[CU_MASK_WORDS])
+{
+	int n = 0;
+	for (int w = 0; w < CU_MASK_WORDS; w++)
+		n += __builtin_popcount(mask[w]);
+	return n;
+}
+
+/* The slice's mask for a queue on GPU dev: its own, or for an unknown GPU (-1) the CUs every
+ * masked GPU allows (never wider than any slice); 0 when dev is not masked (a whole GPU). */
+static int slice_of(int dev, uint32_t out[CU_MASK_WORDS])
+{
+	int limited = 0;
+	for (int w = 0; w < CU_MASK_WORDS; w++)
+		out[w] = ~0u;
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++) {
+		if (!config_g.cu_mask_set[d] || (dev >= 0 && d != dev))
+			continue;
+		limited = 1;
+		for (int w = 0; w < CU_MASK_WORDS; w++)
+			out[w] &= slice_g.mask[d][w];
+	}
+	return limited;
+}
+
+/* Give a tracked queue its want AND the slice (the slice itself when none of want is left). */
+static hsa_status_t apply_locked(const struct queue_rec *r)
+{
+	uint32_t slice[CU_MASK_WORDS], mask[CU_MASK_WORDS], any = 0;
+	if (!slice_of(r->dev, slice))
+		return HSA_STATUS_SUCCESS; /* a whole GPU: the owner's own mask stands */
+	for (int w = 0; w < CU_MASK_WORDS; w++)
+		any |= mask[w] = (r->has_want ? r->want[w] : ~0u) & slice[w];
+	if (!any)
+		memcpy(mask, slice, sizeof mask);
+	hsa_status_t st = REAL(&hsa_map_g, hsa_amd_queue_cu_set_mask)((hsa_queue_t *)r->queue, 32 * CU_MASK_WORDS, mask);
+	return st == (hsa_status_t)HSA_STATUS_CU_MASK_REDUCED ? HSA_STATUS_SUCCESS : st;
+}
+
+/* The slice file brought other masks: they become the slice and every tracked queue follows. */
+static void follow_slice_locked(void)
+{
+	const char *problem = limits_problem();
+	if (problem != __atomic_load_n(&slice_g.said_problem, __ATOMIC_ACQUIRE) && problem)
+		say("keeps its queues' CU masks as they are: %s", problem);
+	__atomic_store_n(&slice_g.said_problem, problem, __ATOMIC_RELEASE);
+	if (limits_masks_changes() == __atomic_load_n(&slice_g.changes_applied, __ATOMIC_ACQUIRE))
+		return;
+	uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], present = 0;
+	uint32_t changes = limits_cu_masks(masks, &present);
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++) {
+		if (!config_g.cu_mask_set[d] || !(present & (1u << d)))
+			continue; /* a whole GPU stays whole; a GPU without a line keeps its mask */
+		memcpy(slice_g.mask[d], masks[d], sizeof masks[d]);
+		uint32_t usable[CU_MASK_WORDS];
+		for (int w = 0; w < CU_MASK_WORDS; w++)
+			usable[w] = masks[d][w] & slice_g.rocr[d][w];
+		if (cu_count(usable) < cu_count(masks[d]))
+			say("GPU %d's slice has %d CUs now; this process's queues keep at most %d of them, the CUs its "
+			    "runtime started with (ROCr ANDs every queue's mask with HSA_CU_MASK as read at start); a process "
+			    "started now gets all %d", d, cu_count(masks[d]), cu_count(usable), cu_count(masks[d]));
+	}
+	__atomic_store_n(&slice_g.changes_applied, changes, __ATOMIC_RELEASE);
+	int failed = 0;
+	for (size_t i = 0; queues_g && i < QUEUE_SLOTS; i++)
+		if (queues_g[i].queue && apply_locked(&queues_g[i]) != HSA_STATUS_SUCCESS)
+			failed++;
+	if (failed)
+		say("the runtime refused the resized slice's CU mask on %d queue(s): they keep their mask", failed);
+}
+
+/* After the limits file was looked at: follow it when its masks or its problem changed. */
+static void follow_file(void)
+{
+	if (!config_g.any_cu_mask || !limits_configured())
+		return;
+	if (limits_masks_changes() == __atomic_load_n(&slice_g.changes_applied, __ATOMIC_ACQUIRE) &&
+	    limits_problem() == __atomic_load_n(&slice_g.said_problem, __ATOMIC_ACQUIRE))
+		return;
+	queue_lock();
+	follow_slice_locked();
+	queue_unlock();
+}
+
+/* A process that only launches kernels sees a resize too: at most one look a second. */
+static void launch_check(void)
+{
+	struct timespec now;
+	if (!config_g.any_cu_mask || !limits_configured() || clock_gettime(CLOCK_MONOTONIC_COARSE, &now))
+		return;
+	int64_t last = __atomic_load_n(&slice_g.checked_s, __ATOMIC_RELAXED);
+	if (last == (int64_t)now.tv_sec ||
+	    !__atomic_compare_exchange_n(&slice_g.checked_s, &last, (int64_t)now.tv_sec, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		return;
+	limits_check();
+	follow_file();
+}
+
+static struct queue_rec *find_locked(const hsa_queue_t *queue)
+{
+	for (size_t i = 0; queues_g && queue && i < QUEUE_SLOTS; i++)
+		if (queues_g[i].queue == (uintptr_t)queue)
+			return &queues_g[i];
+	return NULL;
+}
+
+/* The slice's masks at start: the environment's, then the limits file's (a resize made before this
+ * process started), written into HSA_CU_MASK for the runtime to load with. The audit library's libc
+ * has its own `environ`, but at la_version it points at the process's initial array (shared with the
+ * program's libc, which ROCr's getenv reads): replacing the entry's pointer there reaches ROCr, where
+ * setenv of a new name would not (it reallocates our copy's array only). */
+static char env_mask_g[9216];
+
+static int append(size_t *n, const char *fmt, int a, int b)
+{
+	int k = snprintf(env_mask_g + *n, sizeof env_mask_g - *n, fmt, a, b);
+	if (k < 0 || (size_t)k >= sizeof env_mask_g - *n)
+		return 0;
+	*n += (size_t)k;
+	return 1;
+}
+
+static int render_env_mask(void)
+{
+	size_t n = 0;
+	int ok = append(&n, "HSA_CU_MASK=", 0, 0), sets = 0;
+	for (int d = 0; ok && d < HOOK_MAX_DEVICES; d++) {
+		if (!config_g.cu_mask_set[d])
+			continue;
+		ok = append(&n, sets++ ? ";%d:" : "%d:", d, 0);
+		for (int cu = 0, runs = 0; ok && cu < 32 * CU_MASK_WORDS; cu++) {
+			if (!(slice_g.mask[d][cu / 32] >> (cu % 32) & 1))
+				continue;
+			int high = cu;
+			while (high + 1 < 32 * CU_MASK_WORDS && slice_g.mask[d][(high + 1) / 32] >> ((high + 1) % 32) & 1)
+				high++;
+			ok = high > cu ? append(&n, runs++ ? ",%d-%d" : "%d-%d", cu, high)
+				       : append(&n, runs++ ? ",%d" : "%d", cu, 0);
+			cu = high;
+		}
+	}
+	return ok;
+}
+
+static void start_slice_masks(void)
+{
+	memcpy(slice_g.mask, config_g.cu_mask, sizeof slice_g.mask);
+	memcpy(slice_g.rocr, config_g.cu_mask, sizeof slice_g.rocr);
+	if (!config_g.any_cu_mask || !limits_configured())
+		return;
+	limits_check();
+	if (limits_problem())
+		return; /* said at the first queue, which is refused while the file was never good */
+	uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], present = 0;
+	slice_g.changes_applied = limits_cu_masks(masks, &present);
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++)
+		if (config_g.cu_mask_set[d] && (present & (1u << d)))
+			memcpy(slice_g.mask[d], masks[d], sizeof masks[d]);
+	if (!memcmp(slice_g.mask, config_g.cu_mask, sizeof slice_g.mask) || !render_env_mask())
+		return; /* the same mask, or (beyond any real GPU) too long to write: ROCr keeps the environment's */
+	for (char **e = environ; e && *e; e++)
+		if (!strncmp(*e, "HSA_CU_MASK=", 12)) {
+			*e = env_mask_g;
+			memcpy(slice_g.rocr, slice_g.mask, sizeof slice_g.rocr);
+		}
+}
 
 static hsa_status_t count_gpu(hsa_agent_t agent, void *data)
 {
@@ -1096,65 +1310,131 @@ static int gpu_index(uint64_t agent_handle)
 	return state[2] ? (int)state[1] : -1;
 }
 
+/* Track the new queue and give it the slice now; NULL, or why it cannot be given one. */
+static const char *adopt_queue(hsa_queue_t *queue, int dev)
+{
+	uint32_t slice[CU_MASK_WORDS];
+	int limited = slice_of(dev, slice);
+	if (limited && limits_configured() && limits_problem() && !limits_masks_changes())
+		return limits_problem(); /* the file was never good: no slice to give it */
+	struct queue_rec *r = find_locked(NULL);
+	for (size_t i = 0; !r && i < QUEUE_SLOTS; i++)
+		if (!queues_g[i].queue)
+			r = &queues_g[i];
+	if (!r)
+		return "this process has 4096 queues already, the most the hook keeps CU masks for";
+	memset(r, 0, sizeof *r);
+	r->queue = (uintptr_t)queue;
+	r->dev = dev;
+	if (apply_locked(r) == HSA_STATUS_SUCCESS)
+		return NULL;
+	r->queue = 0;
+	return "the runtime refused the slice's CU mask";
+}
+
 static hsa_status_t w_hsa_queue_create(hsa_agent_t agent, uint32_t size, hsa_queue_type32_t type,
 				       void (*callback)(hsa_status_t, hsa_queue_t *, void *), void *data,
 				       uint32_t private_segment_size, uint32_t group_segment_size, hsa_queue_t **queue)
 {
 	hsa_status_t st = REAL(&hsa_map_g, hsa_queue_create)(agent, size, type, callback, data, private_segment_size,
 							     group_segment_size, queue);
-	if (st == HSA_STATUS_SUCCESS && queue && *queue && process_get())
-		table_insert((uintptr_t)*queue, agent.handle, 0, K_QUEUE);
-	return st;
+	if (st != HSA_STATUS_SUCCESS || !queue || !*queue || !config_g.any_cu_mask || !process_get() || !queues_g)
+		return st;
+	int dev = gpu_index(agent.handle);
+	limits_check();
+	queue_lock();
+	follow_slice_locked();
+	const char *why = adopt_queue(*queue, dev);
+	queue_unlock();
+	if (!why)
+		return st;
+	say("refused a queue on GPU %d: %s", dev, why);
+	REAL(&hsa_map_g, hsa_queue_destroy)(*queue);
+	*queue = NULL;
+	return HSA_STATUS_ERROR_OUT_OF_RESOURCES;
 }
 
 static hsa_status_t w_hsa_queue_destroy(hsa_queue_t *queue)
 {
-	uint64_t agent = 0;
-	int unused = 0;
-	if (process_g)
-		table_remove((uintptr_t)queue, K_QUEUE, &agent, &unused);
+	if (config_g.any_cu_mask && queues_g && queue) {
+		queue_lock(); /* no resize applies to it once the runtime frees it */
+		struct queue_rec *r = find_locked(queue);
+		if (r)
+			r->queue = 0;
+		queue_unlock();
+	}
 	return REAL(&hsa_map_g, hsa_queue_destroy)(queue);
 }
 
-/* The slice's mask for a queue: its GPU's, or, for a queue we did not see created, the CUs every
- * configured GPU's mask allows (never wider than any slice). */
-static void slice_mask_for(const hsa_queue_t *queue, uint32_t out[CU_MASK_WORDS], int *limited)
-{
-	uint64_t agent = 0;
-	int dev = -1;
-	if (process_g && table_find((uintptr_t)queue, K_QUEUE, &agent))
-		dev = gpu_index(agent);
-	*limited = 0;
-	for (int w = 0; w < CU_MASK_WORDS; w++)
-		out[w] = ~0u;
-	for (int d = 0; d < HOOK_MAX_DEVICES; d++) {
-		if (!config_g.cu_mask_set[d] || (dev >= 0 && d != dev))
-			continue;
-		*limited = 1;
-		for (int w = 0; w < CU_MASK_WORDS; w++)
-			out[w] &= config_g.cu_mask[d][w];
-	}
-}
-
+/* The owner's own mask: narrowed to the slice as it is now, and kept to follow later resizes. */
 static hsa_status_t w_hsa_amd_queue_cu_set_mask(const hsa_queue_t *queue, uint32_t bits, const uint32_t *mask)
 {
 	__typeof__(&hsa_amd_queue_cu_set_mask) real = REAL(&hsa_map_g, hsa_amd_queue_cu_set_mask);
-	uint32_t slice[CU_MASK_WORDS], narrowed[CU_MASK_WORDS];
-	int limited;
+	uint32_t slice[CU_MASK_WORDS], narrowed[CU_MASK_WORDS], want[CU_MASK_WORDS] = {0};
 	if (!config_g.any_cu_mask || bits % 32 || (bits && !mask))
 		return real(queue, bits, mask); /* no slice mask, or the runtime's own argument error */
-	slice_mask_for(queue, slice, &limited);
-	if (!limited)
-		return real(queue, bits, mask);
 	uint32_t words = bits ? bits / 32 : CU_MASK_WORDS; /* 0 bits: "all CUs", i.e. the slice's */
 	if (words > CU_MASK_WORDS)
 		words = CU_MASK_WORDS;
+	for (uint32_t w = 0; w < words; w++)
+		want[w] = bits ? mask[w] : ~0u;
+	limits_check();
+	queue_lock();
+	follow_slice_locked();
+	struct queue_rec *r = find_locked(queue);
+	if (!slice_of(r ? r->dev : -1, slice)) {
+		queue_unlock();
+		return real(queue, bits, mask);
+	}
 	uint32_t any = 0;
 	for (uint32_t w = 0; w < words; w++)
-		any |= narrowed[w] = (bits ? mask[w] : ~0u) & slice[w];
-	if (!any)
-		return HSA_STATUS_ERROR_INVALID_ARGUMENT; /* nothing of the slice left */
-	return real(queue, words * 32, narrowed);
+		any |= narrowed[w] = want[w] & slice[w];
+	hsa_status_t st = any ? real(queue, words * 32, narrowed) : HSA_STATUS_ERROR_INVALID_ARGUMENT;
+	if (r && (st == HSA_STATUS_SUCCESS || st == (hsa_status_t)HSA_STATUS_CU_MASK_REDUCED)) {
+		r->has_want = bits != 0;
+		memcpy(r->want, want, sizeof want);
+	}
+	queue_unlock();
+	return st; /* HSA_STATUS_ERROR_INVALID_ARGUMENT: nothing of the slice left */
+}
+
+/* ---- kernel launches: only the rate-limited look at the slice file ---- */
+
+static void *real_hipLaunchKernel, *real_hipExtLaunchKernel, *real_hipModuleLaunchKernel, *real_hipLaunchCooperativeKernel,
+	*real_hipGraphLaunch;
+
+static hipError_t w_hipLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shared_bytes, hipStream_t stream)
+{
+	launch_check();
+	return REAL(&hip_map_g, hipLaunchKernel)(f, grid, block, args, shared_bytes, stream);
+}
+
+static hipError_t w_hipExtLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shared_bytes,
+				       hipStream_t stream, hipEvent_t start, hipEvent_t stop, int flags)
+{
+	launch_check();
+	return REAL(&hip_map_g, hipExtLaunchKernel)(f, grid, block, args, shared_bytes, stream, start, stop, flags);
+}
+
+static hipError_t w_hipModuleLaunchKernel(hipFunction_t f, unsigned int gx, unsigned int gy, unsigned int gz,
+					  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared_bytes,
+					  hipStream_t stream, void **params, void **extra)
+{
+	launch_check();
+	return REAL(&hip_map_g, hipModuleLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, extra);
+}
+
+static hipError_t w_hipLaunchCooperativeKernel(const void *f, dim3 grid, dim3 block, void **args,
+					       unsigned int shared_bytes, hipStream_t stream)
+{
+	launch_check();
+	return REAL(&hip_map_g, hipLaunchCooperativeKernel)(f, grid, block, args, shared_bytes, stream);
+}
+
+static hipError_t w_hipGraphLaunch(hipGraphExec_t graph, hipStream_t stream)
+{
+	launch_check();
+	return REAL(&hip_map_g, hipGraphLaunch)(graph, stream);
 }
 
 /* ---- the audit interface ---- */
@@ -1181,12 +1461,15 @@ static const struct wrapper wrappers_g[] = {
 	W(&hip_map_g, hipGetDeviceProperties), W(&hip_map_g, hipGetDevicePropertiesR0000),
 	W(&hip_map_g, hipGetDevicePropertiesR0600), W(&hip_map_g, hipDeviceTotalMem), W(&hip_map_g, hipDeviceGetAttribute),
 	W(&hsa_map_g, hsa_queue_create), W(&hsa_map_g, hsa_queue_destroy), W(&hsa_map_g, hsa_amd_queue_cu_set_mask),
+	W(&hip_map_g, hipLaunchKernel), W(&hip_map_g, hipExtLaunchKernel), W(&hip_map_g, hipModuleLaunchKernel),
+	W(&hip_map_g, hipLaunchCooperativeKernel), W(&hip_map_g, hipGraphLaunch),
 };
 
 EXPORT unsigned int la_version(unsigned int version)
 {
 	read_config();
 	setup_process_memory();
+	start_slice_masks();
 	return version < LAV_CURRENT ? version : LAV_CURRENT; /* older loaders keep us, newer too */
 }
 

@@ -8,6 +8,7 @@
 
 #define HOOK_MAX_DEVICES 16
 #define ACCOUNT_SLOTS 256 /* live processes one container's account holds */
+#define CU_MASK_WORDS 8   /* 256 CUs, more than any AMD GPU has */
 
 struct slot;
 
@@ -45,6 +46,17 @@ int limits_configured(void);
 uint64_t limits_current(int dev, uint64_t env_bytes, const char **why);
 /* Parse a limits file's text (version 1): NULL and bytes/present filled, or why it is refused. */
 const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES], uint32_t *present);
+/* The same file's cu-mask lines (bit d of *mask_present: a line for GPU d), or why it is refused. */
+const char *limits_parse_cu_masks(const char *text, size_t n, uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS],
+				  uint32_t *mask_present);
+/* Look at the file now (one statx; a read when it changed); nothing without a configured file. */
+void limits_check(void);
+/* Why the configured file is unusable now (NULL: it is good, or none is configured). */
+const char *limits_problem(void);
+/* How many good reads brought other CU masks than the last good one (0: no good read yet). */
+uint32_t limits_masks_changes(void);
+/* The CU masks of the last good read, copied whole; returns limits_masks_changes() of that copy. */
+uint32_t limits_cu_masks(uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32_t *mask_present);
 
 /* Decimal numbers, without libc's strto* (parse.c says why). Like strtoull/strtol in base 10:
  * leading blanks skipped, *end (if not NULL) after the last digit or s when none was read,

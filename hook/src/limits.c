@@ -48,6 +48,10 @@ static struct {
 	uint64_t bytes[HOOK_MAX_DEVICES];
 	uint32_t present;        /* bit d: the file has a memory line for d */
 	struct limits_key key;
+	uint32_t masks_seq;      /* odd while masks/mask_present are written */
+	uint32_t masks_changes;  /* good reads with other masks than the last good read: 0 none yet */
+	uint32_t mask_present;   /* bit d: the file has a cu-mask line for d */
+	uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS];
 } limits_g;
 
 void limits_configure(const char *slice_dir)
@@ -104,10 +108,46 @@ static int parse_memory_line(const char *s, const char *nl, int *position, uint6
 	return 1;
 }
 
-const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES], uint32_t *present)
+/* " <i> <ranges>" up to nl (after the word "cu-mask"), ranges as HSA_CU_MASK's decimal form
+ * ("0-15,32,40-47": each CU below 32 * CU_MASK_WORDS, each range low <= high, at least one): 1 when
+ * well formed, with the position and its bits or'ed into mask. */
+static int parse_cu_mask_line(const char *s, const char *nl, int *position, uint32_t mask[CU_MASK_WORDS])
+{
+	uint64_t i = 0, low = 0, high = 0;
+	if (s >= nl || *s != ' ')
+		return 0;
+	const char *at = digits(s + 1, nl, &i);
+	if (!at || at == s + 1 || at >= nl || *at != ' ' || i >= HOOK_MAX_DEVICES)
+		return 0;
+	do {
+		const char *from = at + 1, *to = digits(from, nl, &low);
+		if (!to || to == from)
+			return 0;
+		high = low;
+		if (to < nl && *to == '-') {
+			from = to + 1;
+			to = digits(from, nl, &high);
+			if (!to || to == from)
+				return 0;
+		}
+		if (low > high || high >= 32 * CU_MASK_WORDS)
+			return 0;
+		for (uint64_t cu = low; cu <= high; cu++)
+			mask[cu / 32] |= 1u << (cu % 32);
+		at = to;
+	} while (at < nl && *at == ',');
+	if (at != nl)
+		return 0;
+	*position = (int)i;
+	return 1;
+}
+
+/* The whole file: memory lines into bytes/present, cu-mask lines into masks/mask_present. */
+static const char *parse_all(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES], uint32_t *present,
+			     uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32_t *mask_present)
 {
 	const char *end = text + n;
-	*present = 0;
+	*present = *mask_present = 0;
 	if (n > LIMITS_MAX_BYTES)
 		return "the slice's limits file is larger than 4096 bytes";
 	if (n < sizeof HEADER - 1 || memcmp(text, HEADER, sizeof HEADER - 1))
@@ -127,10 +167,34 @@ const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEV
 				return "the slice's limits file has two memory lines for one GPU";
 			*present |= 1u << i;
 			bytes[i] = v;
+		} else if (starts_with(s, nl, "cu-mask ")) {
+			int i;
+			uint32_t mask[CU_MASK_WORDS] = {0};
+			if (!parse_cu_mask_line(s + 7, nl, &i, mask))
+				return "the slice's limits file has a malformed cu-mask line";
+			if (*mask_present & (1u << i))
+				return "the slice's limits file has two cu-mask lines for one GPU";
+			*mask_present |= 1u << i;
+			memcpy(masks[i], mask, sizeof mask);
 		}
 		s = nl + 1;
 	}
 	return NULL;
+}
+
+const char *limits_parse(const char *text, size_t n, uint64_t bytes[HOOK_MAX_DEVICES], uint32_t *present)
+{
+	uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], mask_present;
+	return parse_all(text, n, bytes, present, masks, &mask_present);
+}
+
+const char *limits_parse_cu_masks(const char *text, size_t n, uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS],
+				  uint32_t *mask_present)
+{
+	uint64_t bytes[HOOK_MAX_DEVICES];
+	uint32_t present;
+	memset(masks, 0, sizeof(uint32_t) * HOOK_MAX_DEVICES * CU_MASK_WORDS);
+	return parse_all(text, n, bytes, &present, masks, mask_present);
 }
 
 static long statx_call(const char *path, struct statx *stx)
@@ -198,6 +262,22 @@ static void set_state(int state, const char *why)
 	__atomic_store_n(&limits_g.state, state, __ATOMIC_RELEASE);
 }
 
+/* The reader's masks, when they differ from the last good read's (or are the first). */
+static void publish_masks(uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32_t mask_present)
+{
+	if (__atomic_load_n(&limits_g.masks_changes, __ATOMIC_ACQUIRE) &&
+	    __atomic_load_n(&limits_g.mask_present, __ATOMIC_ACQUIRE) == mask_present &&
+	    !memcmp(limits_g.masks, masks, sizeof limits_g.masks)) /* the one writer: no torn read here */
+		return;
+	__atomic_add_fetch(&limits_g.masks_seq, 1, __ATOMIC_ACQ_REL);
+	for (int d = 0; d < HOOK_MAX_DEVICES; d++)
+		for (int w = 0; w < CU_MASK_WORDS; w++)
+			__atomic_store_n(&limits_g.masks[d][w], masks[d][w], __ATOMIC_RELEASE);
+	__atomic_store_n(&limits_g.mask_present, mask_present, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&limits_g.masks_changes, 1, __ATOMIC_ACQ_REL);
+	__atomic_add_fetch(&limits_g.masks_seq, 1, __ATOMIC_ACQ_REL);
+}
+
 /* Read and parse the file; the new state. */
 static void read_file(const struct limits_key *key, int have_key)
 {
@@ -215,8 +295,9 @@ static void read_file(const struct limits_key *key, int have_key)
 		return;
 	}
 	uint64_t bytes[HOOK_MAX_DEVICES] = {0};
-	uint32_t present = 0;
-	const char *why = limits_parse(text, (size_t)n, bytes, &present);
+	uint32_t present = 0, mask_present = 0, masks[HOOK_MAX_DEVICES][CU_MASK_WORDS];
+	memset(masks, 0, sizeof masks);
+	const char *why = parse_all(text, (size_t)n, bytes, &present, masks, &mask_present);
 	if (why) {
 		set_state(2, why);
 		return;
@@ -224,6 +305,7 @@ static void read_file(const struct limits_key *key, int have_key)
 	for (int d = 0; d < HOOK_MAX_DEVICES; d++)
 		__atomic_store_n(&limits_g.bytes[d], bytes[d], __ATOMIC_RELEASE);
 	__atomic_store_n(&limits_g.present, present, __ATOMIC_RELEASE);
+	publish_masks(masks, mask_present);
 	struct timespec now = {0, 0};
 	clock_gettime(CLOCK_REALTIME, &now);
 	int stable = have_key && now.tv_sec - key->mtime_s >= STABLE_AFTER_S;
@@ -272,6 +354,43 @@ static void refresh(void)
 	read_file(&key, looked == 1);
 	store_key(&key);
 	let_go();
+}
+
+void limits_check(void)
+{
+	if (limits_g.configured)
+		refresh();
+}
+
+const char *limits_problem(void)
+{
+	if (!limits_g.configured || __atomic_load_n(&limits_g.state, __ATOMIC_ACQUIRE) == 1)
+		return NULL;
+	const char *why = __atomic_load_n(&limits_g.why, __ATOMIC_ACQUIRE);
+	return why ? why : "the slice's limits file has not been read";
+}
+
+uint32_t limits_masks_changes(void)
+{
+	return __atomic_load_n(&limits_g.masks_changes, __ATOMIC_ACQUIRE);
+}
+
+uint32_t limits_cu_masks(uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32_t *mask_present)
+{
+	for (;;) {
+		uint32_t seq = __atomic_load_n(&limits_g.masks_seq, __ATOMIC_ACQUIRE);
+		if (seq & 1) {
+			sched_yield();
+			continue;
+		}
+		uint32_t changes = __atomic_load_n(&limits_g.masks_changes, __ATOMIC_ACQUIRE);
+		for (int d = 0; d < HOOK_MAX_DEVICES; d++)
+			for (int w = 0; w < CU_MASK_WORDS; w++)
+				masks[d][w] = __atomic_load_n(&limits_g.masks[d][w], __ATOMIC_ACQUIRE);
+		*mask_present = __atomic_load_n(&limits_g.mask_present, __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&limits_g.masks_seq, __ATOMIC_ACQUIRE) == seq)
+			return changes;
+	}
 }
 
 uint64_t limits_current(int dev, uint64_t env_bytes, const char **why)

@@ -537,6 +537,40 @@ EXPORT hipError_t hipExtStreamCreateWithCUMask(hipStream_t *stream, uint32_t wor
 	return mask && words ? stream_create(stream, words, mask) : hipErrorInvalidValue;
 }
 
+/* Kernel launches: nothing runs; a launch needs a function and is answered hipSuccess. */
+EXPORT hipError_t hipLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shared_bytes, hipStream_t stream)
+{
+	(void)grid, (void)block, (void)args, (void)shared_bytes, (void)stream;
+	return f ? hipSuccess : hipErrorInvalidDeviceFunction;
+}
+
+EXPORT hipError_t hipExtLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shared_bytes,
+				     hipStream_t stream, hipEvent_t start, hipEvent_t stop, int flags)
+{
+	(void)start, (void)stop, (void)flags;
+	return hipLaunchKernel(f, grid, block, args, shared_bytes, stream);
+}
+
+EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+					unsigned int by, unsigned int bz, unsigned int shared_bytes, hipStream_t stream,
+					void **params, void **extra)
+{
+	(void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared_bytes, (void)stream, (void)params, (void)extra;
+	return f ? hipSuccess : hipErrorInvalidResourceHandle;
+}
+
+EXPORT hipError_t hipLaunchCooperativeKernel(const void *f, dim3 grid, dim3 block, void **args, unsigned int shared_bytes,
+					     hipStream_t stream)
+{
+	return hipLaunchKernel(f, grid, block, args, shared_bytes, stream);
+}
+
+EXPORT hipError_t hipGraphLaunch(hipGraphExec_t graph, hipStream_t stream)
+{
+	(void)stream;
+	return graph ? hipSuccess : hipErrorInvalidValue;
+}
+
 EXPORT hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)
 {
 	if (!device)

@@ -412,6 +412,8 @@ static void say_refused(struct process *p, int dev, uint64_t bytes, const char *
 		    (unsigned long long)bytes, dev, why, (unsigned long long)limit_of(dev));
 }
 
+static void follow_file(void);
+
 /* Reserve bytes on dev before the runtime allocates; NULL when dev is unlimited (pass through).
  * No slot in the account: refused (never a fresh private account with a whole limit of its own). */
 static struct process *reserve(int dev, uint64_t bytes, hipError_t *refusal)
@@ -423,6 +425,7 @@ static struct process *reserve(int dev, uint64_t bytes, hipError_t *refusal)
 	struct slot *s = slot_of(p);
 	const char *limits_why = NULL;
 	uint64_t limit = enforced_limit(dev, &limits_why);
+	follow_file(); /* the file was just looked at: a new CU mask applies to the queues too */
 	if (!s) {
 		*refusal = hipErrorOutOfMemory;
 		say_refused(p, dev, bytes, __atomic_load_n(&p->no_slot_why, __ATOMIC_ACQUIRE));

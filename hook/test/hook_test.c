@@ -17,6 +17,7 @@
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hip/hip_runtime_api.h>
@@ -632,7 +633,9 @@ static void test_limits_parse(void)
 		"rocshare-limits 1\nmemory -1 1\n", "rocshare-limits 1\nmemory 0 -1\n", "rocshare-limits 1\nmemory 0 1x\n",
 		"rocshare-limits 1\nmemory 0 18446744073709551616\n", "rocshare-limits 1\nmemory 0\n",
 		"rocshare-limits 1\nmemory 0 1\nmemory 0 2\n", "rocshare-limits 1\nmemory \n", "ROCSHARE-LIMITS 1\n",
-		"rocshare-limits 1\nmemory 0 +1\n",
+		"rocshare-limits 1\nmemory 0 +1\n", "rocshare-limits 1\ncu-mask 0 1-\n", "rocshare-limits 1\ncu-mask 0 ,1\n",
+		"rocshare-limits 1\ncu-mask 0 3-2\n", "rocshare-limits 1\ncu-mask 0 256\n", "rocshare-limits 1\ncu-mask 16 1\n",
+		"rocshare-limits 1\ncu-mask 0 0x3\n", "rocshare-limits 1\ncu-mask 0 1\ncu-mask 0 2\n", "rocshare-limits 1\ncu-mask 0\n",
 	};
 	for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
 		const char *why = limits_parse(refused[i], strlen(refused[i]), bytes, &present);
@@ -773,6 +776,229 @@ static void test_resize_race(void)
 	rmdir(dir);
 }
 
+/* ---- a resized slice's CU mask reaches the queues (issue 43) ----
+ * The stub ROCr follows ROCr's rule here (ROCM_STUB_ROCR_MASKING=1): its global mask is this
+ * program's HSA_CU_MASK, 0:16-35, as read at its first call. */
+
+/* 1 when q's mask is exactly CUs low..high (else said on stderr, unless quiet). */
+static int mask_was(hsa_queue_t *q, int low, int high, int quiet)
+{
+	uint32_t got[8] = {0}, want[8] = {0};
+	for (int cu = low; cu <= high; cu++)
+		want[cu / 32] |= 1u << (cu % 32);
+	if (hsa_amd_queue_cu_get_mask(q, 256, got) != HSA_STATUS_SUCCESS)
+		return 0;
+	if (memcmp(got, want, sizeof got) && !quiet)
+		fprintf(stderr, "mask %08x %08x, want CUs %d-%d\n", got[1], got[0], low, high);
+	return !memcmp(got, want, sizeof got);
+}
+#define mask_is(q, low, high) mask_was(q, low, high, 0)
+
+static void write_cu_limits(const char *path, const char *ranges)
+{
+	char text[256];
+	snprintf(text, sizeof text, "rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 %s\ncu-mask 1 40-47\n", ranges);
+	write_text(path, text, 0);
+}
+
+static hsa_queue_t *new_queue(void)
+{
+	hsa_agent_t gpu0 = {0x2000};
+	hsa_queue_t *q = NULL;
+	if (BIND(hsa_g, hsa_queue_create)(gpu0, 4096, HSA_QUEUE_TYPE_MULTI, NULL, NULL, 0, 0, &q) != HSA_STATUS_SUCCESS)
+		return NULL;
+	return q;
+}
+
+/* A new queue gets CUs low..high (made and destroyed). */
+static int new_queue_masked(int low, int high)
+{
+	hsa_queue_t *q = new_queue();
+	int ok = q && mask_is(q, low, high);
+	if (q)
+		BIND(hsa_g, hsa_queue_destroy)(q);
+	return ok;
+}
+
+/* Queues made before and after each change end with the new mask: shrink, grow back, grow past
+ * what ROCr loaded with (ROCr's AND: what it started with, and the hook says so), a launch-only
+ * process (within about a second); the owner's own narrower mask follows within the slice; the
+ * owner cannot widen past the slice after a shrink. */
+static void test_cu_mask_resize(void)
+{
+	__typeof__(&hsa_amd_queue_cu_set_mask) set = BIND(hsa_g, hsa_amd_queue_cu_set_mask);
+	__typeof__(&hipMalloc) m = BIND(hip_g, hipMalloc);
+	__typeof__(&hipFree) f = BIND(hip_g, hipFree);
+	char dir[] = "/tmp/rocshare-hook-cumask-XXXXXX", path[600], note[256];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	write_cu_limits(path, "16-35");
+	setenv("ROCM_STUB_ROCR_MASKING", "1", 1);
+	limits_configure(dir);
+	hsa_queue_t *before = new_queue(), *own = new_queue();
+	CHECK(before && own && mask_is(before, 16, 35));
+	uint32_t cus_16_23[1] = {0x00ff0000u}, all[8];
+	memset(all, 0xff, sizeof all);
+	CHECK(set(own, 32, cus_16_23) == HSA_STATUS_SUCCESS && mask_is(own, 16, 23));
+	write_cu_limits(path, "16-25"); /* shrink */
+	hsa_queue_t *after = new_queue();
+	CHECK(after && mask_is(after, 16, 25) && mask_is(before, 16, 25) && mask_is(own, 16, 23));
+	CHECK(set(after, 256, all) == HSA_STATUS_SUCCESS && mask_is(after, 16, 25)); /* not past the shrunk slice */
+	write_cu_limits(path, "16-35"); /* grow back, seen by an allocation */
+	void *p = NULL;
+	CHECK(m(&p, MIB) == hipSuccess && f(p) == hipSuccess);
+	CHECK(mask_is(before, 16, 35) && mask_is(after, 16, 35) && mask_is(own, 16, 23));
+	write_cu_limits(path, "0-47"); /* past what ROCr loaded with: ROCr keeps 16-35, said */
+	hsa_queue_t *later = new_queue();
+	CHECK(later && mask_is(later, 16, 35) && mask_is(before, 16, 35));
+	account_read_note(note, sizeof note);
+	CHECK(strstr(note, "has 48 CUs now; this process's queues keep at most 20") != NULL);
+	write_cu_limits(path, "16-19"); /* a process that only launches kernels */
+	__typeof__(&hipLaunchKernel) launch = BIND(hip_g, hipLaunchKernel);
+	dim3 one = {1, 1, 1};
+	int launches = 0;
+	for (struct timespec t0, t; launches < 1000000 && !mask_was(before, 16, 19, 1); launches++) {
+		if (!launches)
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+		CHECK(launch((const void *)test_cu_mask_resize, one, one, NULL, 0, NULL) == hipSuccess);
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if (t.tv_sec - t0.tv_sec > 3)
+			break;
+		usleep(1000);
+	}
+	CHECK(mask_is(before, 16, 19) && mask_is(after, 16, 19) && mask_is(later, 16, 19) && mask_is(own, 16, 19));
+	printf("cu mask resize: a launch-only process followed the file after %d launches 1 ms apart\n", launches);
+	for (hsa_queue_t **q = (hsa_queue_t *[]){before, own, after, later, NULL}; *q; q++)
+		BIND(hsa_g, hsa_queue_destroy)(*q);
+	limits_configure(NULL);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A bad file never widens: a malformed, oversized, repeated, out-of-range, symlinked or missing
+ * cu-mask keeps the queues at the last good mask (16-19), new ones too, and says why. */
+static void test_cu_mask_bad_file_never_widens(void)
+{
+	char dir[] = "/tmp/rocshare-hook-cubad-XXXXXX", path[600], wide[600], note[256];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	snprintf(wide, sizeof wide, "%s/wide", dir);
+	setenv("ROCM_STUB_ROCR_MASKING", "1", 1);
+	write_cu_limits(path, "16-19");
+	limits_configure(dir);
+	hsa_queue_t *q = new_queue();
+	CHECK(q && mask_is(q, 16, 19));
+	static char big[4200];
+	memset(big, '#', sizeof big);
+	memcpy(big, "rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 0-47\n", 51);
+	big[sizeof big - 1] = 0;
+	big[sizeof big - 2] = '\n';
+	static const char *const bad[][2] = {
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 0-x\n", "malformed cu-mask"},
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 16-47,\n", "malformed cu-mask"},
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 47-16\n", "malformed cu-mask"},
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 0-256\n", "malformed cu-mask"},
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 \n", "malformed cu-mask"},
+		{"rocshare-limits 1\nmemory 0 67108864\ncu-mask 0 0-47\ncu-mask 0 0-47\n", "two cu-mask lines"},
+		{"rocshare-limits 2\nmemory 0 67108864\ncu-mask 0 0-47\n", "not version 1"},
+		{big, "larger than 4096"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		write_text(path, bad[i][0], 0);
+		hsa_queue_t *fresh = new_queue();
+		CHECK(fresh && mask_is(fresh, 16, 19) && mask_is(q, 16, 19));
+		account_read_note(note, sizeof note);
+		if (!strstr(note, bad[i][1]))
+			fprintf(stderr, "note %s, want %s\n", note, bad[i][1]);
+		CHECK(strstr(note, bad[i][1]) != NULL);
+		if (fresh)
+			BIND(hsa_g, hsa_queue_destroy)(fresh);
+	}
+	write_cu_limits(wide, "0-47");
+	CHECK(unlink(path) == 0 && symlink(wide, path) == 0);
+	hsa_queue_t *fresh = new_queue();
+	CHECK(fresh && mask_is(fresh, 16, 19) && mask_is(q, 16, 19));
+	CHECK(unlink(path) == 0);
+	CHECK(new_queue_masked(16, 19));
+	account_read_note(note, sizeof note);
+	CHECK(strstr(note, "limits file is missing") != NULL);
+	BIND(hsa_g, hsa_queue_destroy)(q);
+	if (fresh)
+		BIND(hsa_g, hsa_queue_destroy)(fresh);
+	limits_configure(NULL);
+	unlink(wide);
+	rmdir(dir);
+}
+
+/* The slice flips between 16-35 and 16-23 while 4 threads create queues, ask for every CU and
+ * destroy some: after the last change (and one more look), no queue is wider than the last slice. */
+struct cu_race {
+	int stop, rounds;
+	hsa_queue_t *kept[4][8];
+};
+
+static void *cu_churn(void *arg)
+{
+	struct cu_race *r = ((struct cu_race **)arg)[0];
+	int me = (int)(intptr_t)((void **)arg)[1];
+	__typeof__(&hsa_amd_queue_cu_set_mask) set = BIND(hsa_g, hsa_amd_queue_cu_set_mask);
+	uint32_t all[8];
+	memset(all, 0xff, sizeof all);
+	for (int round = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE) || round < 16; round++) {
+		int i = round % 8;
+		if (r->kept[me][i])
+			BIND(hsa_g, hsa_queue_destroy)(r->kept[me][i]);
+		r->kept[me][i] = new_queue();
+		if (r->kept[me][i] && round % 3)
+			set(r->kept[me][i], 256, all);
+		__atomic_add_fetch(&r->rounds, 1, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+static void test_cu_mask_race(void)
+{
+	char dir[] = "/tmp/rocshare-hook-curace-XXXXXX", path[600];
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof path, "%s/limits", dir);
+	setenv("ROCM_STUB_ROCR_MASKING", "1", 1);
+	write_cu_limits(path, "16-35");
+	limits_configure(dir);
+	struct cu_race r;
+	memset(&r, 0, sizeof r);
+	pthread_t t[4];
+	void *args[4][2];
+	for (int i = 0; i < 4; i++) {
+		args[i][0] = &r;
+		args[i][1] = (void *)(intptr_t)i;
+		pthread_create(&t[i], NULL, cu_churn, args[i]);
+	}
+	for (int flip = 0; flip < 200; flip++) { /* ends at 16-23 */
+		write_cu_limits(path, flip % 2 ? "16-23" : "16-35");
+		usleep(500);
+	}
+	__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	hsa_queue_t *last = new_queue(); /* one more look after the last change */
+	int wider = 0, live = 0;
+	for (int i = 0; i < 4; i++)
+		for (int j = 0; j < 8; j++)
+			if (r.kept[i][j]) {
+				live++;
+				wider += !mask_is(r.kept[i][j], 16, 23);
+				BIND(hsa_g, hsa_queue_destroy)(r.kept[i][j]);
+			}
+	printf("cu mask race: 200 changes under %d queue rounds; %d live queues, %d not on the last slice 16-23\n",
+	       __atomic_load_n(&r.rounds, __ATOMIC_RELAXED), live, wider);
+	CHECK(live == 32 && wider == 0 && last && mask_is(last, 16, 23));
+	if (last)
+		BIND(hsa_g, hsa_queue_destroy)(last);
+	limits_configure(NULL);
+	unlink(path);
+	rmdir(dir);
+}
+
 /* $ROCSHARE_ACCOUNT_DIR: the account is usage.v3.acct there; a folder that cannot hold it is a
  * refusal, never /tmp or a private account (run in a child: the account is mapped once per image). */
 static void test_agent_folder(void)
@@ -873,6 +1099,9 @@ int main(int argc, char **argv)
 	RUN(test_limits_parse);
 	RUN(test_limits_file_resize);
 	RUN(test_resize_race);
+	RUN(test_cu_mask_resize);
+	RUN(test_cu_mask_bad_file_never_widens);
+	RUN(test_cu_mask_race);
 	RUN(test_agent_folder);
 	printf("%s: %d failures\n", failures_g ? "FAIL" : "ok", failures_g);
 	return failures_g != 0;

@@ -10,6 +10,11 @@
  *   hook-probe serve           one hipMalloc per line of stdin (<bytes>), each answered by a line
  *                              {"result","free","total"}; everything held until stdin closes
  *   hook-probe bench <pairs>   ns per hipMalloc+hipFree pair after as many untimed: p50, p99
+ *   hook-probe bench-launch <n>  ns per hipLaunchKernel after as many untimed: p50, p99
+ *   hook-probe queues          one command per line of stdin, each answered by a line
+ *                              {"result","masks":[[CUs of stream 0],...]}: "new" (hipStreamCreate),
+ *                              "all <i>" (stream i's queue asks ROCr for every CU), "launch"
+ *                              (hipLaunchKernel), "alloc <bytes>" (hipMalloc, held), "masks"
  *
  * The limit L is HIP_DEVICE_MEMORY_LIMIT_0 read here (MiB with "m"), else 1 GiB. */
 #include <stdio.h>
@@ -263,6 +268,80 @@ static int run_fork(unsigned long long bytes)
 	return 0;
 }
 
+static void print_masks(const char *result, hipStream_t *streams, int n)
+{
+	printf("{\"result\":\"%s\",\"masks\":[", result);
+	for (int i = 0; i < n; i++) {
+		uint32_t got[8] = {0};
+		printf("%s[", i ? "," : "");
+		if (hsa_amd_queue_cu_get_mask(rocshare_stub_stream_queue(streams[i]), 256, got) == HSA_STATUS_SUCCESS)
+			for (int cu = 0, first = 1; cu < 256; cu++)
+				if (got[cu / 32] >> (cu % 32) & 1) {
+					printf("%s%d", first ? "" : ",", cu);
+					first = 0;
+				}
+		printf("]");
+	}
+	printf("]}\n");
+	fflush(stdout);
+}
+
+static void kernel(void) {}
+static int cmp(const void *a, const void *b);
+
+static int run_queues(void)
+{
+	hipStream_t streams[16];
+	int n = 0;
+	char line[64];
+	while (fgets(line, sizeof line, stdin)) {
+		const char *result = "unknown command";
+		if (!strncmp(line, "new", 3)) {
+			hipError_t e = n < 16 ? hipStreamCreate(&streams[n]) : hipErrorInvalidValue;
+			n += e == hipSuccess;
+			result = name(e);
+		} else if (!strncmp(line, "all ", 4) && atoi(line + 4) >= 0 && atoi(line + 4) < n) {
+			uint32_t all[8];
+			memset(all, 0xff, sizeof all);
+			hsa_status_t st = hsa_amd_queue_cu_set_mask(rocshare_stub_stream_queue(streams[atoi(line + 4)]), 256, all);
+			result = st == HSA_STATUS_SUCCESS ? "HSA_STATUS_SUCCESS" : (int)st == HSA_STATUS_CU_MASK_REDUCED ? "HSA_STATUS_CU_MASK_REDUCED" : "HSA_STATUS_ERROR";
+		} else if (!strncmp(line, "launch", 6)) {
+			dim3 one = {1, 1, 1};
+			result = name(hipLaunchKernel((const void *)kernel, one, one, NULL, 0, n ? streams[0] : NULL));
+		} else if (!strncmp(line, "alloc ", 6)) {
+			void *p = NULL;
+			result = name(hipMalloc(&p, strtoull(line + 6, NULL, 10)));
+		} else if (!strncmp(line, "masks", 5)) {
+			result = "hipSuccess";
+		}
+		print_masks(result, streams, n);
+	}
+	return 0;
+}
+
+static int run_bench_launch(int n)
+{
+	long long *ns = malloc(sizeof *ns * (size_t)n);
+	dim3 one = {1, 1, 1};
+	if (!ns)
+		return 1;
+	for (int i = 0; i < n; i++) /* warm-up, untimed */
+		hipLaunchKernel((const void *)kernel, one, one, NULL, 0, NULL);
+	for (int i = 0; i < n; i++) {
+		struct timespec a, b;
+		clock_gettime(CLOCK_MONOTONIC, &a);
+		hipError_t e = hipLaunchKernel((const void *)kernel, one, one, NULL, 0, NULL);
+		clock_gettime(CLOCK_MONOTONIC, &b);
+		if (e != hipSuccess)
+			return 1;
+		ns[i] = (b.tv_sec - a.tv_sec) * 1000000000ll + (b.tv_nsec - a.tv_nsec);
+	}
+	qsort(ns, (size_t)n, sizeof *ns, cmp);
+	printf("{\"launches\":%d,\"p50_ns\":%lld,\"p99_ns\":%lld}\n", n, ns[n / 2], ns[n * 99 / 100]);
+	free(ns);
+	return 0;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	long long x = *(const long long *)a, y = *(const long long *)b;
@@ -308,6 +387,10 @@ int main(int argc, char **argv)
 		return run_serve();
 	if (argc >= 3 && !strcmp(argv[1], "bench"))
 		return run_bench(atoi(argv[2]));
+	if (argc >= 3 && !strcmp(argv[1], "bench-launch"))
+		return run_bench_launch(atoi(argv[2]));
+	if (argc >= 2 && !strcmp(argv[1], "queues"))
+		return run_queues();
 	if (argc >= 2 && !strcmp(argv[1], "info")) {
 		printf("{");
 		print_info("memGetInfo");

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -300,3 +301,98 @@ def test_the_container_cannot_raise_its_limit_without_the_slice_file(hook_build:
     finally:
         stderr = server.close()
     assert "the slice's limits file is missing" in stderr
+
+
+class Queues:
+    """hook-probe queues: one running process that makes streams (ROCr queues), launches, allocates
+    and reports every queue's CU mask, on request."""
+
+    def __init__(self, hook_build: HookBuild, env):
+        self.proc = subprocess.Popen([str(hook_build.probe), "queues"], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(f"{command}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> str:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        return self.proc.stderr.read()
+
+
+def _write_cu_limits(slice_dir, generation: int, cu_ranges: str) -> None:
+    """The agent's way (rocshare.api.container_account.limits_for): memory and the cu-mask line."""
+    temporary = slice_dir / "limits.tmp"
+    temporary.write_text(f"rocshare-limits 1\ngeneration {generation}\nmemory 0 {4 * GIB}\ncu-mask 0 {cu_ranges}\n")
+    temporary.rename(slice_dir / "limits")
+
+
+def _cu_env(hook_build: HookBuild, tmp_path):
+    """A 26-CU slice container as the agent starts it, over a stub that follows ROCr's own rule:
+    HSA_CU_MASK read once at start, every queue's mask ANDed with it."""
+    account, slice_dir = tmp_path / "account", tmp_path / "slice"
+    account.mkdir()
+    slice_dir.mkdir()
+    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", HSA_CU_MASK="0:0-25", ROCM_STUB_CUS="104",
+                         ROCM_STUB_ROCR_MASKING="1", ROCSHARE_ACCOUNT_DIR=str(account),
+                         ROCSHARE_SLICE_DIR=str(slice_dir))
+    return env, slice_dir
+
+
+def test_queues_made_before_and_after_a_cu_mask_change_end_with_the_new_mask(hook_build: HookBuild, tmp_path):
+    """Issue 43: one running process (never restarted); the agent rewrites the slice's cu-mask line.
+    Shrink 0-25 -> 0-11: the queue made before and the one made after both hold 0-11 (the change seen
+    at the new queue). Grow back to 0-25: seen by a process that only launches kernels (the hook looks
+    at most once a second there). Grow to 0-51: ROCr ANDs every queue's mask with HSA_CU_MASK as it
+    read it at start, so this process keeps 0-25 and says so; a process started afterwards in the same
+    container (same environment, HSA_CU_MASK=0:0-25) gets 0-51, because the hook hands ROCr the
+    slice file's mask before ROCr reads it."""
+    env, slice_dir = _cu_env(hook_build, tmp_path)
+    _write_cu_limits(slice_dir, 1, "0-25")
+    queues = Queues(hook_build, env)
+    try:
+        assert queues.ask("new") == {"result": "hipSuccess", "masks": [list(range(26))]}
+        _write_cu_limits(slice_dir, 2, "0-11")
+        assert queues.ask("new") == {"result": "hipSuccess", "masks": [list(range(12))] * 2}
+        assert queues.ask("all 1")["masks"] == [list(range(12))] * 2  # its own ask stays in the slice
+        _write_cu_limits(slice_dir, 3, "0-25")
+        launches = 0
+        while queues.ask("launch")["masks"] != [list(range(26))] * 2 and launches < 300:
+            launches += 1
+            time.sleep(0.01)
+        assert queues.ask("masks")["masks"] == [list(range(26))] * 2, f"after {launches} launches"
+        _write_cu_limits(slice_dir, 4, "0-51")
+        assert queues.ask("new") == {"result": "hipSuccess", "masks": [list(range(26))] * 3}
+        newcomer = hook_build.probe_json(env)  # a new process: its queue asks for every CU
+        pid = queues.proc.pid
+    finally:
+        stderr = queues.close()
+    assert queues.proc.returncode == 0 and pid == queues.proc.pid
+    assert newcomer["cu_mask"] == {"result": "hipSuccess", "cus": list(range(52))}
+    assert ("GPU 0's slice has 52 CUs now; this process's queues keep at most 26 of them, the CUs its runtime "
+            "started with") in stderr
+
+
+@pytest.mark.parametrize("content", [
+    None,  # missing
+    "rocshare-limits 1\nmemory 0 4294967296\ncu-mask 0 0-103x\n",
+    "rocshare-limits 1\nmemory 0 4294967296\ncu-mask 0 0-11\ncu-mask 0 0-103\n",
+    "rocshare-limits 1\nmemory 0 4294967296\ncu-mask 0 0-11\n" + "#" * 4096 + "\n",
+])
+def test_a_process_started_on_a_bad_cu_mask_gets_no_queue(hook_build: HookBuild, tmp_path, content):
+    """A slice file the hook cannot use when a process starts (the environment's mask may be wider
+    than the last resize): no queue on the masked GPU, said on stderr; never the environment's mask."""
+    env, slice_dir = _cu_env(hook_build, tmp_path)
+    if content is not None:
+        (slice_dir / "limits").write_text(content)
+    out = subprocess.run([str(hook_build.probe), "queues"], env=env, input="new\n", capture_output=True, text=True,
+                         timeout=60)
+    assert json.loads(out.stdout) == {"result": "hipErrorInvalidValue", "masks": []}
+    assert re.search(r"refused a queue on GPU 0: the slice's limits file (is missing|has a malformed cu-mask line|"
+                     r"has two cu-mask lines for one GPU|is larger than 4096 bytes)", out.stderr)
+    _write_cu_limits(slice_dir, 2, "0-11")  # the agent's good file: queues again, on the file's CUs
+    out = subprocess.run([str(hook_build.probe), "queues"], env=env, input="new\n", capture_output=True, text=True,
+                         timeout=60)
+    assert json.loads(out.stdout) == {"result": "hipSuccess", "masks": [list(range(12))]}

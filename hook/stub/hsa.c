@@ -4,7 +4,8 @@
  *
  * $ROCM_STUB_ROCR_MASKING=1: the CU masks follow ROCr's own rule (ROCR-Runtime Flag::parse_masks,
  * AqlQueue::SetCUMasking): HSA_CU_MASK ("<gpu>:<cu>[-<cu>],...[;...]", the decimal form) is read
- * with getenv once, at the first call (ROCr: when the runtime loads); a new queue gets its GPU's mask;
+ * with getenv once, at the first call (ROCr: when the runtime loads); a new queue gets its GPU's mask
+ * (not under HSA_CU_MASK_SKIP_INIT=1: ROCr's AqlQueue constructor then skips it);
  * every hsa_amd_queue_cu_set_mask is ANDed with it, answering HSA_STATUS_CU_MASK_REDUCED when that
  * dropped bits. Without it, a mask is stored as given (what a runtime that trusts its caller does). */
 #include <stdlib.h>
@@ -133,6 +134,9 @@ EXPORT hsa_status_t hsa_queue_create(hsa_agent_t agent, uint32_t size, hsa_queue
 	q->agent = agent.handle;
 	int cus = rocshare_stub_cu_count(); /* a new queue may use every CU, or its GPU's global mask */
 	const uint32_t *global = global_mask((int)(agent.handle - 0x2000));
+	const char *skip = getenv("HSA_CU_MASK_SKIP_INIT");
+	if (skip && !strcmp(skip, "1"))
+		global = NULL; /* ROCr's AqlQueue then skips SetCUMasking(0, nullptr) at creation */
 	for (int cu = 0; cu < cus && cu < 32 * MASK_WORDS; cu++)
 		q->mask[cu / 32] |= (global ? global[cu / 32] : ~0u) & 1u << (cu % 32);
 	q->mask_bits = (uint32_t)((cus + 31) / 32 * 32);

@@ -396,3 +396,18 @@ def test_a_process_started_on_a_bad_cu_mask_gets_no_queue(hook_build: HookBuild,
     out = subprocess.run([str(hook_build.probe), "queues"], env=env, input="new\n", capture_output=True, text=True,
                          timeout=60)
     assert json.loads(out.stdout) == {"result": "hipSuccess", "masks": [list(range(12))]}
+
+
+def test_hsa_cu_mask_skip_init_does_not_unmask_new_queues(hook_build: HookBuild, tmp_path):
+    """ROCr skips HSA_CU_MASK at queue creation under HSA_CU_MASK_SKIP_INIT=1 (AqlQueue's constructor),
+    a name a pod's env may set: the hook gives every queue it sees created the slice itself."""
+    env, slice_dir = _cu_env(hook_build, tmp_path)
+    env["HSA_CU_MASK_SKIP_INIT"] = "1"
+    _write_cu_limits(slice_dir, 1, "0-25")
+    out = subprocess.run([str(hook_build.probe), "queues"], env=env, input="new\n", capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert json.loads(out.stdout) == {"result": "hipSuccess", "masks": [list(range(26))]}
+    bare = {k: v for k, v in env.items() if k != "LD_AUDIT"}
+    out = subprocess.run([str(hook_build.probe), "queues"], env=bare, input="new\n", capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert json.loads(out.stdout)["masks"] == [list(range(104))]  # what ROCr alone gives it

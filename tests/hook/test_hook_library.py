@@ -14,12 +14,13 @@ def _dynamic_symbols(library) -> str:
 
 
 def test_c_suite_plain_asan_ubsan():
-    """hook-test and race-test in the plain, ASan and UBSan builds, race-test under TSan too."""
+    """hook-test and race-test in the plain, ASan and UBSan builds; race-test and hook-test's CU-mask race
+    under TSan too."""
     out = subprocess.run(["make", "-C", str(HOOK_DIR), "-s", "test"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     ran = re.findall(r"^== (\S+)$", out.stdout, re.M)
     assert ran == [f"build/{b}/{p}" for b in ("plain", "asan", "ubsan") for p in ("hook-test", "race-test")] + [
-        "build/tsan/race-test"]
+        "build/tsan/race-test", "build/tsan/hook-test"]
     assert [line for line in out.stdout.splitlines() if line.startswith("ok:")] == ["ok: 0 failures"] * len(ran)
 
 

@@ -11,13 +11,16 @@
  * - Configuration is read once from the environment at la_version (the process cannot widen it
  *   by changing its own environment later) and is read-only afterwards.
  *   One exception: with $ROCSHARE_SLICE_DIR (the agent's read-only slice folder) the limited
- *   GPUs' values come from its limits file, checked on every allocation (limits.c), so a resize
- *   applies without a restart; the set of limited GPUs stays the environment's.
- * - Per-process state (pid, account slot, pointer table) lives in MADV_WIPEONFORK memory, so a
+ *   GPUs' values and the masked GPUs' CU masks come from its limits file, checked on every
+ *   allocation (limits.c), so a resize applies without a restart; the set of limited and masked
+ *   GPUs stays the environment's. At la_version the file's mask replaces HSA_CU_MASK in the initial
+ *   environment, for ROCr to load with (start_slice_masks).
+ * - Per-process state (pid, account slot, pointer table, queues) lives in MADV_WIPEONFORK memory, so a
  *   fork()ed child starts clean and claims its own slot (pthread_atfork would not run: the audit
  *   library has its own libc copy, and fork() runs only the application's handlers).
- * - Every wrapper is re-entrant and lock-free; errors are the runtime's own codes; a device with
- *   no limit is passed through untouched.
+ * - Every memory wrapper is re-entrant and lock-free; the queue-mask calls (queue creation and
+ *   destruction, set_mask, a resize's re-masking: rare) are serialized by one lock. Errors are the
+ *   runtime's own codes; a device with no limit is passed through untouched.
  * - A limited allocation without an account slot (every slot held, or the account file unusable)
  *   is refused, never counted privately; every refusal, and the hook disabling itself, prints one
  *   line on stderr and leaves the same text in the account (say()).
@@ -1320,7 +1323,7 @@ static const char *adopt_queue(hsa_queue_t *queue, int dev)
 	int limited = slice_of(dev, slice);
 	if (limited && limits_configured() && limits_problem() && !limits_masks_changes())
 		return limits_problem(); /* the file was never good: no slice to give it */
-	struct queue_rec *r = find_locked(NULL);
+	struct queue_rec *r = NULL;
 	for (size_t i = 0; !r && i < QUEUE_SLOTS; i++)
 		if (!queues_g[i].queue)
 			r = &queues_g[i];

@@ -853,9 +853,10 @@ static void test_cu_mask_resize(void)
 	CHECK(later && mask_is(later, 16, 35) && mask_is(before, 16, 35));
 	account_read_note(note, sizeof note);
 	CHECK(strstr(note, "has 48 CUs now; this process's queues keep at most 20") != NULL);
-	write_cu_limits(path, "16-19"); /* a process that only launches kernels */
 	__typeof__(&hipLaunchKernel) launch = BIND(hip_g, hipLaunchKernel);
 	dim3 one = {1, 1, 1};
+	CHECK(launch((const void *)test_cu_mask_resize, one, one, NULL, 0, NULL) == hipSuccess); /* this second's look */
+	write_cu_limits(path, "16-19"); /* a process that only launches kernels: seen within about a second */
 	int launches = 0;
 	for (struct timespec t0, t; launches < 1000000 && !mask_was(before, 16, 19, 1); launches++) {
 		if (!launches)

@@ -91,6 +91,21 @@ def _decimal(text: str, what: str) -> int:
     return value
 
 
+MAX_CUS = 256  # the hook's mask holds 8 words
+
+
+def _cu_ranges(text: str) -> str:
+    """A cu-mask line's ranges as the hook takes them (hook/src/limits.c parse_cu_mask_line):
+    `<cu>[-<cu>]` joined by commas, each CU below MAX_CUS, each range low <= high, at least one."""
+    for item in text.split(","):
+        low_text, dash, high_text = item.partition("-")
+        low = _decimal(low_text, "cu-mask CU")
+        high = _decimal(high_text, "cu-mask CU") if dash else low
+        if low > high or high >= MAX_CUS:
+            raise AccountFormatError(f"cu-mask range {item[:40]!r}: not low <= high < {MAX_CUS}")
+    return text
+
+
 def decode_limits(data: bytes) -> SliceLimits:
     """The hook's rules (hook/src/limits.c), so the agent reports what the hook enforces."""
     if len(data) > LIMITS_MAX_BYTES:
@@ -118,7 +133,10 @@ def decode_limits(data: bytes) -> SliceLimits:
             memory[position] = _decimal(bytes_text, "memory bytes")
         elif word == "cu-mask":
             position_text, _, ranges = rest.partition(" ")
-            masks[_decimal(position_text, "cu-mask position")] = ranges
+            position = _decimal(position_text, "cu-mask position")
+            if position >= MAX_POSITIONS or position in masks:
+                raise AccountFormatError(f"cu-mask line for position {position}: out of range or repeated")
+            masks[position] = _cu_ranges(ranges)
     return SliceLimits(generation=generation, memory_bytes=memory, cu_ranges=masks)
 
 

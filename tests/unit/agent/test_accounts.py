@@ -66,7 +66,11 @@ def test_limits_round_trip_and_the_hooks_rules():
                 b"rocshare-limits 1\nmemory 0 -1\n",
                 b"rocshare-limits 1\nmemory 16 1\n", b"rocshare-limits 1\nmemory 0 1\nmemory 0 2\n",
                 b"rocshare-limits 1\nmemory 0 18446744073709551616\n", b"rocshare-limits 1\n\0", b"x" * 5000,
-                "rocshare-limits 1\nmemory 0 \u0661\n".encode()):
+                "rocshare-limits 1\nmemory 0 \u0661\n".encode(), b"rocshare-limits 1\ncu-mask 0 1-\n",
+                b"rocshare-limits 1\ncu-mask 0 ,1\n", b"rocshare-limits 1\ncu-mask 0 3-2\n",
+                b"rocshare-limits 1\ncu-mask 0 256\n", b"rocshare-limits 1\ncu-mask 16 1\n",
+                b"rocshare-limits 1\ncu-mask 0 0x3\n", b"rocshare-limits 1\ncu-mask 0 1\ncu-mask 0 2\n",
+                b"rocshare-limits 1\ncu-mask 0\n"):
         with pytest.raises(AccountFormatError):
             decode_limits(bad)
 

@@ -932,7 +932,8 @@ static void test_cu_mask_bad_file_never_widens(void)
 }
 
 /* The slice flips between 16-35 and 16-23 while 4 threads create queues, ask for every CU and
- * destroy some: after the last change (and one more look), no queue is wider than the last slice. */
+ * destroy some, in 10 rounds of 20 changes: after each round's last change (and one more look), no
+ * queue is wider than that last slice. */
 struct cu_race {
 	int stop, rounds;
 	hsa_queue_t *kept[4][8];
@@ -965,36 +966,41 @@ static void test_cu_mask_race(void)
 	setenv("ROCM_STUB_ROCR_MASKING", "1", 1);
 	write_cu_limits(path, "16-35");
 	limits_configure(dir);
-	struct cu_race r;
-	memset(&r, 0, sizeof r);
-	pthread_t t[4];
-	void *args[4][2];
-	for (int i = 0; i < 4; i++) {
-		args[i][0] = &r;
-		args[i][1] = (void *)(intptr_t)i;
-		pthread_create(&t[i], NULL, cu_churn, args[i]);
+	int wider = 0, live = 0, rounds = 0;
+	for (int epoch = 0; epoch < 10; epoch++) {
+		struct cu_race r;
+		memset(&r, 0, sizeof r);
+		pthread_t t[4];
+		void *args[4][2];
+		for (int i = 0; i < 4; i++) {
+			args[i][0] = &r;
+			args[i][1] = (void *)(intptr_t)i;
+			pthread_create(&t[i], NULL, cu_churn, args[i]);
+		}
+		for (int flip = 0; flip < 20; flip++) { /* ends at 16-23 */
+			write_cu_limits(path, flip % 2 ? "16-23" : "16-35");
+			usleep(500);
+		}
+		__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+		for (int i = 0; i < 4; i++)
+			pthread_join(t[i], NULL);
+		hsa_queue_t *last = new_queue(); /* one more look after the last change */
+		wider += !last || !mask_is(last, 16, 23);
+		for (int i = 0; i < 4; i++)
+			for (int j = 0; j < 8; j++)
+				if (r.kept[i][j]) {
+					live++;
+					wider += !mask_is(r.kept[i][j], 16, 23);
+					BIND(hsa_g, hsa_queue_destroy)(r.kept[i][j]);
+				}
+		if (last)
+			BIND(hsa_g, hsa_queue_destroy)(last);
+		rounds += r.rounds;
+		write_cu_limits(path, "16-35");
 	}
-	for (int flip = 0; flip < 200; flip++) { /* ends at 16-23 */
-		write_cu_limits(path, flip % 2 ? "16-23" : "16-35");
-		usleep(500);
-	}
-	__atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
-	for (int i = 0; i < 4; i++)
-		pthread_join(t[i], NULL);
-	hsa_queue_t *last = new_queue(); /* one more look after the last change */
-	int wider = 0, live = 0;
-	for (int i = 0; i < 4; i++)
-		for (int j = 0; j < 8; j++)
-			if (r.kept[i][j]) {
-				live++;
-				wider += !mask_is(r.kept[i][j], 16, 23);
-				BIND(hsa_g, hsa_queue_destroy)(r.kept[i][j]);
-			}
-	printf("cu mask race: 200 changes under %d queue rounds; %d live queues, %d not on the last slice 16-23\n",
-	       __atomic_load_n(&r.rounds, __ATOMIC_RELAXED), live, wider);
-	CHECK(live == 32 && wider == 0 && last && mask_is(last, 16, 23));
-	if (last)
-		BIND(hsa_g, hsa_queue_destroy)(last);
+	printf("cu mask race: 10 x 20 changes under %d queue rounds; %d live queues, %d not on their round's last slice\n",
+	       rounds, live, wider);
+	CHECK(live == 320 && wider == 0);
 	limits_configure(NULL);
 	unlink(path);
 	rmdir(dir);

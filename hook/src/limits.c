@@ -379,6 +379,15 @@ uint32_t limits_cu_masks(uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32
 {
 	for (;;) {
 		uint32_t seq = __atomic_load_n(&limits_g.masks_seq, __ATOMIC_ACQUIRE);
+		if (seq & 1 && take_busy()) {
+			/* the writer was a thread of the process we were fork()ed from, its set half written:
+			 * no lines (every GPU keeps the mask in force) until the next look reads the file again */
+			__atomic_store_n(&limits_g.mask_present, 0, __ATOMIC_RELEASE);
+			__atomic_store_n(&limits_g.stable, 0, __ATOMIC_RELEASE);
+			__atomic_add_fetch(&limits_g.masks_seq, 1, __ATOMIC_ACQ_REL);
+			let_go();
+			continue;
+		}
 		if (seq & 1) {
 			sched_yield();
 			continue;

@@ -32,6 +32,9 @@ uintptr_t la_symbind64(ElfW(Sym) *sym, unsigned int ndx, uintptr_t *refcook, uin
 		       const char *symname);
 hsa_queue_t *rocshare_stub_stream_queue(hipStream_t stream);
 
+#ifndef CU_MASK_WORDS
+#define CU_MASK_WORDS 8 /* 82838a0's hook had it in hook.c */
+#endif
 #ifndef ACCOUNT_SLOTS
 #define ACCOUNT_SLOTS 256 /* the hook of fea6fe5 had it in account.c */
 #endif
@@ -53,6 +56,13 @@ __attribute__((weak)) const char *limits_parse(const char *text, size_t n, uint6
 {
 	(void)text, (void)n, (void)bytes, (void)present;
 	return "no limits file in this hook";
+}
+/* 82838a0's hook read no cu-mask lines: this stands in for it there. */
+__attribute__((weak)) const char *limits_parse_cu_masks(const char *text, size_t n,
+							uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], uint32_t *mask_present)
+{
+	(void)text, (void)n, (void)masks, (void)mask_present;
+	return "no cu-mask lines in this hook";
 }
 __attribute__((weak)) uint64_t account_peak(int device)
 {
@@ -627,6 +637,11 @@ static void test_limits_parse(void)
 	const char *ok = "rocshare-limits 1\ngeneration 3\nmemory 0 4294967296\ncu-mask 0 0-15\nmemory 2 7\nfuture x\n";
 	CHECK(limits_parse(ok, strlen(ok), bytes, &present) == NULL);
 	CHECK(present == 5u && bytes[0] == 4294967296ull && bytes[2] == 7);
+	uint32_t masks[HOOK_MAX_DEVICES][CU_MASK_WORDS], mask_present = 0;
+	const char *two = "rocshare-limits 1\ncu-mask 0 0-15\ncu-mask 3 31,33-35,255\n";
+	CHECK(limits_parse_cu_masks(two, strlen(two), masks, &mask_present) == NULL);
+	CHECK(mask_present == 9u && masks[0][0] == 0xffffu && masks[0][1] == 0);
+	CHECK(masks[3][0] == 0x80000000u && masks[3][1] == 0xeu && masks[3][7] == 0x80000000u);
 	static const char *const refused[] = {
 		"", "rocshare-limits 2\nmemory 0 1\n", "rocshare-limits 1", "rocshare-limits 1\nmemory 0 1",
 		"rocshare-limits 1\nmemory 0  1\n", "rocshare-limits 1\nmemory  0 1\n", "rocshare-limits 1\nmemory 16 1\n",

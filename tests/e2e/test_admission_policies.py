@@ -180,6 +180,8 @@ BAD_PODS = [
      "ProtectedEnvVar: container 'c0': env HIP_DEVICE_MEMORY_LIMIT_0 is set by rocshare"),
     ("valueFrom", slice_with("t2", {"env": [{"name": "ROCSHARE_HOOK_DIR", "valueFrom": {"fieldRef": {
         "fieldPath": "metadata.name"}}}]}), "ProtectedEnvVar: container 'c0': env ROCSHARE_HOOK_DIR"),
+    ("ROCr's CU-mask skip switch", slice_with("t11", {"env": [{"name": "HSA_CU_MASK_SKIP_INIT", "value": "1"}]}),
+     "ProtectedEnvVar: container 'c0': env HSA_CU_MASK_SKIP_INIT"),
     ("envFrom without a prefix", slice_with("t3", {"envFrom": [{"configMapRef": {"name": "tuning"}}]}),
      "ProtectedEnvFrom: container 'c0': an envFrom without a prefix"),
     ("envFrom prefix LD_", slice_with("t4", {"envFrom": [{"secretRef": {"name": "s"}, "prefix": "LD_"}]}),

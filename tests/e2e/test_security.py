@@ -176,6 +176,8 @@ SPEC_ATTACKS = [
     ("the issue's env", {"env": ISSUE_ENV}, {}, "ProtectedEnvVar: containers[0] (c0): env HIP_DEVICE_MEMORY_LIMIT_0"),
     ("valueFrom", {"env": [{"name": "LD_AUDIT", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]}, {},
      "ProtectedEnvVar: containers[0] (c0): env LD_AUDIT"),
+    ("ROCr's CU-mask skip switch", {"env": [{"name": "HSA_CU_MASK_SKIP_INIT", "value": "1"}]}, {},
+     "ProtectedEnvVar: containers[0] (c0): env HSA_CU_MASK_SKIP_INIT"),
     ("envFrom, no prefix", {"envFrom": [{"configMapRef": {"name": "tuning"}}]}, {},
      "ProtectedEnvFrom: containers[0] (c0): envFrom configMapRef tuning without a prefix"),
     ("hook mount, subPath", {"volumeMounts": [{"name": "fake", "mountPath": "/usr/local/vgpu/libamvgpu.so",

@@ -27,6 +27,12 @@ directory per process would split the account and multiply the limit)."""
 
 HANDED_OVER_NAMES = (ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, HSA_CU_MASK, LD_AUDIT, HIP_OVERSUBSCRIBE, HSA_XNACK)
 HANDED_OVER_PREFIXES = (MEMORY_LIMIT_PREFIX, ROCSHARE_PREFIX)
+HSA_CU_MASK_SKIP_INIT = "HSA_CU_MASK_SKIP_INIT"
+"""Never set by rocshare: at 1, ROCr creates queues without HSA_CU_MASK (its own internal queues too,
+which the hook never sees), so it would undo the CU mask rocshare hands over."""
+UNDOING_NAMES = (HSA_CU_MASK_SKIP_INIT,)
+PROTECTED_NAMES = (*HANDED_OVER_NAMES, *UNDOING_NAMES)
+"""What a GPU container's pod may not set: the names rocshare hands over and those that undo them."""
 
 
 def memory_limit_name(position: int) -> str:
@@ -39,9 +45,13 @@ def is_handed_over(name: str) -> bool:
     return name in HANDED_OVER_NAMES or name.startswith(HANDED_OVER_PREFIXES)
 
 
-def prefix_can_hand_over(prefix: str) -> bool:
-    """True when an envFrom with `prefix` can produce a variable rocshare sets, whatever the
-    ConfigMap or Secret holds: some name or name family starts with `prefix`, or `prefix` lies
-    inside a name family."""
-    return (any(name.startswith(prefix) for name in HANDED_OVER_NAMES)
+def is_protected(name: str) -> bool:
+    """True when a pod may not set `name` in a GPU container (PROTECTED_NAMES and the prefixes)."""
+    return name in PROTECTED_NAMES or name.startswith(HANDED_OVER_PREFIXES)
+
+
+def prefix_can_reach_protected(prefix: str) -> bool:
+    """True when an envFrom with `prefix` can produce a protected variable, whatever the ConfigMap or
+    Secret holds: some name or name family starts with `prefix`, or `prefix` lies inside a name family."""
+    return (any(name.startswith(prefix) for name in PROTECTED_NAMES)
             or any(family.startswith(prefix) or prefix.startswith(family) for family in HANDED_OVER_PREFIXES))

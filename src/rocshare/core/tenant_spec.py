@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocshare.api.container_env import (
-    HANDED_OVER_NAMES,
     HANDED_OVER_PREFIXES,
     HOOK_CONTAINER_DIR,
-    is_handed_over,
-    prefix_can_hand_over,
+    PROTECTED_NAMES,
+    is_protected,
+    prefix_can_reach_protected,
 )
 
 PROTECTED_ENV_REASON = "ProtectedEnvVar"
@@ -44,7 +44,7 @@ HOST_DEVICE_VOLUME_REASON = "HostDeviceVolume"
 PRIVILEGED_SLICE_REASON = "PrivilegedSlice"
 HOST_PATHS_REFUSED = ("/dev", "/sys", "/proc")
 """hostPath volumes refused beside a slice: these, anything in them, and / (which holds them)."""
-_HANDED_OVER = ", ".join((*HANDED_OVER_NAMES, *(f"{prefix}*" for prefix in HANDED_OVER_PREFIXES)))
+_PROTECTED = ", ".join((*PROTECTED_NAMES, *(f"{prefix}*" for prefix in HANDED_OVER_PREFIXES)))
 
 
 @dataclass(frozen=True)
@@ -73,15 +73,16 @@ def container_refusal(gpu: GpuContainer) -> str | None:
     container = gpu.container
     for entry in container.get("env") or ():
         name = str(entry.get("name", ""))
-        if is_handed_over(name):
+        if is_protected(name):
             return (f"{PROTECTED_ENV_REASON}: {gpu.where}: env {name} is set by rocshare for the GPUs it gives "
-                    f"the container, and the pod's value would replace it; remove it (rocshare sets {_HANDED_OVER})")
+                    f"the container, or would undo what it sets, and only rocshare may set it; remove it "
+                    f"(protected: {_PROTECTED})")
     for source in container.get("envFrom") or ():
         prefix = str(source.get("prefix") or "")
-        if prefix_can_hand_over(prefix):
+        if prefix_can_reach_protected(prefix):
             return (f"{PROTECTED_ENV_FROM_REASON}: {gpu.where}: envFrom {_source_name(source)} "
                     f"{f'with prefix {prefix!r}' if prefix else 'without a prefix'} could set a variable rocshare "
-                    f"sets for the GPUs ({_HANDED_OVER}), and admission cannot see what it holds; give it a prefix "
+                    f"protects for the GPUs ({_PROTECTED}), and admission cannot see what it holds; give it a prefix "
                     "none of those starts with (e.g. APP_), or list the variables you need in env")
     for mount in (*(container.get("volumeMounts") or ()), *(container.get("volumeDevices") or ())):
         target = mount.get("mountPath", mount.get("devicePath", ""))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocshare.api.container_env import prefix_can_hand_over
+from rocshare.api.container_env import prefix_can_reach_protected
 from rocshare.core.tenant_spec import GpuContainer, container_path, covers_hook, pod_refusal
 
 
@@ -34,6 +34,7 @@ ENV_CASES = [
     ("valueFrom a ConfigMap", env(HSA_CU_MASK={"configMapKeyRef": {"name": "m", "key": "k"}}), "ProtectedEnvVar"),
     ("valueFrom a field", env(LD_AUDIT={"fieldRef": {"fieldPath": "metadata.name"}}), "ProtectedEnvVar"),
     ("the account and slice folders (issue 43)", env("ROCSHARE_ACCOUNT_DIR", "ROCSHARE_SLICE_DIR"), "ProtectedEnvVar"),
+    ("ROCr's switch that skips the CU mask", env("HSA_CU_MASK_SKIP_INIT"), "ProtectedEnvVar"),
     ("the app's own variables", env("APP_MODE", "HIP_LAUNCH_BLOCKING", "LD_LIBRARY_PATH", "HSA_ENABLE_SDMA"), None),
     ("case matters (env is case-sensitive)", env("ld_audit"), None),
 ]
@@ -54,6 +55,8 @@ ENV_FROM_CASES = [
     ("prefix inside a family", {"configMapRef": {"name": "m"}, "prefix": "HIP_DEVICE_MEMORY_LIMIT_0"},
      "ProtectedEnvFrom"),
     ("prefix ROCSHARE_X", {"configMapRef": {"name": "m"}, "prefix": "ROCSHARE_X"}, "ProtectedEnvFrom"),
+    ("prefix HSA_CU_MASK_ (its skip switch)", {"configMapRef": {"name": "m"}, "prefix": "HSA_CU_MASK_"},
+     "ProtectedEnvFrom"),
     ("prefix APP_", {"configMapRef": {"name": "m"}, "prefix": "APP_"}, None),
     ("prefix HIPX_", {"secretRef": {"name": "s"}, "prefix": "HIPX_"}, None),
 ]
@@ -122,7 +125,8 @@ def test_privileged_is_refused_for_a_slice_only() -> None:
 
 
 def test_a_plain_prefix_hands_nothing_over() -> None:
-    assert not prefix_can_hand_over("APP_") and prefix_can_hand_over("") and prefix_can_hand_over("ROCSHARE")
+    assert (not prefix_can_reach_protected("APP_") and prefix_can_reach_protected("")
+            and prefix_can_reach_protected("ROCSHARE"))
 
 
 def test_a_pod_without_gpu_containers_is_not_judged() -> None:

@@ -308,19 +308,20 @@ def test_pod_policy_protects_the_names_the_agent_hands_over() -> None:
     """Issue 39: the policy's lists of handed-over variables are rocshare.api.container_env's (the
     agent renders from it), and its hook-path and host-path patterns refuse what the webhook's rule
     (core/tenant_spec.py) refuses; it refuses more only where CEL cannot resolve a '..'."""
-    from rocshare.api.container_env import HANDED_OVER_NAMES, HANDED_OVER_PREFIXES, is_handed_over
+    from rocshare.api.container_env import HANDED_OVER_PREFIXES, PROTECTED_NAMES, is_protected
     from rocshare.core.tenant_spec import HOST_PATHS_REFUSED, container_path, covers_hook
 
     written = list(yaml.safe_load_all((ROOT / "manifests/base/policy/pods.yaml").read_text()))
     policy = find(written, "ValidatingAdmissionPolicy", "rocshare-pods")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     names = re.escape  # the names are plain words and underscores
-    assert variables["handedOver"] == (f"'^({'|'.join(map(names, HANDED_OVER_NAMES))})$"
+    assert variables["handedOver"] == (f"'^({'|'.join(map(names, PROTECTED_NAMES))})$"
                                        f"|^({'|'.join(map(names, HANDED_OVER_PREFIXES))})'")
-    assert re.findall(r"'([^']+)'", variables["handedOverStarts"]) == [*HANDED_OVER_NAMES, *HANDED_OVER_PREFIXES]
+    assert re.findall(r"'([^']+)'", variables["handedOverStarts"]) == [*PROTECTED_NAMES, *HANDED_OVER_PREFIXES]
     handed_over = re.compile(variables["handedOver"].strip("'"))
-    for name in ("HIP_DEVICE_MEMORY_LIMIT_3", "ROCSHARE_HOOK_DIR", "LD_AUDIT", "LD_AUDITX", "HSA_CU_MASKS", "APP"):
-        assert bool(handed_over.search(name)) == is_handed_over(name), name
+    for name in ("HIP_DEVICE_MEMORY_LIMIT_3", "ROCSHARE_HOOK_DIR", "LD_AUDIT", "LD_AUDITX", "HSA_CU_MASKS", "APP",
+                 "HSA_CU_MASK_SKIP_INIT"):
+        assert bool(handed_over.search(name)) == is_protected(name), name
     hook_cover = re.compile(variables["hookCover"].strip("'"))
     for target in ("/", "/usr", "/usr/", "/usr/local", "//usr//local/vgpu/", "/usr/local/vgpu/libamvgpu.so",
                    "usr/local/vgpu", "/usr/local/vgpu2", "/usr/lib", "/usrx", "/data", "/tmp", "/usr/local/vgpux/a"):

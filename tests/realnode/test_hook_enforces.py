@@ -330,6 +330,11 @@ class ServingPod:
         return status["restartCount"], status["containerID"], status["state"]["running"]["startedAt"]
 
 
+def limits_generation(text: str) -> int:
+    """The `generation <n>` line of a slice limits file (docs/container-account.md: larger on every write)."""
+    return int(re.search(r"^generation (\d+)$", text, re.M).group(1))
+
+
 def resized(pod: dict, generation: int) -> dict | None:
     """The pod's rocshare.io/Resized condition when it says `generation` was applied."""
     for condition in pod["status"].get("conditions") or ():
@@ -378,6 +383,7 @@ def test_a_running_slice_is_resized_up_and_down_without_a_restart(deployed: Depl
     serving = ServingPod(deployed, name)
     serving.create()
     started = serving.restarts()
+    file_generation = limits_generation(serving.slice_file())  # as Allocate wrote it
     half = 1500 * MIB  # 2 x 1500 = 3000 MiB: over the 2048 of the spec, under the 4096 asked
     first = serving.ask(str(half))
     pid = first["pid"]
@@ -395,11 +401,12 @@ def test_a_running_slice_is_resized_up_and_down_without_a_restart(deployed: Depl
         record = decode_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
         assert record.generation == generation and record.containers[0].devices[0].memory_mib == mib, record
         seen: list[str] = []
-        wait_for(f"the container's slice file at generation {generation}, {mib} MiB",
+        wait_for(f"the container's slice file newer than generation {file_generation}, at {mib} MiB",
                  lambda: (seen.append(text := serving.slice_file()) or
-                          (f"\ngeneration {generation}\n" in text and f"\nmemory 0 {mib * MIB}\n" in text)),
+                          (limits_generation(text) > file_generation and f"\nmemory 0 {mib * MIB}\n" in text)),
                  timeout_s=60, explain=lambda: f"the container read: {seen[-1]!r}\n" + deployed.kubectl(
                      "logs", "-n", NAMESPACE, "-l", AGENT_LABEL, "--tail=30", check=False).stdout)
+        file_generation = limits_generation(seen[-1])
         wait_for(f"share used {mib} MiB", lambda: share_row(deployed).get("MEM-USED") == str(mib), timeout_s=60,
                  explain=lambda: str(share_row(deployed)))
         status = deployed.json("get", "amdgpushare", "-n", RESIZE_NS, "team")["status"]

@@ -343,6 +343,11 @@ def resized(pod: dict, generation: int) -> dict | None:
     return None
 
 
+def quota_used_mib(deployed: Deployed) -> str | None:
+    quota = deployed.json("get", "resourcequota", "-n", RESIZE_NS, "rocshare-team")
+    return ((quota.get("status") or {}).get("used") or {}).get("limits.amd.com/gpumem")
+
+
 def share_row(deployed: Deployed) -> dict[str, str]:
     """`kubectl get amdgpushares -n <ns>` as the tenant's terminal shows it: column -> value."""
     header, *rows = deployed.kubectl("get", "amdgpushares", "-n", RESIZE_NS).stdout.splitlines()
@@ -411,6 +416,10 @@ def test_a_running_slice_is_resized_up_and_down_without_a_restart(deployed: Depl
                  explain=lambda: str(share_row(deployed)))
         status = deployed.json("get", "amdgpushare", "-n", RESIZE_NS, "team")["status"]
         assert status["used"]["memoryMiB"] == mib and status["pods"][0]["memoryMiB"] == mib, status
+        # The share's ResourceQuota too (its used entry is the operator's, under the manifests' RBAC).
+        wait_for(f"ResourceQuota rocshare-team used {mib} MiB", lambda: quota_used_mib(deployed) == str(mib),
+                 timeout_s=30,
+                 explain=lambda: str(deployed.json("get", "resourcequota", "-n", RESIZE_NS, "rocshare-team")))
         if generation == 1:  # grown: the same process now holds 3000 MiB under 4096
             grown = serving.ask(str(half))
             assert grown == {"op": "alloc", "result": "hipSuccess", "free": mib * MIB - 2 * half,

@@ -7,8 +7,9 @@
  *   hook-probe info            hipMemGetInfo only
  *   hook-probe fork <bytes>    allocate, fork; the child reports its own view and allocation
  *   hook-probe hold <bytes>    one hipMalloc; prints its result, holds it until killed (the demo's processes)
- *   hook-probe serve           one hipMalloc per line of stdin (<bytes>), each answered by a line
- *                              {"result","free","total"}; everything held until stdin closes
+ *   hook-probe serve           per line of stdin, "<bytes>": one hipMalloc, "free": hipFree of the newest
+ *                              still held; each answered {"op","result","free","total","held","pid"};
+ *                              everything held until stdin closes
  *   hook-probe bench <pairs>   ns per hipMalloc+hipFree pair after as many untimed: p50, p99
  *   hook-probe bench-launch <n>  ns per hipLaunchKernel after as many untimed: p50, p99
  *   hook-probe queues          one command per line of stdin, each answered by a line
@@ -229,15 +230,36 @@ static int run_hold(unsigned long long bytes)
 	return 0;
 }
 
+/* One line per request: "<bytes>" allocates, "free" frees the newest allocation still held. Each
+ * answer says what the runtime answered, its memory info, what this process holds by its own count
+ * and its pid, so a test can show the same process before and after its limit changed. */
 static int run_serve(void)
 {
 	char line[64];
+	void *held[256];
+	unsigned long long sizes[256], total_held = 0;
+	int count = 0;
 	while (fgets(line, sizeof line, stdin)) {
-		void *p = NULL;
-		hipError_t e = hipMalloc(&p, strtoull(line, NULL, 10));
+		hipError_t e;
+		const char *op = strncmp(line, "free", 4) ? "alloc" : "free";
+		if (*op == 'f') {
+			e = count ? hipFree(held[count - 1]) : hipErrorInvalidValue;
+			if (e == hipSuccess)
+				total_held -= sizes[--count];
+		} else {
+			void *p = NULL;
+			unsigned long long bytes = strtoull(line, NULL, 10);
+			e = count < 256 ? hipMalloc(&p, bytes) : hipErrorInvalidValue;
+			if (e == hipSuccess) {
+				held[count] = p;
+				sizes[count++] = bytes;
+				total_held += bytes;
+			}
+		}
 		size_t f = 0, t = 0;
 		hipMemGetInfo(&f, &t);
-		printf("{\"result\":\"%s\",\"free\":%zu,\"total\":%zu}\n", name(e), f, t);
+		printf("{\"op\":\"%s\",\"result\":\"%s\",\"free\":%zu,\"total\":%zu,\"held\":%llu,\"pid\":%d}\n",
+		       op, name(e), f, t, total_held, (int)getpid());
 		fflush(stdout);
 	}
 	return 0; /* held memory goes with the process */

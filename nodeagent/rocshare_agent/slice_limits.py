@@ -14,7 +14,8 @@ the next event tries again. Folders are opened one level at a time without follo
 where the agent writes.
 
 The file is the one Allocate writes (api.container_account: limits_for, encode_limits; version 1 of
-docs/container-account.md), with the record's generation.
+docs/container-account.md), with the file generation of the record's (api.container_account
+file_generation: one more than the record's, so larger than the one Allocate wrote).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationError, ContainerAllocation, decode_record
-from rocshare.api.container_account import SLICE_DIR, limits_for
+from rocshare.api.container_account import SLICE_DIR, file_generation, limits_for
 from rocshare.core.holdings import is_plain_init
 from rocshare_agent.accounts import AccountStore
 
@@ -37,9 +38,10 @@ EVENT_WAIT_S = 30.0
 
 
 def write_limits(store: AccountStore, pod_uid: str, container: ContainerAllocation, generation: int) -> bool:
-    """Replace ``slice/limits`` of that container's account with the record's (api.container_account
-    limits_for, the rule Allocate writes by; AccountStore.write_limits, whole); False when Allocate made
-    no such folder. A ``slice`` that is not a real folder (a link) is an error, never followed."""
+    """Replace ``slice/limits`` of that container's account with the record's of resize `generation`
+    (api.container_account limits_for, the rule Allocate writes by; AccountStore.write_limits, whole);
+    False when Allocate made no such folder. A ``slice`` that is not a real folder (a link) is an
+    error, never followed."""
     folder = store.pod_folder(pod_uid, container.name)
     try:
         mode = os.lstat(folder / SLICE_DIR).st_mode
@@ -47,7 +49,7 @@ def write_limits(store: AccountStore, pod_uid: str, container: ContainerAllocati
         return False
     if not stat.S_ISDIR(mode):
         raise OSError(f"{folder / SLICE_DIR} is not a folder (a link?): not written")
-    store.write_limits(folder, limits_for(container.devices, generation))
+    store.write_limits(folder, limits_for(container.devices, file_generation(generation)))
     return True
 
 

@@ -14,7 +14,11 @@ a rocshare agent; the capture copied with a synthetic 64 GiB per GPU):
   plugin, run as a tenant with `edit` only; a pod bound after the growth gets none of its CUs; it is refused when its neighbour holds the CUs
   (ResizeInsufficientCores) or the share is short (ResizeQuotaExceeded); share status and the
   extender's quota agree with the records before and after; the tenant's request annotation is
-  the only part of it the tenant can write (the record and the Resized condition are refused).
+  the only part of it the tenant can write (the record and the Resized condition are refused);
+  the share's ResourceQuota follows the records too: its `limits.amd.com/*` used (entries Kubernetes
+  never counts; the operator writes them) is the records' figures, and a pod that fits the old
+  figure but not the grown one is admitted by the API server and held Pending with
+  ResourceQuotaNotFit, then runs once the slice shrinks.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from rocshare.api.allocation import ALLOCATION_ANNOTATION, ContainerAllocation, 
 from rocshare.api.models import API_VERSION
 from rocshare.api.resize import RESIZED_CONDITION
 from rocshare.core.cumask import mask_from_ranges
+from rocshare.core.quantity import whole_quantity
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
 from rocshare_dev.devcluster.simnode import SimulatedNode
@@ -292,6 +297,24 @@ async def agree_at(operator: OperatorProcess, kube: Kube, figures: tuple[int, in
         raise AssertionError(f"{error}; share status, extender: {seen}") from None
 
 
+async def quota_mirrors(kube: Kube, figures: tuple[int, int]) -> None:
+    """The share's ResourceQuota: hard is the share's limits, whatever the resizes; used is the
+    records' (MiB, cores %) -- Kubernetes counts extended resources only under `requests.`, so these
+    entries are the operator's alone."""
+    seen: list[dict] = []
+
+    async def mirrored():
+        quota = await kube.get(object_path("v1", "resourcequotas", f"rocshare-{SHARE}", namespace=RESIZE))
+        seen[:] = [quota["spec"]["hard"], (quota.get("status") or {}).get("used") or {}]
+        return {key: whole_quantity(value, name=key, unit="count") for key, value in seen[1].items()} == {
+            "limits.amd.com/gpumem": figures[0], "limits.amd.com/gpucores": figures[1]}
+    try:
+        await wait_for(mirrored, timeout_s=30, what=f"the ResourceQuota's used at {figures}")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; hard, used: {seen}") from None
+    assert seen[0] == {"limits.amd.com/gpumem": "20k", "limits.amd.com/gpucores": "60"}, seen  # as stored
+
+
 def resized_condition(pod: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in pod["status"].get("conditions") or () if c["type"] == RESIZED_CONDITION)
 
@@ -323,6 +346,16 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
     assert not mask_from_ranges(now.cu_ranges) & mask_from_ranges(theirs.cu_ranges)
     assert after["metadata"]["uid"] == notebook["metadata"]["uid"] and after["status"]["phase"] == "Running"
     await agree_at(operator, kube, (8192 + 4096, 30 + 10, 2))
+    await quota_mirrors(kube, (8192 + 4096, 30 + 10))  # the specs would say 4096 + 4096, 10 + 10
+
+    # A pod that fits the old figure (8192 + 9000 <= 20000) but not the grown one (12288 + 9000):
+    # the API server admits it (its quota admission counts no `limits.amd.com/*`), the quota check
+    # on the records holds it Pending.
+    await create_pod(kube, pinned_pod("over-quota", gpu_id, 9000, 10))
+    failures = await wait_for(lambda: scheduling_failures(kube, "over-quota", RESIZE), timeout_s=30,
+                              what="a FailedScheduling event for the pod over the grown quota")
+    assert any("ResourceQuotaNotFit" in message for message in failures), failures
+    assert (await read_pod(kube, "over-quota", RESIZE))["status"]["phase"] == "Pending"
 
     # The scheduler's ledger follows at once: a pod bound to the GPU now gets none of the grown CUs.
     await create_pod(kube, pinned_pod("late", gpu_id, 1024, 10))
@@ -348,7 +381,10 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
     small = slice_of(await read_pod(kube, "notebook", RESIZE))
     assert (small.memory_mib, small.cu_count) == (2048, math.ceil(CU_COUNT * 0.05))
     assert mask_from_ranges(small.cu_ranges) & ~mask_from_ranges(now.cu_ranges) == 0
-    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))
+    # The room the shrink gave back is room again: the pod over the grown quota runs.
+    await wait_running(kube, "over-quota", RESIZE, timeout_s=90)
+    await agree_at(operator, kube, (2048 + 4096 + 1024 + 9000, 5 + 10 + 10 + 10, 4))
+    await quota_mirrors(kube, (2048 + 4096 + 1024 + 9000, 5 + 10 + 10 + 10))
 
     # The tenant's doors: the record and the condition are not the tenant's to write.
     forged = record_of(await read_pod(kube, "notebook", RESIZE)).model_copy(update={
@@ -363,4 +399,4 @@ async def test_a_running_slice_is_resized_where_it_is_or_refused_with_a_reason(r
                               "-p", json.dumps({"status": {"conditions": [condition]}}), check=False)
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
     assert slice_of(await read_pod(kube, "notebook", RESIZE)) == small
-    await agree_at(operator, kube, (2048 + 4096 + 1024, 5 + 10 + 10, 3))
+    await agree_at(operator, kube, (2048 + 4096 + 1024 + 9000, 5 + 10 + 10 + 10, 4))

@@ -139,6 +139,7 @@ OPERATOR_NEEDS = [
     ("get", "pods"), ("patch", "pods"), ("watch", "pods"), ("create", "pods", None, None, "binding"),
     ("delete", "pods"), ("patch", "pods", None, None, "status"), ("list", "poddisruptionbudgets.policy"),
     ("create", "resourcequotas"), ("patch", "resourcequotas"), ("watch", "resourcequotas"),
+    ("patch", "resourcequotas", None, None, "status"),  # the used entries only rocshare counts (issue 43)
     ("create", "daemonsets.apps", NAMESPACE), ("patch", "daemonsets.apps", NAMESPACE), ("create", "events"),
     ("patch", "clusterkopfpeerings.kopf.dev", None, "rocshare"), ("watch", "clusterkopfpeerings.kopf.dev"),
     ("get", "clusterkopfpeerings.kopf.dev", None, "rocshare"), ("create", "clusterkopfpeerings.kopf.dev"),

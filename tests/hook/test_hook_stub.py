@@ -246,6 +246,11 @@ class Server:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
+    def free(self) -> dict:
+        self.proc.stdin.write("free\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
     def close(self) -> str:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
@@ -266,10 +271,12 @@ def test_a_limit_raised_in_the_slice_file_applies_without_a_restart(hook_build: 
     try:
         assert server.alloc(3 * GIB)["result"] == "hipSuccess"
         refused = server.alloc(2 * GIB)
-        assert refused == {"result": "hipErrorOutOfMemory", "free": 1 * GIB, "total": 4 * GIB}
-        _write_limits(slice_dir, 2, 8 * GIB)
-        assert server.alloc(2 * GIB) == {"result": "hipSuccess", "free": 3 * GIB, "total": 8 * GIB}
         pid = server.proc.pid
+        assert refused == {"op": "alloc", "result": "hipErrorOutOfMemory", "free": 1 * GIB, "total": 4 * GIB,
+                           "held": 3 * GIB, "pid": pid}
+        _write_limits(slice_dir, 2, 8 * GIB)
+        assert server.alloc(2 * GIB) == {"op": "alloc", "result": "hipSuccess", "free": 3 * GIB, "total": 8 * GIB,
+                                         "held": 5 * GIB, "pid": pid}
     finally:
         stderr = server.close()
     assert server.proc.returncode == 0 and pid == server.proc.pid
@@ -279,6 +286,32 @@ def test_a_limit_raised_in_the_slice_file_applies_without_a_restart(hook_build: 
     data = (account / "usage.v3.acct").read_bytes()
     assert len(data) == 37248
     assert struct.unpack_from("<Q", data, 37120)[0] == 5 * GIB  # peak on GPU 0 since the file was made
+
+
+def test_a_limit_lowered_below_what_is_held_refuses_until_the_process_frees(hook_build: HookBuild, tmp_path):
+    """Issue 43's shrink: the file lowered to 1 GiB while the process holds 3 GiB frees nothing (the
+    process still holds 3 GiB by its own count); every new allocation is refused until the process has
+    freed below the new limit, then one fits again."""
+    account, slice_dir = tmp_path / "account", tmp_path / "slice"
+    account.mkdir()
+    slice_dir.mkdir()
+    _write_limits(slice_dir, 1, 4 * GIB)
+    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", ROCSHARE_ACCOUNT_DIR=str(account),
+                         ROCSHARE_SLICE_DIR=str(slice_dir), ROCM_STUB_VRAM_MIB="16384")
+    server = Server(hook_build, env)
+    try:
+        assert [server.alloc(3 * GIB // 2)["result"] for _ in range(2)] == ["hipSuccess"] * 2
+        _write_limits(slice_dir, 2, 1 * GIB)
+        refused = server.alloc(MIB)
+        assert (refused["result"], refused["held"], refused["total"]) == ("hipErrorOutOfMemory", 3 * GIB, 1 * GIB)
+        assert server.free()["held"] == 3 * GIB // 2
+        assert server.alloc(MIB)["result"] == "hipErrorOutOfMemory"  # 1.5 GiB held: still over 1 GiB
+        assert server.free() == {"op": "free", "result": "hipSuccess", "free": 1 * GIB, "total": 1 * GIB, "held": 0,
+                                 "pid": server.proc.pid}
+        assert server.alloc(MIB)["result"] == "hipSuccess"
+    finally:
+        server.close()
+    assert server.proc.returncode == 0
 
 
 def test_the_container_cannot_raise_its_limit_without_the_slice_file(hook_build: HookBuild, tmp_path):

@@ -16,14 +16,19 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from rocshare.api.allocation import ALLOCATION_ANNOTATION, decode_record
+from rocshare.api.models import API_VERSION
+from rocshare.api.resize import RESIZED_CONDITION
 from rocshare_dev.realnode import deploy
-from tests.realnode.conftest import WORKLOADS, Deployed, describe, wait_for
+from tests.realnode.conftest import AGENT_LABEL, NAMESPACE, WORKLOADS, Deployed, describe, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 SLICE_MIB = 2048
@@ -266,3 +271,167 @@ def test_the_slice_takes_its_limit_from_a_folder_it_cannot_write(deployed: Deplo
         temporary = limits.parent / ".limits.tmp"
         temporary.write_text(original)
         temporary.rename(limits)
+
+
+# ---- issue 43: the whole resize chain, from inside the container --------------------------------
+
+RESIZE_NS = "realnode-resize"
+TENANT = "resize-tenant"
+PLUGIN = Path(sys.executable).with_name("kubectl-rocshare")  # the wheel's console script
+FIFO = "/tmp/probe-in"
+SHARE_MIB = 6144  # the namespace's AmdGpuShare: room for the grown 4096 MiB
+
+
+class ServingPod:
+    """A slice pod whose ONE process is `hook-probe serve` (the container's main process, pid 1 of
+    its namespace, restartPolicy Always): it reads requests from a FIFO in the container (opened
+    read-write, so it never sees an end) and answers on its stdout, the container's log."""
+
+    def __init__(self, deployed: Deployed, name: str) -> None:
+        self.deployed, self.name = deployed, name
+
+    def create(self) -> dict:
+        pod = deploy.slice_pod(self.name, RESIZE_NS, memory_mib=SLICE_MIB, cores_pct=CORES_PCT)
+        pod["spec"]["restartPolicy"] = "Always"  # a restart would show in restartCount, never hide as a failure
+        container = pod["spec"]["containers"][0]
+        container["command"] = ["sh", "-c", f"mkfifo {FIFO} && exec {PROBE} serve <> {FIFO}"]
+        container["env"] = stub_env(self.deployed)
+        self.deployed.kubectl("create", "-f", "-", input_text=yaml.safe_dump(pod))
+        def running() -> dict | None:
+            pod = self.pod()
+            return pod if pod["status"].get("phase") == "Running" else None
+        return wait_for(f"{self.name} Running", running, timeout_s=180,
+                        explain=lambda: describe(self.deployed.cluster, f"pod -n {RESIZE_NS} {self.name}"))
+
+    def pod(self) -> dict:
+        return self.deployed.json("get", "pod", "-n", RESIZE_NS, self.name)
+
+    def answers(self) -> list[dict]:
+        log = self.deployed.kubectl("logs", "-n", RESIZE_NS, self.name).stdout
+        return [json.loads(line) for line in log.splitlines() if line.startswith('{"op":')]
+
+    def ask(self, line: str) -> dict:
+        """One request to the running process; its answer (the next line of its log)."""
+        before = len(self.answers())
+        self.deployed.kubectl("exec", "-n", RESIZE_NS, self.name, "--", "sh", "-c", f"echo {line} > {FIFO}")
+        got = wait_for(f"{self.name}'s answer to {line!r}", lambda: self.answers()[before:], timeout_s=30,
+                       interval_s=0.3, explain=lambda: self.deployed.kubectl("logs", "-n", RESIZE_NS, self.name).stdout)
+        assert len(got) == 1, got
+        return got[0]
+
+    def slice_file(self) -> str:
+        """What the container reads as its limits (the file the hook re-reads), from inside it."""
+        return self.deployed.kubectl("exec", "-n", RESIZE_NS, self.name, "--", "cat", "/usr/local/vgpu/slice/limits",
+                                     check=False).stdout
+
+    def restarts(self) -> tuple[int, str, str]:
+        """(restartCount, containerID, startedAt) of its one container, from the API server."""
+        (status,) = self.pod()["status"]["containerStatuses"]
+        return status["restartCount"], status["containerID"], status["state"]["running"]["startedAt"]
+
+
+def limits_generation(text: str) -> int:
+    """The `generation <n>` line of a slice limits file (docs/container-account.md: larger on every write)."""
+    return int(re.search(r"^generation (\d+)$", text, re.M).group(1))
+
+
+def resized(pod: dict, generation: int) -> dict | None:
+    """The pod's rocshare.io/Resized condition when it says `generation` was applied."""
+    for condition in pod["status"].get("conditions") or ():
+        if condition["type"] == RESIZED_CONDITION and condition["message"].startswith(f"generation {generation}: "):
+            return condition
+    return None
+
+
+def quota_used_mib(deployed: Deployed) -> str | None:
+    quota = deployed.json("get", "resourcequota", "-n", RESIZE_NS, "rocshare-team")
+    return ((quota.get("status") or {}).get("used") or {}).get("limits.amd.com/gpumem")
+
+
+def share_row(deployed: Deployed) -> dict[str, str]:
+    """`kubectl get amdgpushares -n <ns>` as the tenant's terminal shows it: column -> value."""
+    header, *rows = deployed.kubectl("get", "amdgpushares", "-n", RESIZE_NS).stdout.splitlines()
+    (row,) = rows
+    return dict(zip(header.split(), row.split()))
+
+
+@pytest.fixture(scope="module")
+def resize_world(deployed: Deployed) -> Iterator[Path]:
+    """A namespace with an AmdGpuShare and a user who has only `edit` in it."""
+    deployed.kubectl("create", "namespace", RESIZE_NS)
+    try:
+        deployed.kubectl("wait", "-n", RESIZE_NS, "--for=jsonpath={.metadata.name}=default",
+                         "serviceaccount/default", "--timeout=60s")
+        deployed.kubectl("create", "rolebinding", "tenant-edit", "--clusterrole=edit", f"--user={TENANT}",
+                         "-n", RESIZE_NS)
+        share = {"apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": "team", "namespace": RESIZE_NS},
+                 "spec": {"limits": {"memoryMiB": SHARE_MIB}}}
+        deployed.kubectl("create", "-f", "-", input_text=json.dumps(share))
+        yield deployed.cluster.user_kubeconfig(TENANT)
+    finally:
+        deployed.kubectl("delete", "namespace", RESIZE_NS, "--wait=true", "--timeout=120s", check=False)
+
+
+def resize_as_tenant(tenant: Path, pod: str, mib: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(PLUGIN), "resize", f"pod/{pod}", "--gpumem", str(mib), "-n", RESIZE_NS,
+                           "--kubeconfig", str(tenant), "--wait", "90"], capture_output=True, text=True, timeout=120)
+
+
+def test_a_running_slice_is_resized_up_and_down_without_a_restart(deployed: Deployed, resize_world: Path) -> None:
+    """Issue 43 end to end on the real node, nothing written by hand: an edit-only tenant runs
+    `kubectl rocshare resize`; the operator decides and writes the record and condition; the agent
+    rewrites the container's slice file; the hook in the container's one running process reads it.
+    2048 -> 4096 MiB: the same process (same pid, no restart) that was refused 3000 MiB holds it;
+    4096 -> 1024 MiB while it holds 3000: nothing is freed behind its back, new allocations are
+    refused until it has freed below 1024, then one fits. The share's figure follows each step."""
+    tenant, name = resize_world, "notebook"
+    serving = ServingPod(deployed, name)
+    serving.create()
+    started = serving.restarts()
+    file_generation = limits_generation(serving.slice_file())  # as Allocate wrote it
+    half = 1500 * MIB  # 2 x 1500 = 3000 MiB: over the 2048 of the spec, under the 4096 asked
+    first = serving.ask(str(half))
+    pid = first["pid"]
+    assert (first["result"], first["held"], first["total"]) == ("hipSuccess", half, SLICE_MIB * MIB), first
+    refused = serving.ask(str(half))
+    assert (refused["result"], refused["held"], refused["pid"]) == ("hipErrorOutOfMemory", half, pid), refused
+    wait_for(f"share used {SLICE_MIB} MiB", lambda: share_row(deployed).get("MEM-USED") == str(SLICE_MIB),
+             timeout_s=60, explain=lambda: str(share_row(deployed)))
+
+    for generation, mib in ((1, 2 * SLICE_MIB), (2, SLICE_MIB // 2)):
+        done = resize_as_tenant(tenant, name, mib)
+        assert done.returncode == 0 and f"Resized: generation {generation}: " in done.stdout, (done.stdout, done.stderr)
+        pod = wait_for(f"condition {RESIZED_CONDITION} generation {generation}",
+                       lambda: (lambda p: p if resized(p, generation) else None)(serving.pod()), timeout_s=30)
+        record = decode_record(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+        assert record.generation == generation and record.containers[0].devices[0].memory_mib == mib, record
+        seen: list[str] = []
+        wait_for(f"the container's slice file newer than generation {file_generation}, at {mib} MiB",
+                 lambda: (seen.append(text := serving.slice_file()) or
+                          (limits_generation(text) > file_generation and f"\nmemory 0 {mib * MIB}\n" in text)),
+                 timeout_s=60, explain=lambda: f"the container read: {seen[-1]!r}\n" + deployed.kubectl(
+                     "logs", "-n", NAMESPACE, "-l", AGENT_LABEL, "--tail=30", check=False).stdout)
+        file_generation = limits_generation(seen[-1])
+        wait_for(f"share used {mib} MiB", lambda: share_row(deployed).get("MEM-USED") == str(mib), timeout_s=60,
+                 explain=lambda: str(share_row(deployed)))
+        status = deployed.json("get", "amdgpushare", "-n", RESIZE_NS, "team")["status"]
+        assert status["used"]["memoryMiB"] == mib and status["pods"][0]["memoryMiB"] == mib, status
+        # The share's ResourceQuota too (its used entry is the operator's, under the manifests' RBAC).
+        wait_for(f"ResourceQuota rocshare-team used {mib} MiB", lambda: quota_used_mib(deployed) == str(mib),
+                 timeout_s=30,
+                 explain=lambda: str(deployed.json("get", "resourcequota", "-n", RESIZE_NS, "rocshare-team")))
+        if generation == 1:  # grown: the same process now holds 3000 MiB under 4096
+            grown = serving.ask(str(half))
+            assert grown == {"op": "alloc", "result": "hipSuccess", "free": mib * MIB - 2 * half,
+                             "total": mib * MIB, "held": 2 * half, "pid": pid}, grown
+        else:  # shrunk under what it holds: nothing freed for it, refused until it frees below
+            over = serving.ask(str(MIB))
+            assert over == {"op": "alloc", "result": "hipErrorOutOfMemory", "free": 0, "total": mib * MIB,
+                            "held": 2 * half, "pid": pid}, over
+            assert serving.ask("free")["held"] == half
+            assert serving.ask(str(MIB))["result"] == "hipErrorOutOfMemory"  # 1500 MiB held: still over 1024
+            assert serving.ask("free") == {"op": "free", "result": "hipSuccess", "free": mib * MIB,
+                                           "total": mib * MIB, "held": 0, "pid": pid}
+            fits = serving.ask(str(MIB))
+            assert (fits["result"], fits["held"], fits["pid"]) == ("hipSuccess", MIB, pid), fits
+    assert serving.restarts() == started and started[0] == 0, (started, serving.restarts())

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rocshare.api.allocation import ContainerAllocation
-from rocshare.api.container_account import limits_for
+from rocshare.api.container_account import file_generation, limits_for
 from rocshare.api.models import GpuInfo, HookMissing
 from rocshare.api.resource_names import GPU_RESOURCE
 from rocshare.kube.client import ApiError
@@ -253,7 +253,7 @@ class DevicePluginService:
             return None
         try:
             folder = self._accounts.pod_folder(pod_uid, container.name)
-            return self._accounts.prepare(folder, limits_for(container.devices, generation=1))
+            return self._accounts.prepare(folder, limits_for(container.devices, generation=file_generation(0)))
         except (OSError, ValueError) as error:
             raise AccountError(str(error)) from None
 

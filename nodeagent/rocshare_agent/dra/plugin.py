@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rocshare.api import dra
-from rocshare.api.container_account import limits_for
+from rocshare.api.container_account import file_generation, limits_for
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, encode_record
 from rocshare.api.gfx import effective_memory_scaling
 from rocshare.api.models import GpuInfo, HookMissing, Sharing
@@ -205,7 +205,7 @@ class DraPluginService:
             return None
         try:
             return self.accounts.prepare(self.accounts.claim_folder(claim_uid),
-                                         limits_for(container.devices, generation=1))
+                                         limits_for(container.devices, generation=file_generation(0)))
         except (OSError, ValueError) as error:
             raise PrepareError(ACCOUNT_REASON, f"cannot make the claim's account folder: {error}") from None
 

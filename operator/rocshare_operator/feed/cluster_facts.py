@@ -369,15 +369,22 @@ def _label_pair(key: str, value: str) -> tuple[str, str]:
     return found
 
 
+USED_BY_ROCSHARE = "limits.amd.com/"
+"""The quota entries Kubernetes does not count (extended resources count only under ``requests.``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaFacts:
-    """What readers use of a ResourceQuota: its spec.hard (not status.used, which the quota
-    controller rewrites on every pod the namespace starts) and the AmdGpuShare that owns it, if any."""
+    """What readers use of a ResourceQuota: its spec.hard, the AmdGpuShare that owns it, if any, and
+    the ``limits.amd.com/*`` entries of status.used, which Kubernetes never counts and the share's
+    loop writes (status.share_logic.quota_used); not the rest of status.used, which the quota
+    controller rewrites on every pod the namespace starts."""
 
     namespace: str
     name: str
     hard: Mapping[str, str]
     share: str | None = None  # the AmdGpuShare that owns it (a quota a share wrote), else None
+    used_limits: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -388,8 +395,10 @@ def quota_facts(quota: Mapping) -> QuotaFacts:
     meta = quota.get("metadata") or {}
     owners = [ref.get("name") for ref in meta.get("ownerReferences") or () if ref.get("kind") == "AmdGpuShare"]
     hard = {str(key): str(value) for key, value in ((quota.get("spec") or {}).get("hard") or {}).items()}
+    used = ((quota.get("status") or {}).get("used") or {}).items()
     return QuotaFacts(namespace=sys.intern(meta.get("namespace", "")), name=meta.get("name", ""), hard=hard,
-                      share=owners[0] if owners else None)
+                      share=owners[0] if owners else None,
+                      used_limits={str(key): str(value) for key, value in used if str(key).startswith(USED_BY_ROCSHARE)})
 
 
 

@@ -2,8 +2,10 @@
 
 One reconcile loop per share (a Kopf daemon, woken by pods of its namespace through the
 cluster feed, by AmdGpuNodes changing CU counts, and by edits to its quota). Each pass
-server-side applies the quota when its intent changed, then writes status when it differs.
-The quota is owned by the share, so it goes when the share goes.
+server-side applies the quota when its intent changed, writes status when it differs, then the
+quota's ``status.used`` entries Kubernetes does not count (the records' MiB and percent,
+status.share_logic.quota_used) when they differ from what the quota says. The quota is owned by
+the share, so it goes when the share goes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits
+from rocshare.api.models import API_VERSION, GROUP, VERSION, ShareLimits, ShareUsage
 from rocshare.kube.client import ApiError, object_path
 from rocshare_operator.context import LoopState, OperatorContext, share_key
 from rocshare_operator.feed.cluster_facts import QuotaFacts
@@ -27,7 +29,8 @@ from rocshare_operator.reconcilers.pools import (
     wait_for_feed,
 )
 from rocshare_operator.retrying import with_retries
-from rocshare_operator.status.share_logic import quota_body, share_status
+from rocshare_operator.status.share_logic import (quota_body, quota_name, quota_used, quota_used_differs,
+                                                       share_status)
 
 
 @kopf.on.event(GROUP, VERSION, "amdgpushares")
@@ -78,6 +81,19 @@ async def reconcile_share(ctx: OperatorContext, state: LoopState, body: kopf.Bod
                            subresource="status")
         await with_retries(f"status of share {meta['name']}", lambda: ctx.kube.merge_patch(path, {"status": status}),
                            logger=logger)
+    await mirror_used(ctx, meta, quota_used(limits, ShareUsage.model_validate(status["used"])), logger=logger)
+
+
+async def mirror_used(ctx: OperatorContext, meta: dict, used: dict[str, str], *, logger: logging.Logger) -> None:
+    """Write the quota's rocshare-counted ``status.used`` entries where the quota (as the feed last
+    saw it) says otherwise. A merge patch: Kubernetes' own entries stay as they are."""
+    name = quota_name(meta["name"])
+    seen = ctx.feed.quotas.store.get(f"{meta['namespace']}/{name}")
+    if not used or seen is None or not quota_used_differs(seen.used_limits, used):
+        return
+    path = object_path("v1", "resourcequotas", name, namespace=meta["namespace"], subresource="status")
+    await with_retries(f"used of ResourceQuota {name}",
+                       lambda: ctx.kube.merge_patch(path, {"status": {"used": used}}), logger=logger)
 
 
 async def apply_quota(ctx: OperatorContext, state: LoopState, body: kopf.Body, limits: ShareLimits, *, force: bool,
@@ -96,7 +112,7 @@ async def apply_quota(ctx: OperatorContext, state: LoopState, body: kopf.Body, l
 
 def quota_changed(ctx: OperatorContext, kind: str, quota: QuotaFacts) -> None:
     """Someone deleted or edited a share's quota (from the process's one quota watch, the cluster
-    feed): have the share apply it again."""
+    feed): have the share apply it again; its used entries changed: have the share check them."""
     if quota.share is None:
         return
     key = share_key(quota.namespace, quota.share)
@@ -105,3 +121,5 @@ def quota_changed(ctx: OperatorContext, kind: str, quota: QuotaFacts) -> None:
         return
     if kind == "DELETED" or dict(quota.hard) != state.applied.get("quota_hard"):
         ctx.wakeups.wake(key, "quota")
+    else:  # its facts changed otherwise: the rocshare-counted used entries, which the next pass checks
+        ctx.wakeups.wake(key)

@@ -5,6 +5,12 @@ limits the share sets: ``limits.amd.com/gpumem`` (MiB), ``limits.amd.com/gpucore
 (percent of one GPU) and ``requests.amd.com/gpu``. The share owns it, so deleting
 the share removes it.
 
+Kubernetes counts an extended resource in a quota only under ``requests.`` (kube-apiserver's pod
+evaluator), so it counts ``requests.amd.com/gpu`` itself and never the two ``limits.`` entries:
+rocshare writes their ``status.used`` (`quota_used`), from the allocation records, so the quota
+shows what rocshare's check counts, a resized pod's record included (a pod's spec is immutable).
+The quota controller keeps entries it does not count, and its admission refuses nothing on them.
+
 A share is its namespace's quota (docs/accounting.md: why it names no pool). Usage is what
 the namespace's pods hold, by rocshare.core.holdings: the figures the extender's quota check
 adds a pod's cost to. A pod whose hold cannot be read makes the namespace unaccountable: the
@@ -19,6 +25,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 
 from rocshare.api.models import API_VERSION, AmdGpuShareStatus, ShareLimits, ShareUsage, SliceHolder
+from rocshare.core.quantity import QuantityError, whole_quantity
 from rocshare_operator.status.conditions import ConditionState, merge_conditions
 from rocshare_operator.status.pool_status import Inventory
 from rocshare_operator.status.usage import PodSlices
@@ -52,6 +59,29 @@ def quota_hard(limits: ShareLimits) -> dict[str, str]:
     if limits.gpus is not None:
         hard[GPU_REQUEST] = str(limits.gpus)
     return hard
+
+
+def quota_used(limits: ShareLimits, used: ShareUsage) -> dict[str, str]:
+    """The quota's ``status.used`` entries rocshare counts: those of `quota_hard`'s ``limits.``
+    entries (the record's MiB and percent, as share status). ``requests.amd.com/gpu`` is
+    Kubernetes' own count and left to it."""
+    mirrored = {}
+    if limits.memory_mib is not None:
+        mirrored[GPUMEM_LIMIT] = str(used.memory_mib)
+    if limits.cores_pct is not None:
+        mirrored[GPUCORES_LIMIT] = str(used.cores_pct)
+    return mirrored
+
+
+def quota_used_differs(seen: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    """Whether the quota's used entries (as the API server keeps them: 20000 is "20k") say other
+    figures than `wanted`; an entry that cannot be read differs."""
+    def value(raw: str, key: str) -> int | None:
+        try:
+            return whole_quantity(raw, name=key, unit="count")
+        except QuantityError:
+            return None
+    return set(seen) != set(wanted) or any(value(seen[key], key) != int(wanted[key]) for key in wanted)
 
 
 def quota_body(*, share: str, namespace: str, uid: str, limits: ShareLimits) -> dict:

@@ -63,6 +63,13 @@ class Usage:
     refusals: int
 
 
+def file_generation(record_generation: int) -> int:
+    """The limits file's generation for an allocation record's (0 as bound, n after resize n): one
+    more, so the file Allocate writes (1) is older than the first resize's (2); the contract has it
+    larger on every write for the same container."""
+    return record_generation + 1
+
+
 def limits_for(devices: Sequence[DeviceSlice], generation: int) -> SliceLimits:
     """The limits file of a container holding `devices` (its GPU positions): one memory line per
     slice (a whole GPU has none), its CU ranges when it has some. The one rule for both modes."""

@@ -11,7 +11,7 @@ import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, ContainerAllocation, DeviceSlice, \
     encode_record
-from rocshare.api.container_account import encode_limits, limits_for
+from rocshare.api.container_account import encode_limits, file_generation, limits_for
 from rocshare_agent.accounts import AccountStore
 from rocshare_agent.slice_limits import LimitsFollower, write_limits
 
@@ -48,8 +48,8 @@ def test_written_whole_into_the_folder_allocate_made(tmp_path: Path):
     slice_dir = account(tmp_path)
     main = record(4096, [(0, 15)], 2).containers[1]
     assert write_limits(AccountStore(tmp_path), UID, main, 2)
-    assert (slice_dir / "limits").read_text() == (
-        "rocshare-limits 1\ngeneration 2\nmemory 0 4294967296\ncu-mask 0 0-15\n")
+    assert (slice_dir / "limits").read_text() == (  # resize 2: the file's third generation (Allocate's was 1)
+        "rocshare-limits 1\ngeneration 3\nmemory 0 4294967296\ncu-mask 0 0-15\n")
     assert sorted(os.listdir(slice_dir)) == ["limits"]  # no temporary file left
     assert not write_limits(AccountStore(tmp_path), "another-uid", main, 2)  # no folder: nothing made
     assert not (tmp_path / "pods" / "another-uid").exists()
@@ -71,10 +71,13 @@ def test_follower_writes_each_generation_once(tmp_path: Path):
     assert follower.follow([pod(record(4096, [(0, 9)], None))]) == []  # as bound: Allocate's own write
     assert not (slice_dir / "limits").exists()
     assert follower.follow([pod(record(8192, [(0, 31)], 1))]) == [(UID, "main", 1)]
-    assert "memory 0 8589934592\ncu-mask 0 0-31\n" in (slice_dir / "limits").read_text()
+    # Larger than the generation Allocate wrote (the contract: larger on every write).
+    assert (slice_dir / "limits").read_text() == (
+        "rocshare-limits 1\ngeneration 2\nmemory 0 8589934592\ncu-mask 0 0-31\n")
+    assert file_generation(1) > file_generation(0) == 1
     assert follower.follow([pod(record(8192, [(0, 31)], 1))]) == []  # the same record: not again
     assert follower.follow([pod(record(2048, [(0, 5)], 3))]) == [(UID, "main", 3)]
-    assert (slice_dir / "limits").read_text().startswith("rocshare-limits 1\ngeneration 3\nmemory 0 2147483648\n")
+    assert (slice_dir / "limits").read_text().startswith("rocshare-limits 1\ngeneration 4\nmemory 0 2147483648\n")
     assert not (tmp_path / "pods" / UID / "setup").exists()  # the finished init container: no account touched
 
 

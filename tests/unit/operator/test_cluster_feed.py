@@ -221,6 +221,14 @@ async def test_extender_and_reconcilers_read_one_list_and_one_watch_per_kind() -
     kube.push(QUOTAS, "MODIFIED", {**share_quota, "spec": {"hard": {"limits.amd.com/gpumem": "1"}}})
     await settle()
     assert "quota" in share.take_reasons()  # ... and the share's loop, told its quota was edited
+    share.applied["quota_hard"] = {"limits.amd.com/gpumem": "1"}
+    share.take_reasons()
+    counted = {"requests.amd.com/gpu": "2", "limits.amd.com/gpumem": "9"}  # Kubernetes' and rocshare's entries
+    kube.push(QUOTAS, "MODIFIED", {**share_quota, "spec": {"hard": {"limits.amd.com/gpumem": "1"}},
+                                   "status": {"used": counted}})
+    await settle()
+    assert ctx.feed.quotas.store.get("ns/team-quota").used_limits == {"limits.amd.com/gpumem": "9"}
+    assert share.event.is_set() and share.take_reasons() == {""}  # checked again, not re-applied
     # The extender's caches ...
     assert set(state.ledger.records()) == {"ns/a", "ns/b"} and set(state.inventories) == {"n1", "n2"}
     assert state.index.nodes["n1"] is ctx.feed.node("n1")  # one object per node, shared with the reconcilers

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from rocshare.api.allocation import ALLOCATION_ANNOTATION, AllocationRecord, encode_record
-from rocshare.api.models import ShareLimits
+from rocshare.api.models import ShareLimits, ShareUsage
 from rocshare_operator.status.conditions import ConditionState, merge_conditions
 from rocshare_operator.status.pool_status import Inventory, PoolFacts, pool_status
-from rocshare_operator.status.share_logic import PODS_LISTED_MAX, quota_body, quota_hard, quota_name, share_status
+from rocshare_operator.status.share_logic import (PODS_LISTED_MAX, quota_body, quota_hard, quota_name, quota_used,
+                                                       quota_used_differs, share_status)
 from rocshare_operator.status.usage import GpuSummary, pod_slices
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -139,6 +140,34 @@ def test_unchanged_pool_status_is_identical_so_nothing_is_written() -> None:
 ])
 def test_quota_lists_only_the_limits_set(limits, hard) -> None:
     assert quota_hard(ShareLimits.model_validate(limits)) == hard
+
+
+@pytest.mark.parametrize(("limits", "used"), [
+    ({"memoryMiB": 8192, "coresPercent": 250, "gpus": 4},
+     {"limits.amd.com/gpumem": "6144", "limits.amd.com/gpucores": "35"}),  # GPUs: Kubernetes counts them
+    ({"memoryMiB": 0}, {"limits.amd.com/gpumem": "6144"}),
+    ({"gpus": 4}, {}),
+])
+def test_the_quota_used_rocshare_writes_is_the_records_for_each_limits_entry(limits, used) -> None:
+    """Issue 43: the quota's used follows the records (a resized pod's record, not its immutable
+    spec), for exactly the `limits.` entries of its hard, which Kubernetes never counts."""
+    held = ShareUsage(memory_mib=6144, cores_pct=35, gpus=3)
+    shown = quota_used(ShareLimits.model_validate(limits), held)
+    assert shown == used
+    assert set(shown) <= set(quota_hard(ShareLimits.model_validate(limits)))
+    assert all(key.startswith("limits.") for key in shown)
+
+
+@pytest.mark.parametrize(("seen", "differs"), [
+    ({"limits.amd.com/gpumem": "16k", "limits.amd.com/gpucores": "40"}, False),  # the API server's canonical form
+    ({"limits.amd.com/gpumem": "16000", "limits.amd.com/gpucores": "40"}, False),
+    ({"limits.amd.com/gpumem": "8000", "limits.amd.com/gpucores": "40"}, True),  # the spec's figure, say
+    ({"limits.amd.com/gpumem": "16000"}, True),
+    ({"limits.amd.com/gpumem": "garbage", "limits.amd.com/gpucores": "40"}, True),
+    ({}, True),
+])
+def test_the_quota_used_is_written_again_only_when_its_figures_differ(seen, differs) -> None:
+    assert quota_used_differs(seen, {"limits.amd.com/gpumem": "16000", "limits.amd.com/gpucores": "40"}) is differs
 
 
 def test_quota_body_is_owned_by_the_share() -> None:

@@ -248,7 +248,7 @@ async def _baseline_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, p
     stack.baseline_scheduler = start_baseline_scheduler(stack.cluster)
     fleet = SimulatedFleet(kubeconfig=stack.cluster.kubeconfig, work_dir=root / "baseline-nodes", node_count=nodes,
                            baseline_gpus=gpus_per_node, prefix="base-",
-                           labels=SIM_LABEL)
+                           labels=SIM_LABEL, bin_dir=stack.cluster.bin_dir)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     spec = {"schedulerName": BASELINE_SCHEDULER}
@@ -270,7 +270,8 @@ async def _rocshare_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, p
     await kube.create(object_path(API_VERSION, "amdgpupools"), _pool())
     cluster.start_scheduler()
     fleet = SimulatedFleet(kubeconfig=cluster.kubeconfig, work_dir=root / "rocshare-nodes", node_count=nodes,
-                           sysfs_root=mi210_with_synthetic_vram(FIXTURES, root), prefix="roc-", labels=SIM_LABEL)
+                           sysfs_root=mi210_with_synthetic_vram(FIXTURES, root), prefix="roc-", labels=SIM_LABEL,
+                           bin_dir=stack.cluster.bin_dir)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     await _wait_inventories(kube, nodes, deadline_s=120)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from rocshare.api import dra
+from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import GpuInfo, Sharing
 from rocshare.core.dra_claims import REQUEST_NAME, claim_spec
 from rocshare.core.inventory import NodeInventory
@@ -80,7 +81,8 @@ MEASURE_BOUND_ONLY = ("create -> bound (spec.nodeName set); --bound-only: no kub
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=None,
-                        help=f"simulated nodes per phase (default: {DEFAULT_NODES}; {UPSTREAM_NODES} with --upstream-shape)")
+                        help=f"simulated nodes per phase (default: {DEFAULT_NODES}; "
+                             f"{UPSTREAM_NODES} with --upstream-shape)")
     parser.add_argument("--pods", type=int, default=None,
                         help=f"pods per burst (default: {DEFAULT_PODS}; {UPSTREAM_PODS} with --upstream-shape)")
     parser.add_argument("--upstream-shape", action="store_true",
@@ -135,7 +137,7 @@ async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float, bou
             for namespace in (NAMESPACE, "bench-baseline", "bench-rocshare"):
                 await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
             for namespace in (NAMESPACE, "bench-baseline", "bench-rocshare"):
-                await e2e._default_service_account(kube, namespace)
+                await e2e.wait_default_service_account(kube, namespace)
             phase = _dra_phase_bound_only if bound_only else _dra_phase
             dra_result = await phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
             plain = await e2e._baseline_phase(stack, kube, root, nodes=nodes, pods=pods, gpus_per_node=8,
@@ -167,6 +169,7 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     spec = {"schedulerName": e2e.BASELINE_SCHEDULER}
     result = await e2e.measured_burst(stack, kube, NAMESPACE, pods, {}, spec, timeout_s, pod_of=templated_pod)
     result["allocated_claims"] = await allocated_claims(kube, NAMESPACE)
+    result["prepared_claims"] = await prepared_claims(kube, NAMESPACE)
     await delete_all(kube, NAMESPACE)
     stack.stop_baseline_scheduler()
     fleet.stop()
@@ -236,6 +239,14 @@ async def allocated_claims(kube: Kube, namespace: str) -> int:
     return sum(1 for claim in listed.get("items", []) if (claim.get("status") or {}).get("allocation"))
 
 
+async def prepared_claims(kube: Kube, namespace: str) -> int:
+    """Claims in `namespace` a node's DRA driver prepared: it writes what it handed out on the claim
+    (rocshare's allocation record, naming the node) when NodePrepareResources succeeds."""
+    listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=namespace))
+    return sum(1 for claim in listed.get("items", [])
+               if (claim["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION))
+
+
 # ---- objects (pure) ----------------------------------------------------------------------------
 
 
@@ -299,6 +310,7 @@ def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str
         "dra_to_extender_bound_ratio": _ratio(ours.bound_per_s, ext.bound_per_s),
         "dra_bound_pods": ours.bound, "dra_extender_bound_pods": ext.bound, "dra_plain_bound_pods": base.bound,
         "dra_allocated_claims": dra_phase.get("allocated_claims"),
+        **({} if bound_only else {"dra_prepared_claims": dra_phase.get("prepared_claims")}),
         "dra_all_bound_s": e2e._r(ours.all_bound_s), "dra_extender_all_bound_s": e2e._r(ext.all_bound_s),
         "dra_plain_all_bound_s": e2e._r(base.all_bound_s),
         "dra_extender_running_pods_per_s": round(ext.pods_per_s, 1),

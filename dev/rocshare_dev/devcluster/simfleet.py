@@ -5,8 +5,9 @@ kubelet's own device manager on its own folder, see controlplane/cmd/kubelet-pee
 and, unless it is a baseline fleet, one ``python -m rocshare_dev.devcluster.multiagent`` process playing
 the N rocshare agents with the agent's own code. A DRA fleet (`dra=True`) runs the peer with each
 node's DRA manager (``--dra``) and the agents as DRA drivers: each node publishes its
-ResourceSlice and prepares claims over its own sockets, so DRA pods reach Running. A baseline fleet runs the peer's plain
-amd.com/gpu plugin instead of rocshare's agents: what a cluster without rocshare would run.
+ResourceSlice and prepares claims over its own sockets, so DRA pods reach Running. A baseline
+fleet runs the peer's plain amd.com/gpu plugin instead of rocshare's agents: what a cluster
+without rocshare would run.
 `SimulatedNode` (one peer and one agent per node, in mount namespaces) stays the faithful
 unit for tests; at 500 nodes its 1,000 processes would not fit a 2-core machine.
 

@@ -275,7 +275,7 @@ DRA_NOTE = (
     "bound pods / the sample's capacity, read when arrivals pass 100 % and 130 %; `final` is the same from a "
     "fresh list at the end. `dra_replay_placement_lost_pct_at_130` is extender minus DRA: what DRA mode's "
     "placement costs. kube-scheduler breaks score ties at random, so DRA mode's ratio moves by a few tenths from run "
-    "to run. --scale 0.25 keeps the section (three bursts and two replays) near 12 minutes on 2 cores.")
+    "to run. --scale 0.25 keeps the section (three bursts and two replays) under 12 minutes on 2 cores.")
 
 
 DRA_SUMMARY_PROCESSES = ("kube_scheduler", "kube_apiserver", "etcd", "kube_controller_manager", "kubelet_peer",
@@ -297,7 +297,13 @@ def dra_summary_lines(figures: dict) -> list[str]:
         lines.append("| " + " | ".join("—" if value is None else _shown(value) for value in row) + " |")
     return lines + ["", f"DRA against extender mode, create → Running: {figures.get('dra_to_extender_running_ratio')}×; "
                         f"against plain kube-scheduler: {figures.get('dra_to_plain_running_ratio')}× "
-                        f"({figures.get('dra_nodes')} nodes, {figures.get('dra_pods')} pods per burst).", ""]
+                        f"({figures.get('dra_nodes')} nodes, {figures.get('dra_pods')} pods per burst). "
+                        f"The machine is shared: other processes took {figures.get('dra_cpu_s_other_users')} s of CPU "
+                        f"during the DRA burst ({figures.get('dra_all_running_s')} s), "
+                        f"{figures.get('dra_extender_cpu_s_other_users')} s during extender mode's "
+                        f"({figures.get('dra_extender_all_running_s')} s) and "
+                        f"{figures.get('dra_plain_cpu_s_other_users')} s during plain kube-scheduler's "
+                        f"({figures.get('dra_plain_all_running_s')} s).", ""]
 
 
 def dra_replay_figures(replays: dict) -> dict:

@@ -19,11 +19,14 @@ each timed from the first create to the last pod Running:
    (e2e._baseline_phase, e2e._rocshare_phase), unchanged, on the same control plane.
 
 Every phase also reports create -> bound (spec.nodeName set: where kube-scheduler's part ends).
+The DRA phase needs one inotify instance per node (each node's plugin watcher, in the kubelet's
+plugin manager): fs.inotify.max_user_instances is 128 by default, so more than about 120 nodes
+need it raised (the fleet says so before it starts; simfleet.check_inotify_instances).
 `--bound-only` runs the DRA phase as before issue 42's peer: bare Node objects and the
 ResourceSlices the agent would publish, no peer and no agent, timed to bound only (the scheduler's
 share of the cost alone). `--upstream-shape` is upstream scheduler_perf's
-SchedulingWithResourceClaimTemplate size, 500 nodes and 2,000 pods (long on a 2-core machine; the
-defaults fit it).
+SchedulingWithResourceClaimTemplate size, 500 nodes and 2,000 pods (long on a 2-core machine,
+and with peers it needs the inotify limit raised; the defaults fit both).
 
     run_dra(*, nodes=DEFAULT_NODES, pods=DEFAULT_PODS, burst_timeout_s=180.0, work_dir=None,
             keep=False, json_out=DEFAULT_JSON_OUT, bound_only=False) -> dict
@@ -87,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"pods per burst (default: {DEFAULT_PODS}; {UPSTREAM_PODS} with --upstream-shape)")
     parser.add_argument("--upstream-shape", action="store_true",
                         help=f"scheduler_perf's SchedulingWithResourceClaimTemplate size: {UPSTREAM_NODES} nodes, "
-                             f"{UPSTREAM_PODS} pods (--nodes/--pods still override)")
+                             f"{UPSTREAM_PODS} pods (--nodes/--pods still override; without --bound-only it needs "
+                             f"fs.inotify.max_user_instances above {UPSTREAM_NODES})")
     parser.add_argument("--bound-only", action="store_true",
                         help="DRA nodes without kubelet peers or agents (bench-published slices), timed to bound")
     parser.add_argument("--burst-timeout-s", type=float, default=180.0,

@@ -18,6 +18,7 @@ and one /dev tree of plain files (the capture's device nodes).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,8 @@ class SimulatedFleet:
     async def start(self, kube: Kube, *, timeout_s: float = 180.0) -> None:
         """Start the peer, wait for every Node, start the agents, wait for every node's GPUs."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.dra:
+            check_inotify_instances(self.node_count)
         deadline = time.monotonic() + timeout_s
         self._spawn("kubelet-peer", self._peer_command())
         await self._wait_nodes(kube, deadline, lambda node: bool(node.get("status", {}).get("conditions")), "Ready")
@@ -165,6 +168,38 @@ class SimulatedFleet:
             await asyncio.sleep(settle_s if settled else 1.0)
         raise FleetError(f"{len(wanted - published)} of {len(wanted)} nodes published no ResourceSlice in time; "
                          f"see {self.work_dir}")
+
+
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def check_inotify_instances(nodes: int, *, limit_file: Path = INOTIFY_LIMIT, proc: Path = Path("/proc")) -> None:
+    """A DRA fleet's peer runs the kubelet's plugin watcher once per node, and each holds one inotify
+    instance: more nodes than this user's free instances (fs.inotify.max_user_instances, 128 by
+    default, less those its processes hold) would leave nodes whose DRA plugin never registers, and
+    their pods Pending. Raises FleetError then, saying what to change."""
+    try:
+        limit = int(limit_file.read_text())
+    except (OSError, ValueError):
+        return  # not Linux's inotify: nothing to check
+    free = limit - inotify_instances_held(proc)
+    if nodes > free:
+        raise FleetError(f"a DRA fleet of {nodes} nodes needs {nodes} inotify instances (one plugin watcher per "
+                         f"node) and {free} of fs.inotify.max_user_instances={limit} are free: use fewer nodes, "
+                         f"or raise it (sysctl -w fs.inotify.max_user_instances={max(1024, 2 * nodes)})")
+
+
+def inotify_instances_held(proc: Path = Path("/proc")) -> int:
+    """The inotify instances this user's processes hold now (the limit is per user)."""
+    uid, held = os.getuid(), 0
+    for fds in proc.glob("[0-9]*/fd"):
+        try:
+            if fds.parent.stat().st_uid != uid:
+                continue
+            held += sum(1 for fd in fds.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+        except OSError:  # the process ended meanwhile
+            continue
+    return held
 
 
 def _has_gpus(node: dict) -> bool:

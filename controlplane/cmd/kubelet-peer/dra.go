@@ -12,8 +12,8 @@ package main
 // delete), as in the kubelet. The CDI devices are then resolved against the runtime's CDI spec
 // folders (cdi.go), as containerd does when it creates the container.
 //
-// Only single-node mode has DRA: multi-node mode (benchmarks) gives none (--dra-registry-dir
-// empty), since one process would need a DRA manager and a plugin folder per node.
+// Multi-node mode (benchmarks) runs one DRA manager and one plugin manager per node with --dra,
+// each on the node's own folders (multi.go); --dra-registry-dir is for single-node mode.
 
 import (
 	"context"

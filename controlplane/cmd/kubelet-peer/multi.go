@@ -8,7 +8,11 @@ package main
 // reaches the package's own unexported constructor, which takes the socket path, through
 // go:linkname (devicemanager.go; built with -ldflags=-checklinkname=0, see build.sh). Node i is named
 // <prefix><i, 4 digits> and listens on <plugin-root>/<name>/kubelet.sock; its agent (or the
-// baseline plugin of baseline.go) registers there.
+// baseline plugin of baseline.go) registers there. With --dra each node also runs the kubelet's
+// DRA manager and plugin manager of its own (dra.go), as in single-node mode, on folders of its
+// own: plugins register in <plugin-root>/<name>/plugins_registry, the DRA manager keeps its
+// checkpoint in <plugin-root>/<name>/dra-state and CDI specs are read from <plugin-root>/<name>/cdi
+// (the node's agent writes them there).
 
 import (
 	"context"
@@ -33,6 +37,7 @@ type multiOptions struct {
 	baselineGPUs int
 	qps          float64
 	startSpread  time.Duration
+	dra          bool
 }
 
 func addMultiFlags(m *multiOptions) {
@@ -41,6 +46,7 @@ func addMultiFlags(m *multiOptions) {
 	flag.StringVar(&m.pluginRoot, "plugin-root", "", "with --node-count: node <name> listens on <plugin-root>/<name>/kubelet.sock")
 	flag.IntVar(&m.baselineGPUs, "baseline-plugin-gpus", 0, "with --node-count: also run a plain amd.com/gpu device plugin with this many GPUs per node (no rocshare)")
 	flag.Float64Var(&m.qps, "multi-qps", 2000, "with --node-count: API client QPS shared by all nodes (burst twice that)")
+	flag.BoolVar(&m.dra, "dra", false, "with --node-count: each node runs the kubelet's DRA manager, plugins registering in <plugin-root>/<name>/plugins_registry, CDI specs read from <plugin-root>/<name>/cdi")
 	flag.DurationVar(&m.startSpread, "start-spread", 5*time.Second, "with --node-count: node starts are spread over this long, so heartbeats do not all fall together")
 }
 
@@ -69,6 +75,10 @@ func runMulti(o options) error {
 		node := o
 		node.nodeName = nodeName(o.multi.namePrefix, i)
 		node.pluginDir = filepath.Join(o.multi.pluginRoot, node.nodeName)
+		node.dra = draOptions{}
+		if o.multi.dra {
+			node.dra = nodeDRAOptions(node.pluginDir)
+		}
 		delay := o.multi.startSpread * time.Duration(i) / time.Duration(o.multi.nodeCount)
 		wg.Add(1)
 		go func() {
@@ -107,8 +117,20 @@ func runOneOfMany(ctx context.Context, client kubernetes.Interface, o options, d
 	if err != nil {
 		return err
 	}
+	if p.dra, err = newDynamicResources(client, o.dra); err != nil {
+		return err
+	}
 	if o.multi.baselineGPUs > 0 {
 		go runBaselinePlugin(ctx, o.pluginDir, o.multi.baselineGPUs)
 	}
 	return p.run(ctx)
+}
+
+// nodeDRAOptions: one node's DRA folders under its plugin folder (--dra).
+func nodeDRAOptions(pluginDir string) draOptions {
+	return draOptions{
+		registryDir: filepath.Join(pluginDir, "plugins_registry"),
+		stateDir:    filepath.Join(pluginDir, "dra-state"),
+		cdiDirs:     filepath.Join(pluginDir, "cdi"),
+	}
 }

@@ -172,11 +172,12 @@ def _memory_source(pods: int, gpu_count: int):
 async def _kube_source(kubeconfig: str, pods: int, gpu_count: int):
     from rocshare.kube.client import Kube, object_path
     from rocshare_agent.deviceplugin.pods import KubePods
+    from rocshare_dev.bench.e2e import wait_default_service_account
 
     kube = await Kube.connect(kubeconfig)
     namespace = f"bench-allocate-{uuid.uuid4().hex[:6]}"
     await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
-    await _wait_for_service_account(kube, namespace)
+    await wait_default_service_account(kube, namespace, timeout_s=5, required=False)  # no controller-manager here
     for i in range(pods):  # the burst arrives before the first bind
         await kube.create(object_path("v1", "pods", namespace=namespace), _pod(f"p{i}", namespace, _record(i, gpu_count)))
     source = KubePods(kube, NODE)
@@ -196,14 +197,3 @@ async def _kube_source(kubeconfig: str, pods: int, gpu_count: int):
 
     return source, bind, cleanup
 
-
-async def _wait_for_service_account(kube, namespace: str) -> None:
-    """Without a controller-manager no ServiceAccount appears; pods that mount no token need none."""
-    from rocshare.kube.client import NotFound, object_path
-
-    for _ in range(50):
-        try:
-            await kube.get(object_path("v1", "serviceaccounts", "default", namespace=namespace))
-            return
-        except NotFound:
-            await asyncio.sleep(0.1)

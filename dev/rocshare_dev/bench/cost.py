@@ -118,15 +118,16 @@ def cpu_s(pid: int) -> float:
 
 
 async def _measure_operator(cluster, sizes: list[int], pods_per_node: int, concurrency: int, say) -> dict:
+    from rocshare_dev.bench.e2e import wait_default_service_account
     from rocshare_dev.bench.fleet import NAMESPACE, pool_object
     from rocshare.kube.client import Kube
 
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("create", "namespace", "rocshare-system")
-    await _wait_for_service_account(cluster, NAMESPACE)
     results: dict = {"pods_per_node": pods_per_node, "sizes": []}
     kube = await Kube.connect(cluster.kubeconfig)
     try:
+        await wait_default_service_account(kube, NAMESPACE, timeout_s=60)
         await kube.create("/apis/rocshare.io/v1alpha1/amdgpupools", pool_object())
         built = 0
         for size in sizes:
@@ -150,15 +151,6 @@ async def _measure_operator(cluster, sizes: list[int], pods_per_node: int, concu
     finally:
         await kube.close()
     return results
-
-
-async def _wait_for_service_account(cluster, namespace: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cluster.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0:
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"no default service account in {namespace} after {timeout_s:.0f} s")
 
 
 async def _fill(kube, indexes: range, pods_per_node: int, concurrency: int) -> None:
@@ -321,18 +313,19 @@ async def _measure_agent(cluster, work: Path, say, idle_s: float = 30.0) -> dict
     from rocshare.api.models import Sharing
     from rocshare.api.node_settings import NodeSettings
     from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
+    from rocshare_dev.bench.e2e import wait_default_service_account
     from rocshare_dev.devcluster.simnode import SimulatedNode
     from rocshare.kube.client import Kube
 
     work.mkdir(parents=True, exist_ok=True)
     cluster.kubectl("create", "namespace", "agent-bench")
-    await _wait_for_service_account(cluster, "agent-bench")
     settings = NodeSettings(pool="agent-bench", sharing=Sharing(split_count=AGENT_SPLIT_COUNT))
     node = SimulatedNode(name="agent-bench", kubeconfig=cluster.kubeconfig, work_dir=work, settings=settings,
                          sysfs_root=mi210_with_synthetic_vram(FIXTURES, work),
                          health_interval_s=AGENT_HEALTH_INTERVAL_S)
     kube = await Kube.connect(cluster.kubeconfig)
     try:
+        await wait_default_service_account(kube, "agent-bench", timeout_s=60)
         node.start()
         status = await _published_status(kube, node.name)
         await asyncio.sleep(5.0)  # start-up work (discovery, first publish, registration) done

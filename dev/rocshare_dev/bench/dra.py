@@ -1,32 +1,42 @@
-"""`rocshare-dev bench dra`: create -> bound pods/s of DRA mode beside extender mode and plain kube-scheduler.
+"""`rocshare-dev bench dra`: create -> Running pods/s of DRA mode beside extender mode and plain kube-scheduler.
 
 One Kubernetes 1.37.2 control plane (DRA_K8S_VERSION: consumable capacity is on by default only
-from 1.36), the same node count and the same number of pods for three bursts, one after another:
+from 1.36), the same node count and the same number of pods for three bursts, one after another,
+each timed from the first create to the last pod Running:
 
-1. dra — bare Node objects (no kubelet), each with the ResourceSlice the agent would publish, made
-   by the product's codec (rocshare.core.resource_slices.resource_slice) from the same MI210 capture
-   with synthetic 64 GiB VRAM that the extender phase's agents discover; one ResourceClaimTemplate
-   whose spec is the product's claim for bench e2e's slice (rocshare.core.dra_claims.claim_spec of
-   `amd.com/gpu: 1, gpumem: 4096, gpucores: 25`); each pod takes a claim from it. kube-scheduler
-   with a plain profile (its DRA plugin allocates; no extender, no rocshare process), and
-   kube-controller-manager's resourceclaim controller making each pod's claim from the template.
+1. dra — simulated nodes with DRA (SimulatedFleet(dra=True)): one `kubelet-peer --node-count --dra`
+   process, each node running the kubelet's own DRA manager and plugin manager, and one
+   multiagent process playing each node's rocshare agent as a DRA driver (it publishes the node's
+   ResourceSlice with the product's code from the same MI210 capture with synthetic 64 GiB VRAM
+   the extender phase's agents read, and answers NodePrepareResources over its own sockets, writing
+   the claim's CDI spec). One ResourceClaimTemplate whose spec is the product's claim for bench
+   e2e's slice (rocshare.core.dra_claims.claim_spec of `amd.com/gpu: 1, gpumem: 4096, gpucores:
+   25`); each pod takes a claim from it. kube-scheduler with a plain profile (its DRA plugin
+   allocates; no extender and no operator), kube-controller-manager's resourceclaim controller
+   making each pod's claim from the template. A pod is Running once the peer prepared its claim
+   and resolved its CDI device.
 2. plain kube-scheduler and 3. rocshare extender mode — bench e2e's own phases
    (e2e._baseline_phase, e2e._rocshare_phase), unchanged, on the same control plane.
 
-The common measure is create -> **bound** (spec.nodeName set), for all three: in DRA mode nothing
-moves a pod to Running here — no kubelet runs on the DRA nodes, so nothing calls the DRA plugin's
-NodePrepareResources and nothing starts a container. Bound is where kube-scheduler's part ends
-(claim allocated and written, pod bound). The other two phases also report create -> Running
-(their simulated kubelets run pods), for reference only.
+Every phase also reports create -> bound (spec.nodeName set: where kube-scheduler's part ends).
+The DRA phase needs one inotify instance per node (each node's plugin watcher, in the kubelet's
+plugin manager): fs.inotify.max_user_instances is 128 by default, so more than about 120 nodes
+need it raised (the fleet says so before it starts; simfleet.check_inotify_instances).
+`--bound-only` runs the DRA phase as before issue 42's peer: bare Node objects and the
+ResourceSlices the agent would publish, no peer and no agent, timed to bound only (the scheduler's
+share of the cost alone). `--upstream-shape` is upstream scheduler_perf's
+SchedulingWithResourceClaimTemplate size, 500 nodes and 2,000 pods (long on a 2-core machine,
+and with peers it needs the inotify limit raised; the defaults fit both).
 
-    run_dra(*, nodes=500, pods=2000, burst_timeout_s=180.0, work_dir=None, keep=False,
-            json_out=DEFAULT_JSON_OUT) -> dict
+    run_dra(*, nodes=DEFAULT_NODES, pods=DEFAULT_PODS, burst_timeout_s=180.0, work_dir=None,
+            keep=False, json_out=DEFAULT_JSON_OUT, bound_only=False) -> dict
 
-returns the figures (`dra_bound_pods_per_s`, `dra_extender_bound_pods_per_s`,
-`dra_plain_bound_pods_per_s`, ratios, CPU per pod in all, and per process for each mode:
-`dra_[extender_|plain_]cpu_ms_per_bound_pod_<process>`; the API requests per pod in the JSON) and
-writes them as JSON to `json_out`.
-A rate is 0 when not every pod was bound before the deadline (`dra_*_bound_pods` say how many).
+returns the figures (`dra_running_pods_per_s`, `dra_extender_running_pods_per_s`,
+`dra_plain_running_pods_per_s` and their ratios; the same for bound; CPU per pod in all, and per
+process for each mode: `dra_[extender_|plain_]cpu_ms_per_bound_pod_<process>`, over the whole
+burst to Running; the API requests per pod in the JSON) and writes them as JSON to `json_out`.
+A rate is 0 when not every pod got there before the deadline (`dra_*_bound_pods`,
+`dra_*_running_pods` say how many).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from rocshare.api import dra
+from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import GpuInfo, Sharing
 from rocshare.core.dra_claims import REQUEST_NAME, claim_spec
 from rocshare.core.inventory import NodeInventory
@@ -52,6 +63,7 @@ from rocshare_dev.bench.burst import BurstResult, delete_all
 from rocshare_dev.bench.fleet import node_object
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_with_synthetic_vram
 from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports
+from rocshare_dev.devcluster.simfleet import SimulatedFleet
 
 DEFAULT_JSON_OUT = PROJECT_ROOT / ".cache" / "bench" / "dra.json"
 NAMESPACE = "bench-dra"
@@ -59,12 +71,29 @@ TEMPLATE = "bench-slice"
 NODE_PREFIX = "dra-"
 DRA_LABEL = {"rocshare.io/sim": "bench-dra"}
 RESOURCE = f"/apis/{dra.RESOURCE_API_VERSION}"
-MEASURE = "create -> bound (spec.nodeName set); no kubelet runs DRA pods here, so no phase is timed to Running"
+FLEET_PREFIX = "dra-"
+DEFAULT_NODES = 100
+DEFAULT_PODS = 500
+UPSTREAM_NODES = 500
+UPSTREAM_PODS = 2000
+MEASURE = ("create -> Running in every mode (DRA pods prepared by each node's DRA driver through the "
+           "kubelet's DRA manager); create -> bound too")
+MEASURE_BOUND_ONLY = ("create -> bound (spec.nodeName set); --bound-only: no kubelet runs the DRA pods, so the "
+                      "DRA phase is not timed to Running")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=500, help="simulated nodes per phase (default: %(default)s)")
-    parser.add_argument("--pods", type=int, default=2000, help="pods per burst (default: %(default)s)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help=f"simulated nodes per phase (default: {DEFAULT_NODES}; "
+                             f"{UPSTREAM_NODES} with --upstream-shape)")
+    parser.add_argument("--pods", type=int, default=None,
+                        help=f"pods per burst (default: {DEFAULT_PODS}; {UPSTREAM_PODS} with --upstream-shape)")
+    parser.add_argument("--upstream-shape", action="store_true",
+                        help=f"scheduler_perf's SchedulingWithResourceClaimTemplate size: {UPSTREAM_NODES} nodes, "
+                             f"{UPSTREAM_PODS} pods (--nodes/--pods still override; without --bound-only it needs "
+                             f"fs.inotify.max_user_instances above {UPSTREAM_NODES})")
+    parser.add_argument("--bound-only", action="store_true",
+                        help="DRA nodes without kubelet peers or agents (bench-published slices), timed to bound")
     parser.add_argument("--burst-timeout-s", type=float, default=180.0,
                         help="deadline per burst (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, default=None, help="folder for the cluster (default: a temp folder)")
@@ -79,20 +108,28 @@ def run(args: argparse.Namespace) -> int:
     if args.write_inputs is not None:
         write_inputs(args.write_inputs)
         return 0
-    figures = run_dra(nodes=args.nodes, pods=args.pods, burst_timeout_s=args.burst_timeout_s,
-                      work_dir=args.work_dir, keep=args.keep, json_out=args.json_out)
+    nodes, pods = shape(args.nodes, args.pods, upstream=args.upstream_shape)
+    figures = run_dra(nodes=nodes, pods=pods, burst_timeout_s=args.burst_timeout_s,
+                      work_dir=args.work_dir, keep=args.keep, json_out=args.json_out, bound_only=args.bound_only)
     print(json.dumps(figures, indent=2))
-    return 0 if figures["dra_bound_pods_per_s"] else 1
+    return 0 if figures["dra_bound_pods_per_s"] and (args.bound_only or figures["dra_running_pods_per_s"]) else 1
 
 
-def run_dra(*, nodes: int = 500, pods: int = 2000, burst_timeout_s: float = 180.0, work_dir: Path | None = None,
-            keep: bool = False, json_out: Path | None = DEFAULT_JSON_OUT) -> dict[str, Any]:
+def shape(nodes: int | None, pods: int | None, *, upstream: bool) -> tuple[int, int]:
+    """Nodes and pods per burst: the given ones, else the defaults (or upstream's size)."""
+    default_nodes, default_pods = (UPSTREAM_NODES, UPSTREAM_PODS) if upstream else (DEFAULT_NODES, DEFAULT_PODS)
+    return (default_nodes if nodes is None else nodes), (default_pods if pods is None else pods)
+
+
+def run_dra(*, nodes: int = DEFAULT_NODES, pods: int = DEFAULT_PODS, burst_timeout_s: float = 180.0,
+            work_dir: Path | None = None, keep: bool = False, json_out: Path | None = DEFAULT_JSON_OUT,
+            bound_only: bool = False) -> dict[str, Any]:
     """The three bursts on one control plane; see the module docstring."""
     return e2e.run_in_work_dir("dra", work_dir, keep, json_out, lambda root: _run(
-        root, nodes=nodes, pods=pods, burst_timeout_s=burst_timeout_s))
+        root, nodes=nodes, pods=pods, burst_timeout_s=burst_timeout_s, bound_only=bound_only))
 
 
-async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float) -> dict[str, Any]:
+async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float, bound_only: bool) -> dict[str, Any]:
     cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), version=DRA_K8S_VERSION, with_scheduler=False)
     stack = e2e.Stack(cluster)
     try:
@@ -103,13 +140,17 @@ async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float) -> 
         async with await Kube.connect(cluster.kubeconfig) as kube:
             for namespace in (NAMESPACE, "bench-baseline", "bench-rocshare"):
                 await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
-            dra_result = await _dra_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
+            for namespace in (NAMESPACE, "bench-baseline", "bench-rocshare"):
+                await e2e.wait_default_service_account(kube, namespace)
+            phase = _dra_phase_bound_only if bound_only else _dra_phase
+            dra_result = await phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
             plain = await e2e._baseline_phase(stack, kube, root, nodes=nodes, pods=pods, gpus_per_node=8,
                                               timeout_s=burst_timeout_s)
             extender = await e2e._rocshare_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s)
     finally:
         stack.stop()
-    return figures(nodes=nodes, pods=pods, dra_phase=dra_result, plain=plain, extender=extender)
+    return figures(nodes=nodes, pods=pods, dra_phase=dra_result, plain=plain, extender=extender,
+                   bound_only=bound_only)
 
 
 # ---- the DRA phase -----------------------------------------------------------------------------
@@ -117,6 +158,41 @@ async def _run(root: Path, *, nodes: int, pods: int, burst_timeout_s: float) -> 
 
 async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, pods: int,
                      timeout_s: float) -> dict[str, Any]:
+    """DRA pods onto simulated nodes whose agents are DRA drivers, timed to Running."""
+    from rocshare_agent.discovery import discover
+
+    sysfs = mi210_with_synthetic_vram(FIXTURES, root)
+    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE),
+                      claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, discover(sysfs).gpus))
+    fleet = SimulatedFleet(kubeconfig=stack.cluster.kubeconfig, work_dir=root / "dra-nodes", node_count=nodes,
+                           sysfs_root=sysfs, prefix=FLEET_PREFIX, labels=DRA_LABEL, dra=True,
+                           bin_dir=stack.cluster.bin_dir)  # the peer of the cluster's version: its DRA manager
+    stack.fleets.append(fleet)
+    await fleet.start(kube)
+    stack.baseline_scheduler = e2e.start_baseline_scheduler(stack.cluster)  # a plain profile: DRA alone allocates
+    spec = {"schedulerName": e2e.BASELINE_SCHEDULER}
+    result = await e2e.measured_burst(stack, kube, NAMESPACE, pods, {}, spec, timeout_s, pod_of=templated_pod)
+    result["allocated_claims"] = await allocated_claims(kube, NAMESPACE)
+    result["prepared_claims"] = await prepared_claims(kube, NAMESPACE)
+    await delete_all(kube, NAMESPACE)
+    stack.stop_baseline_scheduler()
+    fleet.stop()
+    stack.fleets.remove(fleet)
+    await _delete_dra_nodes(kube)
+    return result
+
+
+async def _delete_dra_nodes(kube: Kube) -> None:
+    """The DRA phase's Nodes and their ResourceSlices (the next phases publish nodes of their own)."""
+    selector = ",".join(f"{key}={value}" for key, value in DRA_LABEL.items())
+    await kube.request("DELETE", object_path("v1", "nodes"), query={"labelSelector": selector}, timeout_s=120)
+    await kube.request("DELETE", f"{RESOURCE}/resourceslices",
+                       query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
+
+
+async def _dra_phase_bound_only(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, pods: int,
+                                timeout_s: float) -> dict[str, Any]:
+    """--bound-only: bare Nodes with bench-published slices, no peer and no agent; timed to bound."""
     from rocshare_agent.discovery import discover
 
     gpus = discover(mi210_with_synthetic_vram(FIXTURES, root)).gpus
@@ -131,10 +207,7 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     result["allocated_claims"] = await allocated_claims(kube, NAMESPACE)
     await delete_all(kube, NAMESPACE)
     stack.stop_baseline_scheduler()
-    selector = ",".join(f"{key}={value}" for key, value in DRA_LABEL.items())
-    await kube.request("DELETE", object_path("v1", "nodes"), query={"labelSelector": selector}, timeout_s=120)
-    await kube.request("DELETE", f"{RESOURCE}/resourceslices",
-                       query={"fieldSelector": f"spec.driver={dra.DRIVER_NAME}"}, timeout_s=120)
+    await _delete_dra_nodes(kube)
     return result
 
 
@@ -168,6 +241,14 @@ async def allocated_claims(kube: Kube, namespace: str) -> int:
     """Claims in `namespace` the scheduler allocated (evidence the DRA allocator did the binding)."""
     listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=namespace))
     return sum(1 for claim in listed.get("items", []) if (claim.get("status") or {}).get("allocation"))
+
+
+async def prepared_claims(kube: Kube, namespace: str) -> int:
+    """Claims in `namespace` a node's DRA driver prepared: it writes what it handed out on the claim
+    (rocshare's allocation record, naming the node) when NodePrepareResources succeeds."""
+    listed = await kube.list(object_path(dra.RESOURCE_API_VERSION, "resourceclaims", namespace=namespace))
+    return sum(1 for claim in listed.get("items", [])
+               if (claim["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION))
 
 
 # ---- objects (pure) ----------------------------------------------------------------------------
@@ -208,12 +289,24 @@ def dra_pod(name: str, namespace: str, template: str, spec: dict[str, Any]) -> d
 
 
 def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str, Any],
-            extender: dict[str, Any]) -> dict[str, Any]:
+            extender: dict[str, Any], bound_only: bool = False) -> dict[str, Any]:
     ours: BurstResult = dra_phase["burst"]
     base: BurstResult = plain["burst"]
     ext: BurstResult = extender["burst"]
+    running = {} if bound_only else {
+        "dra_running_pods_per_s": round(ours.pods_per_s, 1),
+        "dra_to_plain_running_ratio": _ratio(ours.pods_per_s, base.pods_per_s),
+        "dra_to_extender_running_ratio": _ratio(ours.pods_per_s, ext.pods_per_s),
+        "dra_running_pods": ours.running, "dra_failed_pods": len(ours.failed),
+        "dra_all_running_s": e2e._r(ours.all_running_s),
+        "dra_latency_p50_ms": e2e._r(ours.percentile_ms(0.5)), "dra_latency_p99_ms": e2e._r(ours.percentile_ms(0.99)),
+        **({"dra_failed_examples": dict(list(ours.failed.items())[:3])} if ours.failed else {}),
+    }
     return {
-        "dra_nodes": nodes, "dra_pods": pods, "dra_measure": MEASURE,
+        "dra_nodes": nodes, "dra_pods": pods, "dra_measure": MEASURE_BOUND_ONLY if bound_only else MEASURE,
+        "dra_bound_only": bound_only, **running,
+        "dra_extender_running_pods": ext.running, "dra_plain_running_pods": base.running,
+        "dra_extender_all_running_s": e2e._r(ext.all_running_s), "dra_plain_all_running_s": e2e._r(base.all_running_s),
         "dra_bound_pods_per_s": round(ours.bound_per_s, 1),
         "dra_extender_bound_pods_per_s": round(ext.bound_per_s, 1),
         "dra_plain_bound_pods_per_s": round(base.bound_per_s, 1),
@@ -221,6 +314,7 @@ def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str
         "dra_to_extender_bound_ratio": _ratio(ours.bound_per_s, ext.bound_per_s),
         "dra_bound_pods": ours.bound, "dra_extender_bound_pods": ext.bound, "dra_plain_bound_pods": base.bound,
         "dra_allocated_claims": dra_phase.get("allocated_claims"),
+        **({} if bound_only else {"dra_prepared_claims": dra_phase.get("prepared_claims")}),
         "dra_all_bound_s": e2e._r(ours.all_bound_s), "dra_extender_all_bound_s": e2e._r(ext.all_bound_s),
         "dra_plain_all_bound_s": e2e._r(base.all_bound_s),
         "dra_extender_running_pods_per_s": round(ext.pods_per_s, 1),
@@ -246,7 +340,8 @@ def figures(*, nodes: int, pods: int, dra_phase: dict[str, Any], plain: dict[str
 
 def cpu_ms_per_pod_by_process(prefix: str, cpu_s: Mapping[str, float], pods: int) -> dict[str, float | None]:
     """Each process's CPU per bound pod (`<prefix>cpu_ms_per_bound_pod_<process>`, the bench's own
-    watch left out), so the report shows where a mode's CPU goes."""
+    watch left out), so the report shows where a mode's CPU goes. The CPU is the whole burst's, to
+    Running where the phase runs its pods (then every bound pod is a Running one)."""
     return {f"{prefix}cpu_ms_per_bound_pod_{name.replace('-', '_')}": e2e.cpu_ms_per_pod({name: spent_s}, pods)
             for name, spent_s in sorted(cpu_s.items()) if name != "bench"}
 

@@ -176,7 +176,7 @@ async def _run(root: Path, *, nodes: int, pods: int, gpus_per_node: int, burst_t
             for namespace in ("bench-baseline", "bench-rocshare", "bench-hami"):
                 await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": namespace}})
             for namespace in ("bench-baseline", "bench-rocshare", "bench-hami"):
-                await _default_service_account(kube, namespace)
+                await wait_default_service_account(kube, namespace)
             baseline = await _baseline_phase(stack, kube, root, nodes=nodes, pods=pods,
                                              gpus_per_node=gpus_per_node, timeout_s=burst_timeout_s)
             rocshare = await _rocshare_phase(stack, kube, root, nodes=nodes, pods=pods, timeout_s=burst_timeout_s,
@@ -248,7 +248,7 @@ async def _baseline_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, p
     stack.baseline_scheduler = start_baseline_scheduler(stack.cluster)
     fleet = SimulatedFleet(kubeconfig=stack.cluster.kubeconfig, work_dir=root / "baseline-nodes", node_count=nodes,
                            baseline_gpus=gpus_per_node, prefix="base-",
-                           labels=SIM_LABEL)
+                           labels=SIM_LABEL, bin_dir=stack.cluster.bin_dir)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     spec = {"schedulerName": BASELINE_SCHEDULER}
@@ -270,7 +270,8 @@ async def _rocshare_phase(stack: Stack, kube: Kube, root: Path, *, nodes: int, p
     await kube.create(object_path(API_VERSION, "amdgpupools"), _pool())
     cluster.start_scheduler()
     fleet = SimulatedFleet(kubeconfig=cluster.kubeconfig, work_dir=root / "rocshare-nodes", node_count=nodes,
-                           sysfs_root=mi210_with_synthetic_vram(FIXTURES, root), prefix="roc-", labels=SIM_LABEL)
+                           sysfs_root=mi210_with_synthetic_vram(FIXTURES, root), prefix="roc-", labels=SIM_LABEL,
+                           bin_dir=stack.cluster.bin_dir)
     stack.fleets.append(fleet)
     await fleet.start(kube)
     await _wait_inventories(kube, nodes, deadline_s=120)
@@ -314,17 +315,21 @@ async def _hami_phase(stack: Stack, kube: Kube, binary: Path, *, nodes: int, pod
     return {**result, "locks_released": node_side.released, "node_side_errors": node_side.errors}
 
 
-async def _default_service_account(kube: Kube, namespace: str, timeout_s: float = 120) -> None:
+async def wait_default_service_account(kube: Kube, namespace: str, *, timeout_s: float = 120,
+                                       required: bool = True) -> bool:
     """Wait for kube-controller-manager to give a new namespace its default ServiceAccount: until then
     the API server refuses the namespace's pods (a busy 2-core CI machine once took longer than the
-    baseline's nodes took to start)."""
+    baseline's nodes took to start). True once it exists; after `timeout_s`, RuntimeError, or False
+    when not `required` (a cluster without a controller-manager, whose pods mount no token)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             await kube.get(object_path("v1", "serviceaccounts", "default", namespace=namespace))
-            return
+            return True
         except NotFound:
             if time.monotonic() > deadline:
+                if not required:
+                    return False
                 raise RuntimeError(f"no default ServiceAccount in {namespace} after {timeout_s:.0f} s") from None
             await asyncio.sleep(0.2)
 

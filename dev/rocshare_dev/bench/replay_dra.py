@@ -19,7 +19,7 @@ The same node sample and pod sequence as extender mode (replay.py), on a 1.37 co
 * Node scores (`scored`, the default): the operator runs as in a cluster (its watches, hold index
   with claims, the pool's fragmentation model) beside an AmdGpuPool serving DRA with extender mode's
   policy and each node's AmdGpuNode as the DRA agent publishes it; kube-scheduler runs the profile
-  of DRA mode (SCHEDULER_CONFIG: the manifests' profile, its extender asked to score only), so the
+  of DRA mode (ControlPlane.start_dra_scheduler: the manifests' profile, its extender asked to score only), so the
   node choice is the extender's (`prioritize` for DRA pods) and the device choice the allocator's.
   Without it (`--dra-unscored`): the plain profile, no rocshare process on the path (the figure
   before issue 42).
@@ -43,7 +43,6 @@ from typing import Any
 from rocshare.api import dra as dra_api
 from rocshare.api.dra import DRA_SCHEDULER_NAME
 from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
-import yaml
 
 from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo, Sharing
 from rocshare.api.node_settings import POOL_LABEL
@@ -56,7 +55,7 @@ from rocshare_dev.bench.replay_common import CU_COUNT, NAMESPACE, POOL, REPLAY_B
 from rocshare_dev.bench.simulation import DEFAULT_VRAM_MIB, MODEL_VRAM_MIB
 from rocshare_dev.bench.trace import TraceNode, TracePod
 from rocshare_dev.devcluster.captures import FIXTURES, mi210_resized
-from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports, free_port
+from rocshare_dev.devcluster.controlplane import DRA_K8S_VERSION, PROJECT_ROOT, ControlPlane, Ports
 from rocshare_dev.devcluster.operator_proc import OperatorProcess, _alive
 
 WHAT_UNSCORED = (f"DRA mode: Kubernetes {DRA_K8S_VERSION} kube-apiserver, kube-controller-manager (resourceclaim "
@@ -67,7 +66,6 @@ WHAT = (f"DRA mode: Kubernetes {DRA_K8S_VERSION} kube-apiserver, kube-controller
         "scores the nodes); bare Nodes with the product's ResourceSlices and AmdGpuNodes; claims from the "
         "admission webhook's translation")
 DEVICE_CLASS = PROJECT_ROOT / "manifests" / "base" / "dra" / "deviceclass.yaml"
-SCHEDULER_CONFIG = PROJECT_ROOT / "manifests" / "base" / "scheduler" / "kube-scheduler-dra-config.yaml"
 
 
 async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[TracePod],
@@ -100,7 +98,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
                 await kube.create(object_path(API_VERSION, "amdgpupools"), dra_pool(scheduling))
                 await publish_gpu_nodes(kube, fleet.gpus)
                 await wait_pooled(kube, set(fleet.nodes), deadline_s=300)
-                stack.baseline_scheduler = start_scored_scheduler(cluster, stack.operator.port)
+                cluster.start_dra_scheduler(f"http://127.0.0.1:{stack.operator.port}/extender",
+                                            settings=REPLAY_BACKOFFS, qps=500, burst=1000)
             setup_s = time.monotonic() - setup_started
             result = await submit(kube, fleet, sequence, decision_timeout_s,
                                   pod_of=lambda _pod, serial: bodies[serial])
@@ -124,24 +123,6 @@ def scores_answered(operator: OperatorProcess) -> dict[str, float]:
             outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
             found[outcome] = float(line.rsplit(" ", 1)[1])
     return found
-
-
-def start_scored_scheduler(cluster: ControlPlane, extender_port: int) -> subprocess.Popen:
-    """kube-scheduler with the profile of DRA mode (SCHEDULER_CONFIG, the name admission gives DRA pods),
-    its extender on `extender_port`, and the replay's backoffs."""
-    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
-    config.update(REPLAY_BACKOFFS)
-    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig), "qps": 500, "burst": 1000}
-    config["leaderElection"] = {"leaderElect": False}
-    for extender in config["extenders"]:
-        extender["urlPrefix"] = f"http://127.0.0.1:{extender_port}/extender"
-    path = cluster.root / "kube-scheduler-dra.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    with open(cluster.logs / "kube-scheduler-dra.log", "ab") as log:
-        return subprocess.Popen([str(cluster.bin_dir / "kube-scheduler"), f"--config={path}",
-                                 "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "-v=1"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
 
 
 async def publish_gpu_nodes(kube: Kube, gpus: Mapping[str, list[GpuInfo]]) -> None:
@@ -190,6 +171,9 @@ class DraFleet:
         scheduler: subprocess.Popen | None = self.stack.baseline_scheduler
         if scheduler is not None and scheduler.poll() is not None:
             raise RuntimeError(f"kube-scheduler exited ({scheduler.returncode}); see {self.stack.cluster.logs}")
+        scored = self.stack.cluster.pids.get("dra-scheduler")  # DRA mode's own (ControlPlane.start_dra_scheduler)
+        if scored is not None and not _alive(scored):
+            raise RuntimeError(f"DRA mode's kube-scheduler exited; see {self.stack.cluster.logs}")
         operator = self.stack.operator
         if operator is not None and operator.pid and not _alive(operator.pid):
             raise RuntimeError(f"the operator exited; see {operator.log_path}")

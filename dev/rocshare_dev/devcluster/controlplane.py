@@ -21,8 +21,10 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -235,14 +237,21 @@ class ControlPlane:
     def stop_default_scheduler(self) -> None:
         self._stop_component("default-scheduler")
 
-    def start_dra_scheduler(self, extender_url: str) -> str:
+    def start_dra_scheduler(self, extender_url: str, *, settings: Mapping[str, Any] | None = None,
+                            qps: float | None = None, burst: int | None = None) -> str:
         """kube-scheduler with the configuration DRA mode ships (DRA_SCHEDULER_CONFIG: the allocator, and
         the operator's prioritize-dra at `extender_url`), as the operator's pod runs it: the webhook sends
-        the pods it gives claims to this profile. Returns the profile's schedulerName."""
-        config = yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text())
-        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+        the pods it gives claims to this profile. Overrides: `settings`, more top-level configuration
+        fields (bench replay's longer backoffs), and the client's `qps` and `burst` (unset: the
+        client's defaults, as shipped). Returns the profile's schedulerName; it runs as component
+        "dra-scheduler" (self.pids)."""
+        config = {**yaml.safe_load(DRA_SCHEDULER_CONFIG.read_text()), **(settings or {})}
+        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig),
+                                      **({"qps": qps} if qps is not None else {}),
+                                      **({"burst": burst} if burst is not None else {})}
         config["leaderElection"] = {"leaderElect": False}
-        config["extenders"][0]["urlPrefix"] = extender_url
+        for extender in config["extenders"]:
+            extender["urlPrefix"] = extender_url
         path = self.root / "kube-scheduler-dra.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         self._spawn("dra-scheduler", [f"--config={path}", "--secure-port=0", "-v=2", *self._feature_gate_args()],

@@ -14,6 +14,13 @@ every `plugin_poll_s`), because on one machine N agents' background work adds up
 real cluster it is spread over N machines; no monitor and no dmem cap (no GPUs here). Every
 Allocate is still answered by `DevicePluginService` from the node's own pod cache.
 
+With ``--dra`` each node runs the agent's DRA parts instead, wired as `app._run_dra_parts` wires
+them: the inventory loop publishing the node's ResourceSlice (SlicePublisher) beside its
+AmdGpuNode, and the DRA kubelet plugin (DraPluginService on its two sockets) registering in
+``<plugin-root>/<node>/plugins_registry``, where ``kubelet-peer --node-count --dra`` watches for
+it, and writing each prepared claim's CDI spec into ``<plugin-root>/<node>/cdi``, where the peer
+reads it. No pod cache (the DRA plugin reads claims from the API server) and no account folders.
+
 Run: ``python -m rocshare_dev.devcluster.multiagent --kubeconfig K --plugin-root DIR --sysfs-root S
 --dev-root D NODE...`` (or ``--node-count N --node-name-prefix P`` for P0000..P<N-1>).
 ``--sysfs-map FILE`` (JSON ``{node: sysfs root}``) gives nodes captures of their own (the
@@ -36,6 +43,9 @@ from rocshare_agent.app import run_until_signalled
 from rocshare_agent.deviceplugin.pods import KubePods
 from rocshare_agent.deviceplugin.server import PluginUnit
 from rocshare_agent.deviceplugin.service import DevicePluginService
+from rocshare_agent.dra.plugin import DraPluginService
+from rocshare_agent.dra.server import serve_dra_plugin
+from rocshare_agent.dra.slices import SlicePublisher
 from rocshare_agent.hook import HookCheck, hook_library_path
 from rocshare_agent.inventory_loop import run_inventory_loop
 
@@ -57,6 +67,8 @@ class FleetConfig:
     nodes_per_client: int = 40
     sysfs_roots: Mapping[str, Path] = field(default_factory=dict)
     """Node name -> the capture that node reads, where it is not `sysfs_root`."""
+    dra: bool = False
+    """Each node runs the agent's DRA parts (run_dra_node) instead of its device plugin."""
 
     def plugin_dir(self, node_name: str) -> Path:
         return self.plugin_root / node_name
@@ -92,6 +104,29 @@ async def run_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
         tasks.create_task(unit.run())
 
 
+async def run_dra_node(kube: Kube, node_name: str, config: FleetConfig) -> None:
+    """One node's agent in DRA mode until cancelled (app._run_dra_parts, with the fleet's periods
+    and folders): the DRA plugin serves first, then the inventory loop publishes the slice it
+    prepares from."""
+    folder = config.plugin_dir(node_name)
+    slices = SlicePublisher(kube, node_name)
+    service = DraPluginService(kube=kube, node_name=node_name, inventory=lambda: slices.offered,
+                               cdi_dir=dra_cdi_dir(folder), hook_host_dir=config.hook_path,
+                               dev_root=str(config.dev_root), hook_check=simulated_hook)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(serve_dra_plugin(service, plugins_dir=folder / "plugins",
+                                           registry_dir=folder / "plugins_registry"))
+        tasks.create_task(run_inventory_loop(
+            kube, node_name=node_name, sysfs_root=config.sysfs_for(node_name), dev_root=config.dev_root,
+            interval_s=config.health_interval_s, heartbeat_s=config.heartbeat_s,
+            settings_interval_s=config.settings_interval_s, slices=slices))
+
+
+def dra_cdi_dir(node_folder: Path) -> Path:
+    """Where a fleet node's DRA plugin writes CDI specs: the folder `kubelet-peer --dra` reads."""
+    return node_folder / "cdi"
+
+
 def _groups(names: Sequence[str], size: int) -> list[Sequence[str]]:
     return [names[start:start + size] for start in range(0, len(names), max(1, size))]
 
@@ -103,7 +138,8 @@ async def run_fleet(config: FleetConfig) -> None:
         async with asyncio.TaskGroup() as tasks:
             for kube, group in zip(clients, _groups(config.node_names, config.nodes_per_client), strict=True):
                 for name in group:
-                    tasks.create_task(run_node(kube, name, config), name=f"agent {name}")
+                    run = run_dra_node if config.dra else run_node
+                    tasks.create_task(run(kube, name, config), name=f"agent {name}")
             log.info("playing %d node agents with %d API clients", len(config.node_names), len(clients))
     finally:
         for kube in clients:
@@ -127,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dev-root", type=Path, required=True)
     parser.add_argument("--health-interval-s", type=float, default=60.0)
     parser.add_argument("--heartbeat-s", type=float, default=300.0)
+    parser.add_argument("--dra", action="store_true", help="run each node's DRA driver instead of its device plugin")
     parser.add_argument("--log-level", default="WARNING")
     return parser
 
@@ -140,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     roots = {name: Path(root) for name, root in json.loads(args.sysfs_map.read_text()).items()} if args.sysfs_map else {}
     config = FleetConfig(node_names=names, plugin_root=args.plugin_root, sysfs_root=args.sysfs_root,
                          dev_root=args.dev_root, kubeconfig=args.kubeconfig, sysfs_roots=roots,
-                         health_interval_s=args.health_interval_s, heartbeat_s=args.heartbeat_s)
+                         health_interval_s=args.health_interval_s, heartbeat_s=args.heartbeat_s,
+                         dra=args.dra)
 
     return run_until_signalled(lambda: run_fleet(config), stopping="node agents stopping")
 

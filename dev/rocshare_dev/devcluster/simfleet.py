@@ -3,8 +3,11 @@
 `SimulatedFleet` runs one ``kubelet-peer --node-count N`` process (N nodes, each with the
 kubelet's own device manager on its own folder, see controlplane/cmd/kubelet-peer/multi.go)
 and, unless it is a baseline fleet, one ``python -m rocshare_dev.devcluster.multiagent`` process playing
-the N rocshare agents with the agent's own code. A baseline fleet runs the peer's plain
-amd.com/gpu plugin instead of rocshare's agents: what a cluster without rocshare would run.
+the N rocshare agents with the agent's own code. A DRA fleet (`dra=True`) runs the peer with each
+node's DRA manager (``--dra``) and the agents as DRA drivers: each node publishes its
+ResourceSlice and prepares claims over its own sockets, so DRA pods reach Running. A baseline
+fleet runs the peer's plain amd.com/gpu plugin instead of rocshare's agents: what a cluster
+without rocshare would run.
 `SimulatedNode` (one peer and one agent per node, in mount namespaces) stays the faithful
 unit for tests; at 500 nodes its 1,000 processes would not fit a 2-core machine.
 
@@ -15,6 +18,7 @@ and one /dev tree of plain files (the capture's device nodes).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocshare_dev.devcluster.controlplane import DEFAULT_BIN_DIR, stop_process
+from rocshare.api import dra
 from rocshare.api.models import AmdGpuNodeStatus
 from rocshare.core.quantity import whole_quantity
 from rocshare.kube.client import Kube, object_path
@@ -58,6 +63,8 @@ class SimulatedFleet:
     baseline_gpus: int = 0
     """> 0: a baseline fleet (the peer's plain plugin with this many GPUs per node, no agents)."""
     prefix: str = "sim-"
+    dra: bool = False
+    """The agents are DRA drivers and the peer runs the kubelet's DRA manager per node."""
     labels: dict[str, str] = field(default_factory=dict)
     bin_dir: Path = DEFAULT_BIN_DIR
     heartbeat_s: float = 60.0
@@ -83,11 +90,16 @@ class SimulatedFleet:
     async def start(self, kube: Kube, *, timeout_s: float = 180.0) -> None:
         """Start the peer, wait for every Node, start the agents, wait for every node's GPUs."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.dra:
+            check_inotify_instances(self.node_count)
         deadline = time.monotonic() + timeout_s
         self._spawn("kubelet-peer", self._peer_command())
         await self._wait_nodes(kube, deadline, lambda node: bool(node.get("status", {}).get("conditions")), "Ready")
         if not self.baseline_gpus:
             self._spawn("agents", self._agents_command())
+        if self.dra:
+            await self._wait_slices(kube, deadline)
+            return
         await self._wait_nodes(kube, deadline, _has_gpus, "allocatable amd.com/gpu")
 
     def stop(self) -> None:
@@ -105,7 +117,8 @@ class SimulatedFleet:
         return [str(self.bin_dir / "kubelet-peer"), f"--kubeconfig={self.kubeconfig}",
                 f"--node-count={self.node_count}", f"--node-name-prefix={self.prefix}",
                 f"--plugin-root={self.plugin_root}", f"--labels={labels}",
-                f"--heartbeat-interval={self.heartbeat_s:.0f}s", f"--baseline-plugin-gpus={self.baseline_gpus}"]
+                f"--heartbeat-interval={self.heartbeat_s:.0f}s", f"--baseline-plugin-gpus={self.baseline_gpus}",
+                *(["--dra"] if self.dra else [])]
 
     def _agents_command(self) -> list[str]:
         if self.sysfs_root is None:
@@ -114,7 +127,7 @@ class SimulatedFleet:
         return [sys.executable, "-m", "rocshare_dev.devcluster.multiagent", f"--kubeconfig={self.kubeconfig}",
                 f"--node-count={self.node_count}", f"--node-name-prefix={self.prefix}",
                 f"--plugin-root={self.plugin_root}", f"--sysfs-root={self.sysfs_root}", f"--dev-root={dev_root}",
-                f"--heartbeat-s={max(self.heartbeat_s, 300):.0f}", "--log-level=INFO"]
+                f"--heartbeat-s={max(self.heartbeat_s, 300):.0f}", "--log-level=INFO", *(["--dra"] if self.dra else [])]
 
     def _spawn(self, what: str, command: list[str]) -> None:
         with open(self.work_dir / f"{what}.log", "ab") as log:  # the child keeps its own descriptor
@@ -137,6 +150,56 @@ class SimulatedFleet:
                 return
             await asyncio.sleep(1.0)
         raise FleetError(f"{len(wanted - done)} of {len(wanted)} nodes not {what} in time; see {self.work_dir}")
+
+
+    async def _wait_slices(self, kube: Kube, deadline: float, settle_s: float = 3.0) -> None:
+        """Every node's agent published its ResourceSlice, and they are all still there `settle_s`
+        later: the peer's DRA manager deletes a node's slices once when it starts (as the kubelet
+        does), so a slice written before that would be gone until the agent writes it again."""
+        wanted, published, settled = set(self.names), set(), False
+        while time.monotonic() < deadline:
+            self._check_alive()
+            slices = (await kube.list(f"/apis/{dra.RESOURCE_API_VERSION}/resourceslices",
+                                      fieldSelector=f"spec.driver={dra.DRIVER_NAME}")).get("items", [])
+            published = {item["spec"].get("nodeName") for item in slices} & wanted
+            if published == wanted and settled:
+                return
+            settled = published == wanted
+            await asyncio.sleep(settle_s if settled else 1.0)
+        raise FleetError(f"{len(wanted - published)} of {len(wanted)} nodes published no ResourceSlice in time; "
+                         f"see {self.work_dir}")
+
+
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def check_inotify_instances(nodes: int, *, limit_file: Path = INOTIFY_LIMIT, proc: Path = Path("/proc")) -> None:
+    """A DRA fleet's peer runs the kubelet's plugin watcher once per node, and each holds one inotify
+    instance: more nodes than this user's free instances (fs.inotify.max_user_instances, 128 by
+    default, less those its processes hold) would leave nodes whose DRA plugin never registers, and
+    their pods Pending. Raises FleetError then, saying what to change."""
+    try:
+        limit = int(limit_file.read_text())
+    except (OSError, ValueError):
+        return  # not Linux's inotify: nothing to check
+    free = limit - inotify_instances_held(proc)
+    if nodes > free:
+        raise FleetError(f"a DRA fleet of {nodes} nodes needs {nodes} inotify instances (one plugin watcher per "
+                         f"node) and {free} of fs.inotify.max_user_instances={limit} are free: use fewer nodes, "
+                         f"or raise it (sysctl -w fs.inotify.max_user_instances={max(1024, 2 * nodes)})")
+
+
+def inotify_instances_held(proc: Path = Path("/proc")) -> int:
+    """The inotify instances this user's processes hold now (the limit is per user)."""
+    uid, held = os.getuid(), 0
+    for fds in proc.glob("[0-9]*/fd"):
+        try:
+            if fds.parent.stat().st_uid != uid:
+                continue
+            held += sum(1 for fd in fds.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+        except OSError:  # the process ended meanwhile
+            continue
+    return held
 
 
 def _has_gpus(node: dict) -> bool:

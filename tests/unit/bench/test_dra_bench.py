@@ -111,3 +111,71 @@ def test_write_inputs_gives_dra_allocbench_the_phases_slice_and_claim(tmp_path, 
     assert written["spec"]["nodeName"] == "dra-00000" and len(written["spec"]["devices"]) == 8
     assert json.loads((tmp_path / "claim.json").read_text()) == dra.claim_template("t", "ns", e2e.SLICE,
                                                                                    gpus)["spec"]["spec"]
+
+
+def running_burst(pods: int, all_bound_s: float, all_running_s: float | None,
+                  running: int | None = None) -> BurstResult:
+    ran = pods if running is None else running
+    return BurstResult(pods=pods, running=ran, failed={}, create_s=1.0, all_running_s=all_running_s,
+                       elapsed_s=all_running_s or 60.0, bound=pods, all_bound_s=all_bound_s)
+
+
+def test_figures_compare_create_to_running_rates_of_the_three_modes():
+    figures = dra.figures(nodes=10, pods=100, dra_phase=phase(running_burst(100, 4.0, 5.0), 2.0),
+                          plain=phase(running_burst(100, 2.0, 2.5), 1.0),
+                          extender=phase(running_burst(100, 3.0, 4.0), 3.0))
+    assert figures["dra_running_pods_per_s"] == 20.0  # 100 pods over 5 s, first create to last Running
+    assert figures["dra_plain_running_pods_per_s"] == 40.0 and figures["dra_extender_running_pods_per_s"] == 25.0
+    assert figures["dra_to_extender_running_ratio"] == 0.8 and figures["dra_to_plain_running_ratio"] == 0.5
+    assert figures["dra_bound_pods_per_s"] == 25.0  # bound stays reported beside it
+    assert figures["dra_running_pods"] == 100 and figures["dra_failed_pods"] == 0
+
+
+def test_a_dra_burst_not_all_running_has_no_running_rate():
+    figures = dra.figures(nodes=10, pods=100, dra_phase=phase(running_burst(100, 4.0, None, running=60), 2.0),
+                          plain=phase(running_burst(100, 2.0, 2.5), 1.0),
+                          extender=phase(running_burst(100, 3.0, 4.0), 3.0))
+    assert figures["dra_running_pods_per_s"] == 0.0 and figures["dra_to_extender_running_ratio"] is None
+    assert figures["dra_running_pods"] == 60
+
+
+def test_bound_only_figures_claim_no_running_rate_for_dra():
+    figures = dra.figures(nodes=10, pods=100, dra_phase=phase(burst(100, 4.0), 2.0), plain=phase(burst(100, 2.0), 1.0),
+                          extender=phase(burst(100, 5.0), 3.0), bound_only=True)
+    assert "dra_running_pods_per_s" not in figures and figures["dra_measure"] == dra.MEASURE_BOUND_ONLY
+
+
+def test_the_default_shape_is_small_and_the_upstream_shape_is_scheduler_perfs():
+    assert dra.shape(None, None, upstream=False) == (dra.DEFAULT_NODES, dra.DEFAULT_PODS)
+    assert dra.shape(None, None, upstream=True) == (500, 2000)
+    assert dra.shape(None, 50, upstream=True) == (500, 50)  # explicit sizes still win
+
+
+def test_the_dra_section_opens_with_one_row_per_mode():
+    figures = {"dra_nodes": 10, "dra_pods": 100, "dra_running_pods_per_s": 20.0, "dra_bound_pods_per_s": 25.0,
+               "dra_extender_running_pods_per_s": 25.0, "dra_plain_running_pods_per_s": 40.0,
+               "dra_cpu_ms_per_bound_pod": 30.0, "dra_cpu_ms_per_bound_pod_kube_scheduler": 12.5,
+               "dra_extender_cpu_ms_per_bound_pod_operator": 4.0, "dra_to_extender_running_ratio": 0.8}
+    lines = bench_all.dra_summary_lines(figures)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines[2:5]}
+    assert rows["DRA"][1:5] == ["20", "25", "30", "12.5"]
+    assert rows["extender"][1] == "25" and rows["extender"][-1] == "4 |"  # the operator is the last column
+    assert "0.8×" in lines[6]
+
+
+def test_only_runs_the_named_sections_and_keeps_the_others_from_the_previous_report(tmp_path, monkeypatch):
+    previous = {"figures": {}, "sections": {"e2e": {"figures": {"e2e_pods_per_s": 1.5}},
+                                            "hook": {"figures": {"hook_added_p99_ns_stub": 7.0}}}}
+    (tmp_path / "benchmarks.json").write_text(json.dumps(previous))
+    ran = []
+    monkeypatch.setattr(bench_all, "RUNNERS", {name: (lambda args, name=name: ran.append(name) or {
+        "figures": {f"{name}_fresh": 1.0}}) for name in bench_all.SECTIONS})
+    monkeypatch.setattr(bench_all, "_e2e_saved", lambda: {"e2e_pods_per_s": 99.0})  # a stale local run
+    monkeypatch.setattr(bench_all, "draw_chart", lambda report, path: None)
+    args = bench_all.argparse.Namespace(out=str(tmp_path), skip="", only="dra", render_only=False)
+    assert bench_all.run(args) == 0
+    assert ran == ["dra"]
+    report = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert report["figures"]["dra_fresh"] == 1.0
+    assert report["sections"]["e2e"]["figures"]["e2e_pods_per_s"] == 1.5  # the report's, not the local file's
+    assert report["sections"]["hook"]["carried_over"] is True

@@ -53,7 +53,7 @@ from typing import Any
 from rocshare.api import dra
 from rocshare.api.allocation import ALLOCATION_ANNOTATION
 from rocshare.api.models import GpuInfo, Sharing
-from rocshare.core.dra_claims import REQUEST_NAME, claim_spec
+from rocshare.core.dra_claims import REQUEST_NAME, claim_spec, shape_classes_of
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.request import parse_pod
 from rocshare.core.resource_slices import resource_slice
@@ -196,8 +196,10 @@ async def _dra_phase_bound_only(stack: e2e.Stack, kube: Kube, root: Path, *, nod
     from rocshare_agent.discovery import discover
 
     gpus = discover(mi210_with_synthetic_vram(FIXTURES, root)).gpus
-    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE),
-                      claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus))
+    template = claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)
+    for device_class in template_classes(template, gpus):  # as admission writes them, before the template
+        await kube.create(f"{RESOURCE}/deviceclasses", device_class)
+    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE), template)
     names = [f"{NODE_PREFIX}{index:05d}" for index in range(nodes)]
     await publish_nodes(kube, {name: (dra_node(name), gpus) for name in names})
     stack.baseline_scheduler = e2e.start_baseline_scheduler(stack.cluster)  # a plain profile: DRA alone allocates
@@ -212,7 +214,8 @@ async def _dra_phase_bound_only(stack: e2e.Stack, kube: Kube, root: Path, *, nod
 
 
 def write_inputs(folder: Path) -> None:
-    """The DRA phase's slice (of node dra-00000) and claim spec as JSON, for dev/dra-allocbench."""
+    """The DRA phase's slice (of node dra-00000) and claim spec as JSON, for dev/dra-allocbench, and the
+    CEL selector of the class the claim names (class-selector.txt, for its -class-selector)."""
     from rocshare_agent.discovery import discover
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -221,7 +224,10 @@ def write_inputs(folder: Path) -> None:
     name = f"{NODE_PREFIX}{0:05d}"
     (folder / "slice.json").write_text(json.dumps(resource_slice(node_name=name, node_uid=None, gpus=gpus,
                                                                   sharing=Sharing(), generation=1)))
-    (folder / "claim.json").write_text(json.dumps(claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)["spec"]["spec"]))
+    template = claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)
+    (folder / "claim.json").write_text(json.dumps(template["spec"]["spec"]))
+    [device_class] = template_classes(template, gpus) or [dra.device_class()]
+    (folder / "class-selector.txt").write_text(device_class["spec"]["selectors"][0]["cel"]["expression"])
 
 
 async def publish_nodes(kube: Kube, nodes: Mapping[str, tuple[dict[str, Any], list[GpuInfo]]]) -> None:
@@ -270,6 +276,12 @@ def claim_template(name: str, namespace: str, limits: dict[str, str], gpus: list
     shapes = NodeInventory.from_gpu_infos("template", sorted(gpus, key=lambda gpu: gpu.index), Sharing()).gpus
     return {"apiVersion": dra.RESOURCE_API_VERSION, "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": claim_spec(container, shapes)}}
+
+
+def template_classes(template: dict[str, Any], gpus: list[GpuInfo]) -> list[dict[str, Any]]:
+    """The DeviceClasses of GPU shapes the template's claim names (admission writes them with it)."""
+    shapes = NodeInventory.from_gpu_infos("template", sorted(gpus, key=lambda gpu: gpu.index), Sharing()).gpus
+    return shape_classes_of(template["spec"]["spec"], shapes)
 
 
 def templated_pod(name: str, namespace: str, limits: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:

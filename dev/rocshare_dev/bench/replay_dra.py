@@ -46,6 +46,7 @@ from rocshare.api.dra_request import DRA_REQUEST_ANNOTATION, encode_request
 
 from rocshare.api.models import API_VERSION, AmdGpuNodeStatus, GpuInfo, Sharing
 from rocshare.api.node_settings import POOL_LABEL
+from rocshare.core.dra_claims import shape_classes_of
 from rocshare.core.inventory import GpuSpec, NodeInventory
 from rocshare.kube.client import Kube, object_path
 from rocshare_dev.bench import e2e
@@ -74,8 +75,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
     cluster = ControlPlane(root=root / "cluster", ports=Ports.free(), version=DRA_K8S_VERSION, with_scheduler=False)
     stack = e2e.Stack(cluster)
     fleet = DraFleet(root / "nodes", subset, stack)
-    bodies, templates = dra_pods(sequence, pool_shapes(fleet.gpus.values()),
-                                 e2e.BASELINE_SCHEDULER if scheduling is None else DRA_SCHEDULER_NAME)
+    shapes = pool_shapes(fleet.gpus.values())
+    bodies, templates = dra_pods(sequence, shapes, e2e.BASELINE_SCHEDULER if scheduling is None else DRA_SCHEDULER_NAME)
     try:
         cluster.start()
         cluster.kubectl("apply", "--server-side", "-f", str(DEVICE_CLASS))
@@ -86,6 +87,8 @@ async def run_dra(root: Path, subset: Sequence[TraceNode], sequence: Sequence[Tr
             stack.operator.start()
         async with await Kube.connect(cluster.kubeconfig) as kube:
             await kube.create(object_path("v1", "namespaces"), {"metadata": {"name": NAMESPACE}})
+            for device_class in template_classes(templates, shapes):  # as admission writes them, before templates
+                await kube.create(f"/apis/{dra_api.RESOURCE_API_VERSION}/deviceclasses", device_class)
             for template in templates:
                 await kube.create(object_path(dra_api.RESOURCE_API_VERSION, "resourceclaimtemplates",
                                               namespace=NAMESPACE), template)
@@ -234,6 +237,13 @@ def dra_pods(sequence: Sequence[TracePod], shapes: Sequence[GpuSpec],
         bodies.append(body)
         templates.update((template["metadata"]["name"], template) for template in wanted)
     return bodies, list(templates.values())
+
+
+def template_classes(templates: Sequence[dict], shapes: Sequence[GpuSpec]) -> list[dict]:
+    """The DeviceClasses of GPU shapes the templates' claims name, each once."""
+    classes = {body["metadata"]["name"]: body for template in templates
+               for body in shape_classes_of(template["spec"]["spec"], shapes)}
+    return [classes[name] for name in sorted(classes)]
 
 
 def trace_node_object(name: str, node: TraceNode) -> dict[str, Any]:

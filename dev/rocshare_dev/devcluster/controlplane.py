@@ -93,6 +93,11 @@ def dra_feature_gates(version: str) -> tuple[str, ...]:
     return ("DRAConsumableCapacity=true",) if int(version.split(".")[1]) < 36 else ()
 
 
+DRA_SCHEDULER_FEATURE_GATES = ("NominatedNodeNameForExpectation=false",)
+"""What DRA mode's kube-scheduler container adds (manifests/base/operator/deployment.yaml): no
+status.nominatedNodeName write per pod before its claim is written (docs/dra.md, "Performance")."""
+
+
 def mutating_admission_policy_args(version: str) -> tuple[str, ...]:
     """What kube-apiserver needs to serve MutatingAdmissionPolicy: on 1.34-1.35 the beta gate and
     API (admissionregistration.k8s.io/v1beta1); nothing from 1.36, where it is GA and served as
@@ -254,7 +259,8 @@ class ControlPlane:
             extender["urlPrefix"] = extender_url
         path = self.root / "kube-scheduler-dra.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self._spawn("dra-scheduler", [f"--config={path}", "--secure-port=0", "-v=2", *self._feature_gate_args()],
+        gates = ",".join((*self.feature_gates, *DRA_SCHEDULER_FEATURE_GATES))
+        self._spawn("dra-scheduler", [f"--config={path}", "--secure-port=0", "-v=2", f"--feature-gates={gates}"],
                     binary="kube-scheduler")
         self._save_state()
         return config["profiles"][0]["schedulerName"]

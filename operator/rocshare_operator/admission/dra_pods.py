@@ -13,7 +13,8 @@ plugin path as before.
 The claim of each GPU container is rocshare.core.dra_claims.claim_spec for the GPU shapes of the
 DRA pools (from their nodes' AmdGpuNode status). It is delivered as a ResourceClaimTemplate in the
 pod's namespace named by a hash of the claim spec, so equal requests share one template and
-writing it again is harmless. The pod keeps its other resources; its amd.com/* entries go.
+writing it again is harmless; the DeviceClasses of the GPU shapes a percentage request names are
+written before it, the same way. The pod keeps its other resources; its amd.com/* entries go.
 
 Invariants: a mutated pod asks no amd.com/* resource (nothing left for the device-plugin path to
 count); each GPU container references exactly one pod claim of its own; template names depend only
@@ -31,7 +32,7 @@ from typing import Any
 from rocshare.api.dra_request import ContainerLimits, DraRequest
 from rocshare.api.models import AgentInterface, AmdGpuPoolSpec
 from rocshare.api.node_settings import POOL_LABEL
-from rocshare.core.dra_claims import claim_spec
+from rocshare.core.dra_claims import claim_spec, shape_classes_of
 from rocshare.core.inventory import GpuSpec
 from rocshare.core.request import ContainerRequest, RequestError, parse_pod
 from rocshare_operator.admission.pods import Refused, amd_resources, containers_of, is_amd_key
@@ -56,6 +57,9 @@ class DraPlan:
     request: DraRequest | None = None
     """The amd.com/* limits it removed, per container (rocshare.api.dra_request: the pod's
     annotation, read by the extender's score for DRA pods); None when it removed none."""
+    device_classes: tuple[dict, ...] = ()
+    """The DeviceClasses of GPU shapes the templates name (dra_claims.shape_device_class), to create
+    before them (cluster-wide, each once, by name: an existing one is the same)."""
 
 
 def dra_pools_for(pod: Mapping[str, Any], pools: Mapping[str, AmdGpuPoolSpec]) -> tuple[str, ...]:
@@ -113,6 +117,7 @@ def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[Gp
         raise Refused(str(error)) from None
     spec = {**(pod.get("spec") or {})}
     templates: dict[str, dict] = {}
+    classes: dict[str, dict] = {}
     claims = list(spec.get("resourceClaims") or [])
     removed: list[ContainerLimits] = []
     where_requests = zip(containers_of(pod), requests, strict=True)
@@ -124,13 +129,15 @@ def plan_dra(pod: Mapping[str, Any], pools: tuple[str, ...], shapes: Sequence[Gp
                                        limits={key: str(value) for key, value in limits.items()}))
         claim = _claim_for(request, pools, shapes, pod)
         template = template_body(claim)
+        classes.update((body["metadata"]["name"], body) for body in shape_classes_of(claim, shapes))
         templates[template["metadata"]["name"]] = template
         pod_claim = f"{POD_CLAIM_PREFIX}{'init-' if kind == 'initContainers' else ''}{index}"
         claims.append({"name": pod_claim, "resourceClaimTemplateName": template["metadata"]["name"]})
         spec[kind] = _with_claim(spec[kind], index, pod_claim)
     spec["resourceClaims"] = claims
     return DraPlan(pools=pools, templates=tuple(templates.values()), spec=spec,
-                   request=DraRequest(containers=removed) if removed else None)
+                   request=DraRequest(containers=removed) if removed else None,
+                   device_classes=tuple(classes[name] for name in sorted(classes)))
 
 
 def _claim_for(request: ContainerRequest, pools: tuple[str, ...], shapes: Sequence[GpuSpec],

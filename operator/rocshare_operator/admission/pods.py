@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rocshare.api.allocation import ALLOCATED_ANNOTATION, ALLOCATION_ANNOTATION, ALLOCATION_ERROR_ANNOTATION
-from rocshare.api.dra import DEVICE_CLASS_NAME
+from rocshare.api.dra import is_rocshare_class
 from rocshare.api.node_settings import HAMI_POD_DEVICES_ANNOTATION, POOL_LABEL
 from rocshare.api.resource_names import is_partition_resource
 from rocshare.core.request import RequestError, parse_pod
@@ -169,12 +169,12 @@ def validate_update(old: Mapping[str, Any], new: Mapping[str, Any], *, trusted: 
 
 
 def claim_asks_rocshare(claim_spec: Mapping[str, Any]) -> bool:
-    """True when a ResourceClaim spec asks a device of rocshare's class (exactly, or among its
-    firstAvailable alternatives)."""
+    """True when a ResourceClaim spec asks a device of rocshare's class or of one of its shape classes
+    (exactly, or among its firstAvailable alternatives)."""
     for request in (claim_spec.get("devices") or {}).get("requests") or ():
         classes = [(request.get("exactly") or {}).get("deviceClassName"),
                    *((choice or {}).get("deviceClassName") for choice in request.get("firstAvailable") or ())]
-        if DEVICE_CLASS_NAME in classes:
+        if any(is_rocshare_class(name) for name in classes):
             return True
     return False
 

@@ -92,6 +92,7 @@ def register(registry: kopf.OperatorRegistry, settings: WebhookSettings,
                 # Every check of the device-plugin path, on the pod as asked: once its amd.com/*
                 # limits are a claim, nothing in it would say it holds a slice.
                 _refuse_unless(lambda: validate_create(defaulted, trusted=trusted(userinfo), rocshare_claims=claims))
+                await write_device_classes(memo.rocshare.kube, dra.device_classes, dryrun=dryrun)
                 await write_templates(memo.rocshare.kube, body.metadata.namespace, dra.templates, dryrun=dryrun)
                 _patch_dra(patch, pod, dra, plan.runtime_class_name, settings.dra_scheduler_name)
                 return
@@ -161,6 +162,20 @@ async def write_templates(kube: Kube, namespace: str, templates: tuple[dict, ...
         except ApiError as error:  # the pod would name a template that is not there: refuse it, saying why
             raise kopf.AdmissionError(f"cannot write ResourceClaimTemplate {namespace}/{template['metadata']['name']} "
                                       f"for the pod's amd.com/* request (DRA pool): {error}", code=500) from None
+
+
+async def write_device_classes(kube: Kube, classes: tuple[dict, ...], *, dryrun: bool) -> None:
+    """Create each DeviceClass of a GPU shape unless it exists (named by its shape: an existing one is the same)."""
+    if dryrun:
+        return
+    for device_class in classes:
+        try:
+            await kube.create("/apis/resource.k8s.io/v1/deviceclasses", device_class)
+        except Conflict:
+            pass
+        except ApiError as error:  # the claim would name a class that is not there: refuse the pod, saying why
+            raise kopf.AdmissionError(f"cannot write DeviceClass {device_class['metadata']['name']} for the pod's "
+                                      f"amd.com/* request (DRA pool): {error}", code=500) from None
 
 
 def _patch_dra(patch: kopf.Patch, pod: dict, dra: DraPlan, runtime_class_name: str | None,

@@ -456,6 +456,6 @@ def _claim_facts(claim: Mapping, namespace: str, name: str) -> ClaimFacts:
 
 
 def _asks_driver(request: Mapping) -> bool:
-    """A request (or one of its subrequests) of rocshare's DeviceClass."""
+    """A request (or one of its subrequests) of rocshare's DeviceClass or one of its shape classes."""
     choices = [request.get("exactly") or {}, *(request.get("firstAvailable") or ())]
-    return any(choice.get("deviceClassName") == dra.DEVICE_CLASS_NAME for choice in choices)
+    return any(dra.is_rocshare_class(choice.get("deviceClassName")) for choice in choices)

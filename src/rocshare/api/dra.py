@@ -25,6 +25,10 @@ DRA_SCHEDULER_NAME = "rocshare-dra-scheduler"
 sends the pods whose amd.com/* limits it turned into claims there; kube-scheduler's DRA allocator picks
 the devices, rocshare's extender scores the nodes."""
 DEVICE_CLASS_NAME = "gpu.rocshare.io"
+SHAPE_CLASS_SUFFIX = f".{DEVICE_CLASS_NAME}"
+"""The classes of one GPU shape (rocshare.core.dra_claims.shape_class_name) are named <shape>.gpu.rocshare.io:
+each selects the devices of gpu.rocshare.io of one CU count and memory, so a claim naming one carries no
+CEL selector of its own (kube-scheduler evaluates one selector per device instead of two)."""
 RESOURCE_API_VERSION = "resource.k8s.io/v1"
 
 CAPACITY_MEMORY = "memory"
@@ -60,6 +64,12 @@ def gfx_target(gfx_target_version: int) -> str:
     major, rest = divmod(gfx_target_version, 10000)
     minor, stepping = divmod(rest, 100)
     return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def is_rocshare_class(name: object) -> bool:
+    """A DeviceClass name that asks rocshare's devices: gpu.rocshare.io or a class of one GPU shape
+    (any name under it counts, as admission and quota must never miss one)."""
+    return isinstance(name, str) and (name == DEVICE_CLASS_NAME or name.endswith(SHAPE_CLASS_SUFFIX))
 
 
 def device_class() -> dict:

@@ -5,9 +5,12 @@ Users keep their habits: ``amd.com/gpu``, ``amd.com/gpumem``, ``amd.com/gpumem-p
 a capacity request as it stands, but percentages depend on the GPU: 25 % of the cores is 26 CUs of
 an MI210 (104) and 16 of a Vega10 (64), rounded up to whole WGPs on RDNA. So a request with a
 percentage becomes a ``firstAvailable`` list with one subrequest per GPU shape of the pool (CU
-count, WGP size, registered memory), each selecting devices of that shape by CEL and asking the
-capacities worked out for it with the device plugin's own rule (rocshare.core.fit.need_for, whose
-memory and CU figures are rocshare.core.share_rules'); kube-scheduler takes the first that fits.
+count, WGP size, registered memory), each naming the DeviceClass of that shape (shape_device_class:
+rocshare's driver and the shape, in one CEL selector, so the claim carries none of its own and
+kube-scheduler evaluates one selector per device, not two) and asking the capacities worked out for
+it with the device plugin's own rule (rocshare.core.fit.need_for, whose memory and CU figures are
+rocshare.core.share_rules'); kube-scheduler takes the first that fits. Admission writes the classes
+a claim names (shape_classes_of) before the claim's template.
 
 Invariants: a request that asks neither memory nor cores asks no capacity (every default: the
 whole GPU); omitted cores ask no compute (the pool's omittedCores default decides, as it does for
@@ -87,16 +90,41 @@ def _subrequest(index: int, container: ContainerRequest, spec: GpuSpec, selectio
         requests[dra.CAPACITY_MEMORY] = f"{need.memory_mib}Mi"
     if container.cores_pct is not None:
         requests[dra.CAPACITY_COMPUTE] = str(need.pin_cus)
-    return {"name": f"shape{index}", "deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount",
-            "count": container.gpus,
-            "selectors": [{"cel": {"expression": shape_selector(spec)}}, *_selection_selectors(selection)],
-            "capacity": {"requests": requests}}
+    subrequest: dict = {"name": f"shape{index}", "deviceClassName": shape_class_name(spec),
+                        "allocationMode": "ExactCount", "count": container.gpus}
+    selectors = _selection_selectors(selection)
+    if selectors:
+        subrequest["selectors"] = selectors
+    subrequest["capacity"] = {"requests": requests}
+    return subrequest
 
 
 def shape_selector(spec: GpuSpec) -> str:
     """The CEL selector of one GPU shape (its CU count and registered memory)."""
     return (f"{_CAPACITY}.{dra.CAPACITY_COMPUTE}.compareTo(quantity('{spec.cu_count}')) == 0 && "
             f"{_CAPACITY}.{dra.CAPACITY_MEMORY}.compareTo(quantity('{spec.memory_mib}Mi')) == 0")
+
+
+def shape_class_name(spec: GpuSpec) -> str:
+    """The DeviceClass of one GPU shape: <CUs>cu-<MiB>mi.gpu.rocshare.io (a DNS subdomain)."""
+    return f"{spec.cu_count}cu-{spec.memory_mib}mi{dra.SHAPE_CLASS_SUFFIX}"
+
+
+def shape_device_class(spec: GpuSpec) -> dict:
+    """The DeviceClass of one GPU shape: gpu.rocshare.io's driver selector and shape_selector in one
+    expression (the devices a subrequest of gpu.rocshare.io with the shape's selector could get)."""
+    base = dra.device_class()
+    driver = base["spec"]["selectors"][0]["cel"]["expression"]
+    return {**base, "metadata": {"name": shape_class_name(spec), "labels": {"app.kubernetes.io/part-of": "rocshare"}},
+            "spec": {"selectors": [{"cel": {"expression": f"{driver} && {shape_selector(spec)}"}}]}}
+
+
+def shape_classes_of(claim: Mapping, shapes: Sequence[GpuSpec]) -> list[dict]:
+    """The shape classes (shape_device_class) a claim spec written by claim_spec names, once each."""
+    by_name = {shape_class_name(spec): spec for spec in shapes}
+    named = {choice.get("deviceClassName") for request in (claim.get("devices") or {}).get("requests") or ()
+             for choice in request.get("firstAvailable") or ()}
+    return [shape_device_class(by_name[name]) for name in sorted(named) if name in by_name]
 
 
 def _selection_selectors(selection: Selection) -> list[dict]:
@@ -148,7 +176,7 @@ def claim_cost(requests: Sequence[Mapping], shapes: Sequence[GpuSpec], omitted: 
     for request in requests:
         choices = [request["exactly"]] if request.get("exactly") else list(request.get("firstAvailable") or ())
         costs = [_choice_cost(choice, shapes, omitted) for choice in choices
-                 if choice.get("deviceClassName") == dra.DEVICE_CLASS_NAME]
+                 if dra.is_rocshare_class(choice.get("deviceClassName"))]
         if costs:
             total = total + Held(max(c.memory_mib for c in costs), max(c.cores_pct for c in costs),
                                  max(c.gpus for c in costs))
@@ -161,7 +189,8 @@ def _choice_cost(choice: Mapping, shapes: Sequence[GpuSpec], omitted: OmittedCor
         raise RequestError(f"allocationMode {mode!r} cannot be counted against a quota")
     count = int(choice.get("count") or 1) if mode == "ExactCount" else ALL_MODE_DEVICES
     expressions = {(selector.get("cel") or {}).get("expression") for selector in choice.get("selectors") or ()}
-    candidates = [spec for spec in shapes if shape_selector(spec) in expressions] or list(shapes)
+    candidates = [spec for spec in shapes if shape_selector(spec) in expressions
+                  or shape_class_name(spec) == choice.get("deviceClassName")] or list(shapes)
     if not candidates:
         raise RequestError("no GPU of a pool serving DRA is known yet, so what the claim may take cannot be counted")
     asked = (choice.get("capacity") or {}).get("requests") or {}

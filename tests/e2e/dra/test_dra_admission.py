@@ -149,6 +149,15 @@ async def test_hami_style_pod_in_a_dra_pool_gets_a_claim_and_the_device_plugin_e
     template = await kube.get(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaimtemplates/"
                               f"{pod_claim['resourceClaimTemplateName']}")
     assert template["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rocshare"
+    # The subrequest names the DeviceClass of the Vega's shape, which the webhook wrote: the driver
+    # and the shape in its one selector, none on the claim.
+    [subrequest] = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert subrequest["deviceClassName"] == f"64cu-{VEGA_MIB}mi.gpu.rocshare.io" and "selectors" not in subrequest
+    device_class = await kube.get(f"{RESOURCE}/deviceclasses/{subrequest['deviceClassName']}")
+    assert device_class["spec"]["selectors"] == [{"cel": {"expression": (
+        'device.driver == "gpu.rocshare.io" && '
+        "device.capacity['gpu.rocshare.io'].compute.compareTo(quantity('64')) == 0 && "
+        f"device.capacity['gpu.rocshare.io'].memory.compareTo(quantity('{VEGA_MIB}Mi')) == 0")}}]
 
     claim = await wait_for(lambda: claim_of(kube, "hami-dra"), timeout_s=60, what="the pod's claim allocated")
     [result] = claim["status"]["allocation"]["devices"]["results"]
@@ -283,6 +292,13 @@ async def test_claims_count_in_their_share_and_are_held_to_its_quota(cluster, ku
     assert f"memory MiB: 4096 used + 4096 asked > {QUOTA_MIB} limit" in refused.stderr
     with pytest.raises(NotFound):
         await kube.get(f"{RESOURCE}/namespaces/{QUOTA_NAMESPACE}/resourceclaims/second")
+    # The same claim naming the class of the Vega's shape (the one admission wrote for the percentage
+    # pod above) takes the same devices: the webhook is asked, and refuses it with the same figures.
+    shaped = claim_body("shaped", memory_mib=4096, cus=16)
+    shaped["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = f"64cu-{VEGA_MIB}mi.gpu.rocshare.io"
+    await kube.get(f"{RESOURCE}/deviceclasses/64cu-{VEGA_MIB}mi.gpu.rocshare.io")
+    refused = cluster.kubectl("create", "-f", "-", input_text=json.dumps(shaped), check=False)
+    assert refused.returncode != 0 and f"memory MiB: 4096 used + 4096 asked > {QUOTA_MIB} limit" in refused.stderr
 
     cluster.kubectl("delete", "pod", "holder", "-n", QUOTA_NAMESPACE, "--grace-period=0", "--force")
     cluster.kubectl("delete", "resourceclaim", "first", "-n", QUOTA_NAMESPACE, "--timeout=60s")

@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from rocshare.api.models import API_VERSION, Sharing
-from rocshare.core.dra_claims import claim_spec
+from rocshare.core.dra_claims import claim_spec, shape_classes_of
 from rocshare.core.inventory import NodeInventory
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
 from rocshare.core.request import ContainerRequest
@@ -312,12 +312,15 @@ async def test_rdna_compute_is_rounded_up_to_whole_wgps_by_the_scheduler(cluster
         assert env["HSA_CU_MASK"] == "0:0-5" and env["HIP_DEVICE_MEMORY_LIMIT_0"] == "1024m"
         assert env["ROCR_VISIBLE_DEVICES"] == "0"  # an APU without unique_id: named by index
 
-        # HAMi-style percentages as a claim (rocshare.core.dra_claims): the API server compiles its CEL
+        # HAMi-style percentages as a claim (rocshare.core.dra_claims) naming the DeviceClass of the
+        # GPU's shape, written first as admission writes it: the API server compiles the class's CEL
         # and kube-scheduler picks the subrequest of this GPU's shape. 25 % of 12 CUs is 3, a whole
         # WGP more is 4; 50 % of the APU's 15679 MiB is 7839 MiB.
         gpus = discover(sysfs_fixtures / "strixpoint-apu").gpus
         shapes = NodeInventory.from_gpu_infos(apu.name, gpus, Sharing()).gpus
         spec = claim_spec(ContainerRequest("main", False, 1, memory_pct=50, cores_pct=25), shapes)
+        for device_class in shape_classes_of(spec, shapes):
+            await kube.create(f"{RESOURCE}/deviceclasses", device_class)
         await kube.create(f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims", {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "apu-percent"},
             "spec": spec})

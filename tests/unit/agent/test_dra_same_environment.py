@@ -41,9 +41,8 @@ def consumed_by_scheduler(spec: dict, gpu: NodeInventory) -> dict[str, str]:
     exact request), each capacity as asked (these asks are already on the policy's steps) or its default."""
     [request] = spec["devices"]["requests"]
     [shape] = gpu.gpus
-    wanted = f"quantity('{shape.cu_count}')"
-    chosen = request.get("exactly") or next(
-        s for s in request["firstAvailable"] if wanted in s["selectors"][0]["cel"]["expression"])
+    wanted = f"{shape.cu_count}cu-{shape.memory_mib}mi.gpu.rocshare.io"  # the class of its shape
+    chosen = request.get("exactly") or next(s for s in request["firstAvailable"] if s["deviceClassName"] == wanted)
     asked = (chosen.get("capacity") or {}).get("requests", {})
     return {"memory": asked.get("memory", f"{shape.memory_mib}Mi"),
             "compute": asked.get("compute", str(shape.cu_usable))}

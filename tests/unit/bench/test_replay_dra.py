@@ -13,7 +13,8 @@ from rocshare.api.models import Sharing
 from rocshare.core.resource_slices import resource_slice
 from rocshare_dev.bench import all as bench_all
 from rocshare_dev.bench.replay_common import Outcome, node_names
-from rocshare_dev.bench.replay_dra import dra_pod_object, dra_pods, pool_shapes, trace_gpus, trace_node_object
+from rocshare_dev.bench.replay_dra import dra_pod_object, dra_pods, pool_shapes, template_classes, trace_gpus, \
+    trace_node_object
 from rocshare_dev.bench.trace import TraceNode, TracePod
 
 T4_MIB, G2_MIB = 15100, 16300  # simulation.MODEL_VRAM_MIB
@@ -82,7 +83,10 @@ def test_the_claim_fits_the_slice_the_codec_publishes_for_the_node(gpus, shapes)
     assert devices[0]["capacity"]["compute"]["value"] == "100"
     assert int(devices[0]["capacity"]["memory"]["value"]) == T4_MIB * 2**20
     _, (template,) = dra_pod_object(TracePod("p", 1000, 1024, 1, 300), 1, shapes)
-    selector = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["selectors"][0]["cel"]
+    # The first subrequest names the class of the T4's shape; the class selects it.
+    named = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]["deviceClassName"]
+    device_class = next(body for body in template_classes([template], shapes) if body["metadata"]["name"] == named)
+    selector = device_class["spec"]["selectors"][0]["cel"]
     assert "quantity('100')" in selector["expression"] and f"quantity('{T4_MIB}Mi')" in selector["expression"]
 
 

@@ -146,3 +146,16 @@ def test_consumable_capacity_is_turned_on_where_it_is_off_by_default(tmp_path: P
     assert config(folder=tmp_path, containerd_socket=tmp_path / "sock",
                   feature_gates=cluster.feature_gates)["featureGates"] == {"DRAConsumableCapacity": True}
     assert "featureGates" not in config(folder=tmp_path, containerd_socket=tmp_path / "sock")
+
+
+def test_dra_modes_scheduler_gates_are_the_shipped_containers() -> None:
+    # The dev control plane's DRA scheduler runs with the gates the operator pod's kube-scheduler-dra
+    # container ships (manifests/base/operator/deployment.yaml), so tests and benches see its writes.
+    import yaml
+
+    deployment = yaml.safe_load((controlplane.PROJECT_ROOT / "manifests/base/operator/deployment.yaml").read_text())
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler-dra"]
+    [gates] = [arg.removeprefix("--feature-gates=").split(",") for arg in container["command"]
+               if arg.startswith("--feature-gates=")]
+    assert set(controlplane.DRA_SCHEDULER_FEATURE_GATES) <= set(gates)
+    assert "NominatedNodeNameForExpectation=false" in controlplane.DRA_SCHEDULER_FEATURE_GATES

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rocshare.api.models import OmittedCores
-from rocshare.core.dra_claims import claim_cost, claim_spec
+from rocshare.core.dra_claims import claim_cost, claim_spec, shape_classes_of
 from rocshare.core.holdings import Held
 from rocshare.core.ids import GpuId
 from rocshare.core.inventory import GpuSpec
@@ -40,9 +40,30 @@ def test_percentages_become_one_subrequest_per_shape_with_its_own_numbers():
     # RX 7900: ceil(96 x 25 / 100) = 24, already whole WGPs; MI210: ceil(104 x 25 / 100) = 26.
     assert by_cus["24"]["capacity"]["requests"]["memory"] == f"{24560 // 2}Mi"
     assert by_cus["26"]["capacity"]["requests"]["memory"] == f"{65520 // 2}Mi"
-    assert by_cus["26"]["selectors"] == [{"cel": {"expression":
+    # Each names its shape's class and carries no selector of its own (one CEL evaluation per device).
+    assert by_cus["26"]["deviceClassName"] == "104cu-65520mi.gpu.rocshare.io" and "selectors" not in by_cus["26"]
+    assert by_cus["24"]["deviceClassName"] == "96cu-24560mi.gpu.rocshare.io" and "selectors" not in by_cus["24"]
+
+
+def test_a_shape_class_selects_the_driver_and_the_shape_the_claim_selected_before():
+    spec = claim_spec(ask(memory_pct=50, cores_pct=25), [MI210, RX7900, MI210_TWIN])
+    classes = shape_classes_of(spec, [MI210, RX7900, MI210_TWIN])
+    assert [c["metadata"]["name"] for c in classes] == ["104cu-65520mi.gpu.rocshare.io", "96cu-24560mi.gpu.rocshare.io"]
+    assert classes[0]["apiVersion"] == "resource.k8s.io/v1" and classes[0]["kind"] == "DeviceClass"
+    assert classes[0]["spec"] == {"selectors": [{"cel": {"expression":
+        'device.driver == "gpu.rocshare.io" && '
         "device.capacity['gpu.rocshare.io'].compute.compareTo(quantity('104')) == 0 && "
-        "device.capacity['gpu.rocshare.io'].memory.compareTo(quantity('65520Mi')) == 0"}}]
+        "device.capacity['gpu.rocshare.io'].memory.compareTo(quantity('65520Mi')) == 0"}}]}
+    # A request in MiB (no percentage) names gpu.rocshare.io itself and no shape class.
+    assert shape_classes_of(claim_spec(ask(memory_mib=3000), [MI210, RX7900]), [MI210, RX7900]) == []
+
+
+def test_product_filters_stay_on_the_subrequest_beside_its_shape_class():
+    spec = claim_spec(ask(cores_pct=10), [MI210], selection=Selection(use_types=("mi210",)))
+    [sub] = spec["devices"]["requests"][0]["firstAvailable"]
+    assert sub["deviceClassName"] == "104cu-65520mi.gpu.rocshare.io"
+    assert sub["selectors"] == [
+        {"cel": {"expression": "device.attributes['gpu.rocshare.io'].productName.lowerAscii().contains('mi210')"}}]
 
 
 def test_rdna_rounds_cores_up_to_whole_wgps():
@@ -87,6 +108,18 @@ def test_a_translated_claim_costs_what_its_pod_would_on_the_shape_it_names():
     two = claim_spec(ask(gpus=2, memory_mib=3000, cores_pct=10), [MI210])
     # 10 % of 104 CUs is ceil(10.4) = 11 CUs, which is ceil(1100 / 104) = 11 % of the GPU, per GPU.
     assert claim_cost(requests_of(two), [MI210], OmittedCores.SHARED) == Held(6000, 22, 2)
+
+
+def test_a_hand_written_claim_of_a_shape_class_is_counted_on_that_shape():
+    # 10 % of cores asked as 24 CUs: on the RX 7900's class it is 25 % (24 of 96), not the MI210's 24 %.
+    written = [{"name": "gpu", "exactly": {"deviceClassName": "96cu-24560mi.gpu.rocshare.io", "count": 1,
+                                           "capacity": {"requests": {"compute": "24"}}}}]
+    assert claim_cost(written, [MI210, RX7900], OmittedCores.SHARED).cores_pct == 25
+    # No memory asked: the whole memory of that shape (24560), not the MI210's 65520.
+    assert claim_cost(written, [MI210, RX7900], OmittedCores.SHARED).memory_mib == 24560
+    # A name under gpu.rocshare.io that is no known shape is counted at its worst, never skipped.
+    unknown = [{"name": "gpu", "exactly": {"deviceClassName": "1cu-1mi.gpu.rocshare.io", "count": 1}}]
+    assert claim_cost(unknown, [MI210, RX7900], OmittedCores.SHARED) == Held(65520, 100, 1)
 
 
 def test_a_hand_written_claim_is_counted_at_its_worst_on_any_gpu():

@@ -154,3 +154,8 @@ def test_claim_asks_rocshare_reads_exactly_and_first_available() -> None:
         {"name": "a", "deviceClassName": "gpu.nvidia.com"}, {"name": "b", "deviceClassName": "gpu.rocshare.io"}]}]}})
     assert not claim_asks_rocshare(exactly("gpu.amd.com"))
     assert not claim_asks_rocshare({})
+    # A class of one GPU shape is rocshare's too, written by admission or named by a tenant's own claim.
+    assert claim_asks_rocshare(exactly("104cu-65520mi.gpu.rocshare.io"))
+    assert claim_asks_rocshare({"devices": {"requests": [{"name": "g", "firstAvailable": [
+        {"name": "a", "deviceClassName": "96cu-24560mi.gpu.rocshare.io"}]}]}})
+    assert not claim_asks_rocshare(exactly("gpu.rocshare.io.example.com"))

@@ -72,6 +72,19 @@ def test_a_claim_over_the_share_is_refused_with_the_figures_and_one_under_is_not
     assert check.refusal(claim("other", mib=9999, cus=64, namespace="free"), accounts, lambda _ns: []) is None
 
 
+def test_a_claim_naming_a_shape_class_is_held_to_the_share_as_one_of_gpu_rocshare_io():
+    """A tenant may name the class admission writes for a GPU shape (64cu-16368mi.gpu.rocshare.io: a
+    Vega10) in a claim of their own: it takes rocshare's devices, so it counts as one of gpu.rocshare.io."""
+    accounts, check = Accounts(), quota(6000)
+    account(accounts, allocated(claim("a", mib=4096, cus=16), mib=4096, cus=16))
+    shaped = claim("b", mib=4096, cus=16)
+    shaped["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "64cu-16368mi.gpu.rocshare.io"
+    why = check.refusal(shaped, accounts, lambda _ns: [])
+    assert why == "ResourceQuotaNotFit: namespace team: memory MiB: 4096 used + 4096 asked > 6000 limit"
+    # Seen by the watch before it is allocated, its worst case counts as the namespace's.
+    assert claim_facts(shaped).ours
+
+
 def test_admitted_claims_count_until_the_watch_shows_them_or_they_expire():
     clock = Clock()
     check, accounts = quota(6000, clock), Accounts()

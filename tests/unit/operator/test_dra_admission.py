@@ -98,7 +98,10 @@ def test_memory_and_cores_become_a_claim_and_leave_no_amd_resource():
     [shape] = request["firstAvailable"]
     # 25 % of 104 CUs is 26 (ceil); MiB asked as it stands.
     assert shape["capacity"]["requests"] == {"memory": "8192Mi", "compute": "26"}
-    assert shape["deviceClassName"] == "gpu.rocshare.io" and shape["count"] == 1
+    assert shape["deviceClassName"] == f"104cu-{SHAPES[0].memory_mib}mi.gpu.rocshare.io" and shape["count"] == 1
+    [device_class] = plan.device_classes  # written before the template names it
+    assert device_class["metadata"]["name"] == shape["deviceClassName"]
+    assert "quantity('104')" in device_class["spec"]["selectors"][0]["cel"]["expression"]
     assert template["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "rocshare"}
     name = template["metadata"]["name"]
     assert name == template_name(template["spec"]["spec"]) and len(name) <= 63

@@ -494,7 +494,8 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
     await create_pool(kube, MIXED_POOL, MIXED_SELECTOR, "DRA")
     cluster.kubectl("create", "namespace", MIXED_NAMESPACE, check=False)
     await kube.create(object_path(API_VERSION, "amdgpushares", namespace=MIXED_NAMESPACE), {
-        "apiVersion": API_VERSION, "kind": "AmdGpuShare", "metadata": {"name": MIXED_SHARE, "namespace": MIXED_NAMESPACE},
+        "apiVersion": API_VERSION, "kind": "AmdGpuShare",
+        "metadata": {"name": MIXED_SHARE, "namespace": MIXED_NAMESPACE},
         "spec": {"limits": {"gpus": 8}}})
 
     mi300x = {"amd.com/use-gputype": "MI300X"}

@@ -4,10 +4,12 @@
 (rocshare.api.dra.slice_name) by server-side apply, field manager ``rocshare-agent``, owned by
 the Node so that it goes with it. The body comes from the pure codec
 (rocshare.core.resource_slices); this module adds only the pool generation and the I/O.
-Where the API server serves shared counters (asked once, by a dry-run create of a counters slice:
-an API server whose DRAPartitionableDevices gate is off drops the field), the pool also offers each
-shared GPU whole and holds a second slice, its counters (`counters_slice_name`), written before the
-devices that consume them.
+With `whole_twins` (the agent's --dra-whole-twins) and where the API server serves shared counters
+(asked once, by a dry-run create of a counters slice: an API server whose DRAPartitionableDevices
+gate is off drops the field), the pool also offers each shared GPU whole and holds a second slice,
+its counters (`counters_slice_name`), written before the devices that consume them. Off by default:
+kube-scheduler 1.35's allocator (the operator's kube-scheduler-dra) does not count the counters a
+shared device in use holds, so it would hand out a GPU's twin beside its shares.
 
 Invariants: the pool generation grows whenever the devices change (the API's rule: consumers
 take the highest generation); an unchanged inventory writes nothing (a digest of the devices is
@@ -49,7 +51,7 @@ def devices_digest(spec: dict, *others: dict) -> str:
 
 class SlicePublisher:
     def __init__(self, kube: Kube, node_name: str, *, verify_s: float = VERIFY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, whole_twins: bool = False) -> None:
         self.kube = kube
         self.node_name = node_name
         self.verify_s, self.clock = verify_s, clock
@@ -57,8 +59,9 @@ class SlicePublisher:
         self.path = object_path(dra.RESOURCE_API_VERSION, "resourceslices", dra.slice_name(node_name))
         self.counters_path = object_path(dra.RESOURCE_API_VERSION, "resourceslices",
                                          dra.counters_slice_name(node_name))
-        self.counters: bool | None = None
-        """Whether the API server serves shared counters (None: not asked yet)."""
+        self.counters: bool | None = None if whole_twins else False
+        """Whether the pool offers whole twins: asked for, and the API server serves shared counters (None:
+        asked for, the API server not asked yet)."""
         self._written: tuple[str, int] | None = None
         """(digest, generation) of what the API server holds, once known."""
         self.offered: tuple[list[GpuInfo], Sharing] | None = None

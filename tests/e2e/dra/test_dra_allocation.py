@@ -53,11 +53,12 @@ NAMESPACE = "default"
 
 def dra_node(cluster, capture: Path, prefix: str) -> SimulatedNode:
     """A simulated node whose agent runs in DRA mode, its kubelet folders and CDI folder under its root
-    (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer)."""
+    (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer).
+    Its agent offers each shared GPU whole too (--dra-whole-twins): this file's schedulers are 1.37.2."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     return SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=capture, work_dir=work,
-                         bin_dir=cluster.bin_dir, health_interval_s=0.3, dra=True)
+                         bin_dir=cluster.bin_dir, health_interval_s=0.3, dra=True, agent_args=("--dra-whole-twins",))
 
 
 @pytest.fixture(scope="module")

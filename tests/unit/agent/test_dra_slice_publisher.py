@@ -133,7 +133,7 @@ def test_with_counters_served_the_counters_slice_is_written_first_and_withdrawn_
         return await apply(path, body, field_manager=field_manager)
 
     store.apply = recording_apply
-    publisher = SlicePublisher(store, "node-a")
+    publisher = SlicePublisher(store, "node-a", whole_twins=True)
 
     async def scenario():
         assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is True
@@ -148,7 +148,7 @@ def test_with_counters_served_the_counters_slice_is_written_first_and_withdrawn_
 def test_a_pool_that_loses_its_twins_deletes_its_counters_slice(sysfs):
     gpus = discover(sysfs / "vega10-1gpu").gpus
     store = CountersStore()
-    publisher = SlicePublisher(store, "node-a")
+    publisher = SlicePublisher(store, "node-a", whole_twins=True)
 
     async def scenario():
         await publisher.publish(gpus, Sharing(), node_uid="uid-a")
@@ -159,3 +159,13 @@ def test_a_pool_that_loses_its_twins_deletes_its_counters_slice(sysfs):
     asyncio.run(scenario())
     assert set(store.objects) == {PATH}
     assert store.objects[PATH]["spec"]["pool"] == {"name": "node-a", "generation": 2, "resourceSliceCount": 1}
+
+
+def test_without_whole_twins_asked_the_pool_is_one_slice_even_where_counters_are_served(sysfs):
+    gpus = discover(sysfs / "vega10-1gpu").gpus
+    store = CountersStore()
+    publisher = SlicePublisher(store, "node-a")
+
+    asyncio.run(publisher.publish(gpus, Sharing(), node_uid="uid-a"))
+    assert set(store.objects) == {PATH} and publisher.counters is False
+    assert [device["name"] for device in store.objects[PATH]["spec"]["devices"]] == ["gpu-c34ec50444dd0a6c"]

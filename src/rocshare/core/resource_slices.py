@@ -17,14 +17,15 @@ partition (partition mode, or a partition discovered in cu mode) is one whole, u
 device: no multiple allocations, so no policies (the API allows them only on shared devices).
 Unhealthy devices are left out: the scheduler must not place new claims on them.
 
-Where the API server serves partitionable devices (KEP-4815: shared counters, on by default from
-Kubernetes 1.36), `pool_slices` also offers each shared GPU whole, as a second device, its *whole
-twin* (``<device>-whole``): unshared, listed before the shared device, with memory and compute of 0 so
-that no capacity request fits it (a claim asking capacity wants a share) and only a claim asking none
-takes it. The twin and the shared device consume the one counter of the GPU's counter set, published
-in a second slice of the pool: a whole twin allocated leaves nothing for a first share, and a shared
-device in use (kube-scheduler charges its counters once, at its first share) leaves nothing for the
-twin. Partitions are whole already and get no twin. A node whose twins would pass the API's limits
+Asked to (the agent's --dra-whole-twins, where the API server serves partitionable devices:
+KEP-4815's shared counters, on by default from Kubernetes 1.36), `pool_slices` also offers each
+shared GPU whole, as a second device, its *whole twin* (``<device>-whole``): unshared, listed before
+the shared device, with memory and compute of 0 so that no capacity request fits it (a claim asking
+capacity wants a share) and only a claim asking none takes it. The twin and the shared device
+consume the one counter of the GPU's counter set, published in a second slice of the pool: a whole
+twin allocated leaves nothing for a first share, and a shared device in use (kube-scheduler 1.37
+charges its counters once, at its first share) leaves nothing for the twin. Partitions are whole
+already and get no twin. A node whose twins would pass the API's limits
 (8 counter sets, 64 devices in a slice with counters) publishes the one slice as before.
 """
 

@@ -67,6 +67,8 @@ class AgentConfig:
     dra_plugins_dir: Path = Path(DEFAULT_PLUGINS_DIR)
     dra_registry_dir: Path = Path(DEFAULT_REGISTRY_DIR)
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
+    dra_whole_twins: bool = False
+    """Offer each shared GPU whole too, by shared counters, where the API server serves them (docs/dra.md)."""
     load_check_dir: Path = Path(DEFAULT_LOAD_CHECK_DIR)
     account_dir: Path | None = Path(DEFAULT_ACCOUNT_ROOT)
     """Per-container account folders (docs/container-account.md); None: the hook keeps its own;
@@ -150,7 +152,7 @@ def _snapshot(pods: KubePods) -> list:
 
 
 async def _run_parts(kube: Kube, config: AgentConfig, pods: KubePods) -> None:
-    slices = SlicePublisher(kube, config.node_name)
+    slices = SlicePublisher(kube, config.node_name, whole_twins=config.dra_whole_twins)
     if config.interface == AgentInterface.DRA:
         await _run_dra_parts(kube, config, pods, slices)
         return

@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DRA mode: the kubelet's plugin registration folder")
     parser.add_argument("--cdi-dir", type=Path, default=Path("/var/run/cdi"),
                         help="DRA mode: where prepared claims' CDI specs are written (the runtime's CDI spec folder)")
+    parser.add_argument("--dra-whole-twins", action="store_true",
+                        help="DRA mode: also offer each shared GPU whole, both consuming one shared counter, where "
+                             "the API server serves counters; only when every kube-scheduler allocating "
+                             "gpu.rocshare.io claims is 1.37+ (1.35's allocator does not count a shared device's "
+                             "counters: docs/dra.md)")
     parser.add_argument("--load-check-dir", type=Path, default=Path("/var/lib/rocshare/loadcheck"),
                         help="host folder the agent installs rocshare-loadcheck into (the CDI createContainer hook "
                              "that refuses slice containers the memory hook cannot load in)")
@@ -85,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         cgroup_root=None if args.cgroup_root == "none" else Path(args.cgroup_root),
         proc_root=args.proc_root, monitor_port=args.monitor_port, monitor_addr=args.monitor_addr,
         interface=AgentInterface(args.interface), dra_plugins_dir=args.dra_plugins_dir,
-        dra_registry_dir=args.dra_registry_dir, cdi_dir=args.cdi_dir, load_check_dir=args.load_check_dir,
+        dra_registry_dir=args.dra_registry_dir, cdi_dir=args.cdi_dir,
+        dra_whole_twins=args.dra_whole_twins, load_check_dir=args.load_check_dir,
         account_dir=None if args.account_dir == "none" else Path(args.account_dir),
     )
     return main(config)

@@ -52,11 +52,26 @@ ATTRIBUTE_STRING_MAX_CHARS = 64
 
 SLICE_DEVICES_MAX = 128
 """Devices one ResourceSlice may hold (ResourceSliceMaxDevices); a node has at most 64 DRM minors."""
+SLICE_DEVICES_WITH_COUNTERS_MAX = 64
+"""Devices one ResourceSlice may hold when some consume counters (ResourceSliceMaxDevicesWithAdvancedFeatures)."""
+SLICE_COUNTER_SETS_MAX = 8
+"""Counter sets one ResourceSlice may hold (ResourceSliceMaxCounterSets)."""
+
+WHOLE_DEVICE_SUFFIX = "-whole"
+"""A shared GPU's whole twin (partitionable devices, KEP-4815): ``gpu-1901ead3a2ecd4a6-whole``."""
+COUNTER_GPU = "gpu"
+"""The one counter of a shared GPU's counter set: 1. Its shared device and its whole twin each consume
+it, so the GPU is either shared or whole; a shared device's later shares do not consume it again."""
 
 
 def slice_name(node_name: str) -> str:
     """The node's one ResourceSlice (a DNS subdomain: node names are, and so is the suffix)."""
     return f"{node_name}-{DRIVER_NAME}"
+
+
+def counters_slice_name(node_name: str) -> str:
+    """The node's second slice, holding its GPUs' counter sets, when it publishes whole twins."""
+    return f"{slice_name(node_name)}-counters"
 
 
 def gfx_target(gfx_target_version: int) -> str:

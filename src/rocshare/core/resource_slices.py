@@ -16,6 +16,17 @@ A shared device allows multiple allocations and gives every capacity a request p
 partition (partition mode, or a partition discovered in cu mode) is one whole, unshared
 device: no multiple allocations, so no policies (the API allows them only on shared devices).
 Unhealthy devices are left out: the scheduler must not place new claims on them.
+
+Asked to (the agent's --dra-whole-twins, where the API server serves partitionable devices:
+KEP-4815's shared counters, on by default from Kubernetes 1.36), `pool_slices` also offers each
+shared GPU whole, as a second device, its *whole twin* (``<device>-whole``): unshared, listed before
+the shared device, with memory and compute of 0 so that no capacity request fits it (a claim asking
+capacity wants a share) and only a claim asking none takes it. The twin and the shared device
+consume the one counter of the GPU's counter set, published in a second slice of the pool: a whole
+twin allocated leaves nothing for a first share, and a shared device in use (kube-scheduler 1.37
+charges its counters once, at its first share) leaves nothing for the twin. Partitions are whole
+already and get no twin. A node whose twins would pass the API's limits
+(8 counter sets, 64 devices in a slice with counters) publishes the one slice as before.
 """
 
 from __future__ import annotations
@@ -54,6 +65,51 @@ def resource_slice(*, node_name: str, node_uid: str | None, gpus: Iterable[GpuIn
             "devices": slice_devices(node_name, gpus, sharing),
         },
     }
+
+
+def pool_slices(*, node_name: str, node_uid: str | None, gpus: Iterable[GpuInfo], sharing: Sharing,
+                generation: int, counters: bool) -> list[dict]:
+    """The node's pool: its devices slice (named as `resource_slice`'s), then, with `counters` (the API
+    server serves shared counters) and a shared GPU to twin within the API's limits, its counters slice."""
+    devices = slice_devices(node_name, gpus, sharing)
+    shared = [device for device in devices if device.get("allowMultipleAllocations")]
+    twinned = [twin for device in devices for twin in _with_twin(device)]
+    if not counters or not shared or len(shared) > dra.SLICE_COUNTER_SETS_MAX \
+            or len(twinned) > dra.SLICE_DEVICES_WITH_COUNTERS_MAX:
+        return [resource_slice(node_name=node_name, node_uid=node_uid, gpus=gpus, sharing=sharing,
+                               generation=generation)]
+    main = _slice(dra.slice_name(node_name), node_name, node_uid, generation, count=2)
+    main["spec"]["devices"] = twinned
+    counter_slice = _slice(dra.counters_slice_name(node_name), node_name, node_uid, generation, count=2)
+    counter_slice["spec"]["sharedCounters"] = [
+        {"name": device["name"], "counters": {dra.COUNTER_GPU: {"value": "1"}}} for device in shared]
+    return [main, counter_slice]
+
+
+def _slice(name: str, node_name: str, node_uid: str | None, generation: int, *, count: int) -> dict:
+    metadata: dict = {"name": name}
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid,
+                                        "controller": True}]
+    return {"apiVersion": dra.RESOURCE_API_VERSION, "kind": "ResourceSlice", "metadata": metadata,
+            "spec": {"driver": dra.DRIVER_NAME, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count}}}
+
+
+def _with_twin(device: dict) -> list[dict]:
+    """A shared device as its whole twin and itself, both consuming the GPU's counter; others alone."""
+    if not device.get("allowMultipleAllocations"):
+        return [device]
+    consumes = [{"counterSet": device["name"], "counters": {dra.COUNTER_GPU: {"value": "1"}}}]
+    twin = {"name": whole_device_name(device["name"]), "attributes": device["attributes"],
+            "capacity": {dra.CAPACITY_MEMORY: {"value": "0"}, dra.CAPACITY_COMPUTE: {"value": "0"}},
+            "consumesCounters": consumes}
+    return [twin, {**device, "consumesCounters": consumes}]
+
+
+def whole_device_name(name: str) -> str:
+    """The whole twin of device `name` (a DNS label: the suffix replaces the name's tail if need be)."""
+    return name[:63 - len(dra.WHOLE_DEVICE_SUFFIX)].rstrip("-") + dra.WHOLE_DEVICE_SUFFIX
 
 
 def slice_devices(node_name: str, gpus: Iterable[GpuInfo], sharing: Sharing) -> list[dict]:
@@ -124,11 +180,15 @@ def _bytes(mib: int) -> str:
 
 
 def gpus_by_device(gpus: Iterable[GpuInfo]) -> dict[str, GpuInfo]:
-    """Which GPU each device name stands for (the prepare path maps an allocation back by it)."""
-    return {device_name(gpu.id): gpu for gpu in gpus}
+    """Which GPU each device name stands for, whole twins included (an allocation names either)."""
+    named = {device_name(gpu.id): gpu for gpu in gpus}
+    return named | {whole_device_name(name): gpu for name, gpu in named.items()}
 
 
 def specs_by_device(node_name: str, gpus: Iterable[GpuInfo], sharing: Sharing) -> dict[str, GpuSpec]:
     """Each device name's GPU as the allocator sees it (registered memory, CUs, WGP size), healthy or
-    not: prepare keeps the healthy, accounting reads every one an allocation may name."""
-    return {device_name(spec.gpu_id): spec for spec in NodeInventory.from_gpu_infos(node_name, gpus, sharing).gpus}
+    not: prepare keeps the healthy, accounting reads every one an allocation may name. A shared GPU's
+    whole twin names the same GPU (a claim allocated it holds the GPU whole: it has no shareID)."""
+    specs = NodeInventory.from_gpu_infos(node_name, gpus, sharing).gpus
+    named = {device_name(spec.gpu_id): spec for spec in specs}
+    return named | {whole_device_name(name): spec for name, spec in named.items() if not spec.partition}

@@ -29,13 +29,14 @@ from rocshare.core.inventory import NodeInventory
 from rocshare.core.ledger import Ledger
 from rocshare.core.policies import Policy
 from rocshare.core.quantity import memory_mib_quantity, whole_quantity
+from rocshare.core.resource_slices import device_name
 from rocshare.core.request import parse_pod
 from rocshare.kube.client import Kube, NotFound, object_path
 from rocshare_agent.deviceplugin.container_spec import AccountFolders, render_container
 from rocshare_agent.discovery import discover
 from rocshare_dev.devcluster.operator_proc import OperatorProcess
-from rocshare_dev.devcluster.simnode import SimulatedNode
-from tests.e2e.dra.test_dra_allocation import RESOURCE, as_kubelet, cdi_env
+from rocshare_dev.devcluster.simnode import SimulatedNode, runtime_specs
+from tests.e2e.dra.test_dra_allocation import RESOURCE, as_kubelet, cdi_env, consumed
 from tests.e2e.fleet import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -439,3 +440,128 @@ async def test_a_dra_pod_goes_to_the_node_the_fragmentation_model_prefers(
     claim = await wait_for(lambda: claim_of(kube, "placed-probe"), timeout_s=60, what="the probe's claim allocated")
     assert claim["status"]["allocation"]["devices"]["results"][0]["pool"] == expected == a.name
     assert await _bound(kube, "placed-probe") == a.name
+
+
+# ---- partitions beside shares in one DRA pool (issue 42, item 5) ---------------------------------------
+
+MIXED_POOL, MIXED_NAMESPACE, MIXED_SHARE = "dra-mixed", "dra-mixed", "mixed"
+MIXED_SELECTOR = {"rocshare-e2e/mixed": "dra"}
+
+
+@pytest.fixture(scope="module")
+def mixed_nodes(cluster, sysfs_fixtures):
+    """One pool (cu mode, the default), two nodes: the MI300X capture in CPX mode (63 compute
+    partitions of 38 CUs, each a whole device) and the Vega10 capture (one shared GPU)."""
+    work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))  # a unix socket's path holds 107 bytes
+    nodes = {}
+    try:
+        for kind, capture in (("cpx", "mi300x-8gpu-cpx"), ("vega", "vega10-1gpu")):
+            nodes[kind] = SimulatedNode(
+                name=f"dra-mix-{kind}-{uuid.uuid4().hex[:6]}", kubeconfig=cluster.kubeconfig,
+                sysfs_root=sysfs_fixtures / capture, work_dir=work, bin_dir=cluster.bin_dir, health_interval_s=0.3,
+                labels=MIXED_SELECTOR, dra=True)
+            nodes[kind].start()
+        yield nodes
+    finally:
+        cluster.kubectl("delete", "pods", "--all", "-n", MIXED_NAMESPACE, "--ignore-not-found", "--grace-period=0",
+                        "--force", check=False)
+        cluster.kubectl("delete", "amdgpupools", MIXED_POOL, "--ignore-not-found", "--timeout=60s", check=False)
+        for sim in nodes.values():
+            sim.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def mixed_pod(name: str, annotations: dict[str, str] | None = None, **limits: str) -> dict:
+    pod = hami_pod(name, {"rocshare.io/pool": MIXED_POOL}, **limits)
+    pod["metadata"] = {"name": name, "namespace": MIXED_NAMESPACE, "annotations": annotations or {}}
+    return pod
+
+
+async def _running(kube: Kube, pod: str) -> dict | None:
+    stored = await kube.get(f"/api/v1/namespaces/{MIXED_NAMESPACE}/pods/{pod}")
+    return runtime_specs(stored) if (stored.get("status") or {}).get("phase") == "Running" else None
+
+
+async def _claim_of_pod(kube: Kube, pod: str) -> dict:
+    stored = await kube.get(f"/api/v1/namespaces/{MIXED_NAMESPACE}/pods/{pod}")
+    [status] = stored["status"]["resourceClaimStatuses"]
+    return await kube.get(f"{RESOURCE}/namespaces/{MIXED_NAMESPACE}/resourceclaims/{status['resourceClaimName']}")
+
+
+async def _mixed_share(kube: Kube, want: dict) -> dict | None:
+    share = await kube.get(object_path(API_VERSION, "amdgpushares", MIXED_SHARE, namespace=MIXED_NAMESPACE))
+    status = share.get("status") or {}
+    return status if {key: (status.get("used") or {}).get(key) for key in want} == want else None
+
+
+async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_both(cluster, kube, operator,
+                                                                                     mixed_nodes):
+    """Pods written with amd.com/* limits in one DRA pool of a CPX node and a Vega10 node: each whole-GPU
+    pod asking for the MI300X gets one partition of its own (a whole device: no shareID, no mask, no memory
+    limit), each share lands on the Vega10 (the only shared device), no device is handed out twice, every
+    container runs with the CDI device and environment the device plugin would give it on that device
+    (worked out here from the captures), and the namespace's AmdGpuShare counts all four."""
+    cpx, vega = mixed_nodes["cpx"], mixed_nodes["vega"]
+    cpx_gpus = {device_name(gpu.id): gpu for gpu in discover(cpx.sysfs_root).gpus}
+    cpx_specs = {device_name(spec.gpu_id): spec for spec in
+                 NodeInventory.from_gpu_infos(cpx.name, list(cpx_gpus.values()), Sharing()).gpus}
+    [vega_gpu] = discover(vega.sysfs_root).gpus
+    assert len(cpx_gpus) == 63 and all(spec.partition and spec.cu_count == 38 for spec in cpx_specs.values())
+    await create_pool(kube, MIXED_POOL, MIXED_SELECTOR, "DRA")
+    cluster.kubectl("create", "namespace", MIXED_NAMESPACE, check=False)
+    await kube.create(object_path(API_VERSION, "amdgpushares", namespace=MIXED_NAMESPACE), {
+        "apiVersion": API_VERSION, "kind": "AmdGpuShare",
+        "metadata": {"name": MIXED_SHARE, "namespace": MIXED_NAMESPACE},
+        "spec": {"limits": {"gpus": 8}}})
+
+    mi300x = {"amd.com/use-gputype": "MI300X"}
+    pods = {"part-a": mixed_pod("part-a", mi300x, gpu="1"), "part-b": mixed_pod("part-b", mi300x, gpu="1"),
+            "share-a": mixed_pod("share-a", gpu="1", gpumem="2048", gpucores="25"),
+            "share-b": mixed_pod("share-b", gpu="1", gpumem="4096", gpucores="50")}
+    await wait_for(lambda: _async(admitted_as_claim(cluster, pods["share-b"])), timeout_s=90,
+                   what="the webhook writing claims for the mixed pool (both nodes' GPUs known)")
+    specs = {}
+    for name, pod in pods.items():  # one at a time: the CUs each share gets are then worked out here
+        await kube.create(f"/api/v1/namespaces/{MIXED_NAMESPACE}/pods", pod)
+        specs[name] = await wait_for(lambda: _running(kube, name), timeout_s=90, what=f"{name} Running")
+
+    results = {}
+    for name in pods:
+        claim = await _claim_of_pod(kube, name)
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        results[name] = (claim["metadata"]["uid"], result)
+        assert specs[name]["main"]["cdiDevices"] == [f"rocshare.io/gpu={claim['metadata']['uid']}"]
+    # Partitions: two different CPX devices, whole (no share), nothing consumed from capacities.
+    part_devices = [results[name][1]["device"] for name in ("part-a", "part-b")]
+    assert {results[name][1]["pool"] for name in ("part-a", "part-b")} == {cpx.name}
+    assert len(set(part_devices)) == 2 and set(part_devices) <= set(cpx_gpus)
+    assert all("shareID" not in results[name][1] for name in ("part-a", "part-b"))
+    # Shares: both on the Vega10's one device, each with a share of its own.
+    for name in ("share-a", "share-b"):
+        assert (results[name][1]["pool"], results[name][1]["device"]) == (vega.name, device_name(vega_gpu.id))
+    assert results["share-a"][1]["shareID"] != results["share-b"][1]["shareID"]
+    assert consumed(results["share-a"][1])[:2] == (2048, VEGA_CUS * 25 // 100)
+    assert consumed(results["share-b"][1])[:2] == (4096, VEGA_CUS * 50 // 100)
+
+    # What each container received, against the device plugin's rendering on the same device.
+    for name in ("part-a", "part-b"):
+        gpu = cpx_gpus[results[name][1]["device"]]
+        env = specs[name]["main"]["envs"]
+        assert "HSA_CU_MASK" not in env and "HIP_DEVICE_MEMORY_LIMIT_0" not in env  # whole: no mask, no limit
+        expected = device_plugin_env(pods[name], gpu, str(cpx.hook_dir))
+        assert {key: env.get(key) for key in expected} == expected
+        assert (str(cpx.dev_root / "dri" / f"renderD{gpu.render_minor}"), f"/dev/dri/renderD{gpu.render_minor}") in {
+            (d["hostPath"], d["containerPath"]) for d in specs[name]["main"]["devices"]}
+    share_a, share_b = specs["share-a"]["main"]["envs"], specs["share-b"]["main"]["envs"]
+    expected_a = device_plugin_env(pods["share-a"], vega_gpu, str(vega.hook_dir))  # first on the empty GPU
+    assert {key: share_a.get(key) for key in expected_a} == expected_a
+    assert (share_a["HSA_CU_MASK"], share_a["HIP_DEVICE_MEMORY_LIMIT_0"]) == ("0:0-15", "2048m")
+    assert (share_b["HSA_CU_MASK"], share_b["HIP_DEVICE_MEMORY_LIMIT_0"]) == ("0:16-47", "4096m")  # the next 32
+
+    # The share counts all four: each partition whole (its registered memory, 100 % of its cores).
+    part_mib = sum(cpx_specs[device].memory_mib for device in part_devices)
+    status = await wait_for(lambda: _mixed_share(kube, {"gpus": 4, "memoryMiB": 2048 + 4096 + part_mib,
+                                                        "coresPercent": 25 + 50 + 100 + 100}),
+                            timeout_s=60, what="the share counting the partitions and the shares")
+    claim_names = [(await _claim_of_pod(kube, name))["metadata"]["name"] for name in pods]
+    assert sorted(holder["pod"] for holder in status["pods"]) == sorted(f"resourceclaim/{c}" for c in claim_names)

@@ -44,17 +44,21 @@ pytestmark = pytest.mark.e2e
 MIB = 2**20
 VEGA_MIB, VEGA_CUS = 16368, 64
 DEVICE = "gpu-c34ec50444dd0a6c"
+WHOLE_DEVICE = f"{DEVICE}-whole"
+OFFERED = 2
+"""Devices the Vega10 node publishes on 1.37: its whole twin and its shared device."""
 RESOURCE = "/apis/resource.k8s.io/v1"
 NAMESPACE = "default"
 
 
 def dra_node(cluster, capture: Path, prefix: str) -> SimulatedNode:
     """A simulated node whose agent runs in DRA mode, its kubelet folders and CDI folder under its root
-    (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer)."""
+    (a short folder in /tmp: a unix socket's path holds at most 107 bytes, pytest's tmp_path is longer).
+    Its agent offers each shared GPU whole too (--dra-whole-twins): this file's schedulers are 1.37.2."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
     return SimulatedNode(name=name, kubeconfig=cluster.kubeconfig, sysfs_root=capture, work_dir=work,
-                         bin_dir=cluster.bin_dir, health_interval_s=0.3, dra=True)
+                         bin_dir=cluster.bin_dir, health_interval_s=0.3, dra=True, agent_args=("--dra-whole-twins",))
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +74,10 @@ def node(cluster, sysfs_fixtures):
 
 def slice_path(node: SimulatedNode) -> str:
     return f"{RESOURCE}/resourceslices/{node.name}-gpu.rocshare.io"
+
+
+def counters_path(node: SimulatedNode) -> str:
+    return f"{RESOURCE}/resourceslices/{node.name}-gpu.rocshare.io-counters"
 
 
 async def stored_slice(kube: Kube, node: SimulatedNode) -> dict | None:
@@ -149,7 +157,14 @@ async def test_the_agent_publishes_its_slice_and_follows_health(kube, node):
     assert body["metadata"]["ownerReferences"][0]["kind"] == "Node"
     node_uid = (await kube.get(object_path("v1", "nodes", node.name)))["metadata"]["uid"]
     assert body["metadata"]["ownerReferences"][0]["uid"] == node_uid
-    [device] = body["spec"]["devices"]
+    # 1.37 serves shared counters: the GPU is offered whole (its twin, first) and shared, one counter for both.
+    twin, device = body["spec"]["devices"]
+    assert twin["name"] == WHOLE_DEVICE and "allowMultipleAllocations" not in twin
+    assert twin["consumesCounters"] == device["consumesCounters"] == [
+        {"counterSet": DEVICE, "counters": {"gpu": {"value": "1"}}}]
+    counters = await kube.get(counters_path(node))
+    assert counters["spec"]["sharedCounters"] == [{"name": DEVICE, "counters": {"gpu": {"value": "1"}}}]
+    assert counters["spec"]["pool"] == body["spec"]["pool"] and body["spec"]["pool"]["resourceSliceCount"] == 2
     assert device["name"] == DEVICE and device["allowMultipleAllocations"] is True  # kept: the gate is on
     memory, compute = device["capacity"]["memory"], device["capacity"]["compute"]
     assert memory_mib_quantity(memory["value"]) == VEGA_MIB
@@ -160,10 +175,11 @@ async def test_the_agent_publishes_its_slice_and_follows_health(kube, node):
     generation = body["spec"]["pool"]["generation"]
 
     node.set_gpu_healthy(128, False)  # renderD128 gone: the device is lost
-    gone = await wait_for(lambda: _with_devices(kube, node, 0), timeout_s=15, what="the sick GPU left out")
-    assert gone["spec"]["pool"]["generation"] == generation + 1
+    sick = await wait_for(lambda: _with_devices(kube, node, 0), timeout_s=15, what="the sick GPU left out")
+    assert sick["spec"]["pool"] == {"name": node.name, "generation": generation + 1, "resourceSliceCount": 1}
+    assert await gone(kube, counters_path(node))  # nothing to twin: the counters slice goes
     node.set_gpu_healthy(128, True)
-    back = await wait_for(lambda: _with_devices(kube, node, 1), timeout_s=15, what="the GPU offered again")
+    back = await wait_for(lambda: _with_devices(kube, node, OFFERED), timeout_s=15, what="the GPU offered again")
     assert back["spec"]["pool"]["generation"] == generation + 2
 
 
@@ -190,7 +206,7 @@ async def test_a_claim_runs_on_the_simulated_node_with_its_cdi_device_and_is_unp
     socket) before it reports the pod Running, and the container receives the claim's CDI device and
     the edits of the CDI spec the plugin wrote; deleting the pod unprepares the claim before the pod
     object goes. Runs first on the empty GPU and leaves it empty for the tests after it."""
-    await wait_for(lambda: _with_devices(kube, node, 1), timeout_s=30, what="the node's device published")
+    await wait_for(lambda: _with_devices(kube, node, OFFERED), timeout_s=30, what="the node's device published")
     await claim_with_pod(kube, node, "runs", memory="2Gi", compute="8")
     specs = await wait_for(lambda: running_specs(kube, "pod-runs"), timeout_s=60, what="pod-runs Running")
     uid = await claim_uid(kube, "runs")
@@ -225,9 +241,50 @@ async def test_a_claim_runs_on_the_simulated_node_with_its_cdi_device_and_is_unp
     await wait_for(lambda: gone(kube, claim_path), timeout_s=30, what="claim runs deleted")
 
 
+async def test_a_whole_gpu_claim_and_shares_of_it_never_overlap_through_the_shared_counter(cluster, kube, node):
+    """Partitionable devices (KEP-4815) on kube-scheduler 1.37.2: the GPU's whole twin and its shared
+    device consume its one counter. A share held: a claim asking no capacity (the whole GPU) is refused,
+    though the twin alone would fit it; the share freed, the claim gets the twin (no shareID, nothing
+    consumed) and runs with the whole GPU (no mask, no limit); then a share is refused until the whole
+    claim goes. Starts and leaves the GPU empty."""
+    await wait_for(lambda: _with_devices(kube, node, OFFERED), timeout_s=30, what="the node's devices published")
+    await claim_with_pod(kube, node, "held-share", memory="2Gi", compute="8")
+    await wait_for(lambda: running_specs(kube, "pod-held-share"), timeout_s=60, what="the share running")
+    [share] = (await allocation(kube, "held-share"))["devices"]["results"]
+    assert share["device"] == DEVICE and share["shareID"]
+    await claim_with_pod(kube, node, "whole-gpu")
+    message = await wait_for(lambda: unschedulable_message(kube, "pod-whole-gpu"), timeout_s=30, what="whole refused")
+    assert "cannot allocate all claims" in message and await allocation(kube, "whole-gpu") is None
+
+    await _delete_claim_and_pod(kube, "held-share")
+    whole = await wait_for(lambda: running_specs(kube, "pod-whole-gpu"), timeout_s=60, what="the whole claim running")
+    [result] = (await allocation(kube, "whole-gpu"))["devices"]["results"]
+    assert result["device"] == WHOLE_DEVICE and "shareID" not in result and "consumedCapacity" not in result
+    env = whole["main"]["envs"]
+    assert "HSA_CU_MASK" not in env and not any(key.startswith("HIP_DEVICE_MEMORY_LIMIT") for key in env)
+    assert (str(node.dev_root / "dri" / "renderD128"), "/dev/dri/renderD128") in {
+        (d["hostPath"], d["containerPath"]) for d in whole["main"]["devices"]}
+
+    await claim_with_pod(kube, node, "late-share", memory="1Gi", compute="4")
+    message = await wait_for(lambda: unschedulable_message(kube, "pod-late-share"), timeout_s=30, what="share refused")
+    assert "cannot allocate all claims" in message and await allocation(kube, "late-share") is None
+    await _delete_claim_and_pod(kube, "whole-gpu")
+    [late] = (await allocated(kube, "late-share"))["devices"]["results"]
+    assert late["device"] == DEVICE and consumed(late) == (1024, 4, 1)
+    await _delete_claim_and_pod(kube, "late-share")
+
+
+async def _delete_claim_and_pod(kube: Kube, name: str) -> None:
+    """Gracefully: the peer unprepares the claim, then removes the pod; then the claim goes."""
+    for path in (f"/api/v1/namespaces/{NAMESPACE}/pods/pod-{name}",
+                 f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims/{name}"):
+        await kube.delete(path)
+        await wait_for(lambda: gone(kube, path), timeout_s=30, what=f"{path} deleted")
+
+
 async def test_kube_scheduler_shares_one_gpu_refuses_overflow_and_whole_and_the_plugin_prepares(
         cluster, kube, node):
-    await wait_for(lambda: _with_devices(kube, node, 1), timeout_s=30, what="the node's device published")
+    await wait_for(lambda: _with_devices(kube, node, OFFERED), timeout_s=30, what="the node's device published")
     await claim_with_pod(kube, node, "share-a", memory="4Gi", compute="16")
     first = await allocated(kube, "share-a")
     await claim_with_pod(kube, node, "share-b", memory="6Gi", compute="24")
@@ -301,7 +358,7 @@ async def test_rdna_compute_is_rounded_up_to_whole_wgps_by_the_scheduler(cluster
     apu = dra_node(cluster, sysfs_fixtures / "strixpoint-apu", "dra-apu")
     apu.start()
     try:
-        await wait_for(lambda: _with_devices(kube, apu, 1), timeout_s=30, what="the APU's device published")
+        await wait_for(lambda: _with_devices(kube, apu, OFFERED), timeout_s=30, what="the APU's devices published")
         await claim_with_pod(kube, apu, "apu-share", memory="1Gi", compute="5")
         [result] = (await allocated(kube, "apu-share"))["devices"]["results"]
         assert result["pool"] == apu.name and result["device"] == "gpu-pci-0000-c1-00-0"

@@ -37,6 +37,11 @@ class SliceStore:
         self.objects.pop(path, None)
         return {}
 
+    async def request(self, method: str, path: str, *, body: dict, query: dict) -> dict:
+        """The dry-run probe for shared counters: answered as an API server that drops them (1.35)."""
+        assert (method, query) == ("POST", {"dryRun": "All"}) and "sharedCounters" in body["spec"]
+        return {**body, "spec": {key: value for key, value in body["spec"].items() if key != "sharedCounters"}}
+
 
 def test_writes_on_change_only_and_raises_the_generation(sysfs):
     gpus = discover(sysfs / "mi210-8gpu-xgmi").gpus
@@ -108,3 +113,59 @@ def test_a_slice_deleted_by_someone_else_is_written_again_at_the_next_read_back(
 
     asyncio.run(scenario())
     assert store.objects[PATH]["spec"]["pool"]["generation"] == 1  # a new pool: its generation starts again
+
+
+class CountersStore(SliceStore):
+    """An API server that serves shared counters (1.36 and later)."""
+
+    async def request(self, method: str, path: str, *, body: dict, query: dict) -> dict:
+        return body
+
+
+def test_with_counters_served_the_counters_slice_is_written_first_and_withdrawn_with_the_devices(sysfs):
+    gpus = discover(sysfs / "vega10-1gpu").gpus
+    store = CountersStore()
+    order: list[str] = []
+    apply = store.apply
+
+    async def recording_apply(path: str, body: dict, *, field_manager: str) -> dict:
+        order.append(path.rsplit("/", 1)[1])
+        return await apply(path, body, field_manager=field_manager)
+
+    store.apply = recording_apply
+    publisher = SlicePublisher(store, "node-a", whole_twins=True)
+
+    async def scenario():
+        assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is True
+        assert await publisher.publish(gpus, Sharing(), node_uid="uid-a") is False
+        await publisher.withdraw()
+
+    asyncio.run(scenario())
+    assert order == ["node-a-gpu.rocshare.io-counters", "node-a-gpu.rocshare.io"]
+    assert publisher.counters is True and store.objects == {}
+
+
+def test_a_pool_that_loses_its_twins_deletes_its_counters_slice(sysfs):
+    gpus = discover(sysfs / "vega10-1gpu").gpus
+    store = CountersStore()
+    publisher = SlicePublisher(store, "node-a", whole_twins=True)
+
+    async def scenario():
+        await publisher.publish(gpus, Sharing(), node_uid="uid-a")
+        assert set(store.objects) == {PATH, PATH + "-counters"}
+        sick = [gpu.model_copy(update={"healthy": False}) for gpu in gpus]  # no shared GPU left to twin
+        assert await publisher.publish(sick, Sharing(), node_uid="uid-a") is True
+
+    asyncio.run(scenario())
+    assert set(store.objects) == {PATH}
+    assert store.objects[PATH]["spec"]["pool"] == {"name": "node-a", "generation": 2, "resourceSliceCount": 1}
+
+
+def test_without_whole_twins_asked_the_pool_is_one_slice_even_where_counters_are_served(sysfs):
+    gpus = discover(sysfs / "vega10-1gpu").gpus
+    store = CountersStore()
+    publisher = SlicePublisher(store, "node-a")
+
+    asyncio.run(publisher.publish(gpus, Sharing(), node_uid="uid-a"))
+    assert set(store.objects) == {PATH} and publisher.counters is False
+    assert [device["name"] for device in store.objects[PATH]["spec"]["devices"]] == ["gpu-c34ec50444dd0a6c"]

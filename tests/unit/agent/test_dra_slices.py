@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rocshare.api import dra
 from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
-from rocshare.core.resource_slices import device_name, gpus_by_device, resource_slice, slice_devices
+from rocshare.core.resource_slices import (device_name, gpus_by_device, pool_slices, resource_slice, slice_devices,
+                                          specs_by_device)
 from rocshare_agent.discovery import discover
 
 MIB = 1024 * 1024
@@ -137,3 +138,45 @@ def test_the_shipped_device_class_is_the_codes():
     assert shipped["apiVersion"] == expected["apiVersion"] and shipped["kind"] == expected["kind"]
     assert shipped["metadata"]["name"] == expected["metadata"]["name"] == "gpu.rocshare.io"
     assert shipped["spec"] == expected["spec"]
+
+
+def test_with_shared_counters_each_shared_gpu_has_a_whole_twin_consuming_its_one_counter(sysfs):
+    """MI210 x 8 (cu mode): 16 devices, each GPU's whole twin listed before its shared device, both
+    consuming the GPU's one counter, whose set is in the pool's second slice."""
+    gpus = discover(sysfs / "mi210-8gpu-xgmi").gpus
+    shared = slice_devices("mi210", gpus, Sharing())
+    main, counters = pool_slices(node_name="mi210", node_uid="uid", gpus=gpus, sharing=Sharing(), generation=4,
+                                 counters=True)
+    assert main["metadata"]["name"] == "mi210-gpu.rocshare.io"
+    assert counters["metadata"]["name"] == "mi210-gpu.rocshare.io-counters"
+    for body in (main, counters):
+        assert body["spec"]["pool"] == {"name": "mi210", "generation": 4, "resourceSliceCount": 2}
+        assert body["metadata"]["ownerReferences"][0]["uid"] == "uid"
+    assert "devices" not in counters["spec"] and "sharedCounters" not in main["spec"]  # the API's rule: one or other
+    assert counters["spec"]["sharedCounters"] == [{"name": device["name"], "counters": {"gpu": {"value": "1"}}}
+                                                  for device in shared]
+    devices = main["spec"]["devices"]
+    assert len(devices) == 16 <= dra.SLICE_DEVICES_WITH_COUNTERS_MAX
+    for gpu, device, (twin, share) in zip(gpus, shared, zip(devices[::2], devices[1::2])):
+        consumes = [{"counterSet": device["name"], "counters": {"gpu": {"value": "1"}}}]
+        assert twin == {"name": f"{device_name(gpu.id)}-whole", "attributes": device["attributes"],
+                        "capacity": {"memory": {"value": "0"}, "compute": {"value": "0"}}, "consumesCounters": consumes}
+        assert share == {**device, "consumesCounters": consumes}
+    # Both names map back to the GPU, for prepare and for accounting.
+    specs = specs_by_device("mi210", gpus, Sharing())
+    for gpu in gpus:
+        assert gpus_by_device(gpus)[f"{device_name(gpu.id)}-whole"] == gpu
+        assert specs[f"{device_name(gpu.id)}-whole"] is specs[device_name(gpu.id)]
+
+
+def test_one_slice_without_counters_without_shared_gpus_or_past_the_apis_limits(sysfs):
+    mi210 = discover(sysfs / "mi210-8gpu-xgmi").gpus
+    cpx = discover(sysfs / "mi300x-8gpu-cpx").gpus  # 63 partitions: whole already, nothing to twin
+    nine = [*mi210, mi210[0].model_copy(update={"id": "GPU-ninth", "index": 8})]  # 9 counter sets > 8
+    single = resource_slice(node_name="n", node_uid="u", gpus=mi210, sharing=Sharing(), generation=1)
+    assert pool_slices(node_name="n", node_uid="u", gpus=mi210, sharing=Sharing(), generation=1,
+                       counters=False) == [single]
+    for gpus in (cpx, nine):
+        [body] = pool_slices(node_name="n", node_uid="u", gpus=gpus, sharing=Sharing(), generation=1, counters=True)
+        assert body == resource_slice(node_name="n", node_uid="u", gpus=gpus, sharing=Sharing(), generation=1)
+        assert not any("consumesCounters" in device for device in body["spec"]["devices"])

@@ -162,8 +162,7 @@ async def _dra_phase(stack: e2e.Stack, kube: Kube, root: Path, *, nodes: int, po
     from rocshare_agent.discovery import discover
 
     sysfs = mi210_with_synthetic_vram(FIXTURES, root)
-    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE),
-                      claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, discover(sysfs).gpus))
+    await create_template(kube, discover(sysfs).gpus)
     fleet = SimulatedFleet(kubeconfig=stack.cluster.kubeconfig, work_dir=root / "dra-nodes", node_count=nodes,
                            sysfs_root=sysfs, prefix=FLEET_PREFIX, labels=DRA_LABEL, dra=True,
                            bin_dir=stack.cluster.bin_dir)  # the peer of the cluster's version: its DRA manager
@@ -196,10 +195,7 @@ async def _dra_phase_bound_only(stack: e2e.Stack, kube: Kube, root: Path, *, nod
     from rocshare_agent.discovery import discover
 
     gpus = discover(mi210_with_synthetic_vram(FIXTURES, root)).gpus
-    template = claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)
-    for device_class in template_classes(template, gpus):  # as admission writes them, before the template
-        await kube.create(f"{RESOURCE}/deviceclasses", device_class)
-    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE), template)
+    await create_template(kube, gpus)
     names = [f"{NODE_PREFIX}{index:05d}" for index in range(nodes)]
     await publish_nodes(kube, {name: (dra_node(name), gpus) for name in names})
     stack.baseline_scheduler = e2e.start_baseline_scheduler(stack.cluster)  # a plain profile: DRA alone allocates
@@ -211,6 +207,15 @@ async def _dra_phase_bound_only(stack: e2e.Stack, kube: Kube, root: Path, *, nod
     stack.stop_baseline_scheduler()
     await _delete_dra_nodes(kube)
     return result
+
+
+async def create_template(kube: Kube, gpus: list[GpuInfo]) -> None:
+    """The bench's ResourceClaimTemplate, after the GPU-shape DeviceClasses its claim names (as
+    admission writes them: the classes first)."""
+    template = claim_template(TEMPLATE, NAMESPACE, e2e.SLICE, gpus)
+    for device_class in template_classes(template, gpus):
+        await kube.create(f"{RESOURCE}/deviceclasses", device_class)
+    await kube.create(object_path(dra.RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=NAMESPACE), template)
 
 
 def write_inputs(folder: Path) -> None:

@@ -234,20 +234,17 @@ def _write_limits(slice_dir, generation: int, limit_bytes: int) -> None:
     temporary.rename(slice_dir / "limits")
 
 
-class Server:
-    """hook-probe serve: one running process that allocates on request and holds it all."""
+class LineProbe:
+    """One running hook-probe process in `mode` that answers each line it reads with one JSON line."""
+
+    mode = ""
 
     def __init__(self, hook_build: HookBuild, env):
-        self.proc = subprocess.Popen([str(hook_build.probe), "serve"], env=env, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([str(hook_build.probe), self.mode], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def alloc(self, nbytes: int) -> dict:
-        self.proc.stdin.write(f"{nbytes}\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def free(self) -> dict:
-        self.proc.stdin.write("free\n")
+    def ask(self, command: str) -> dict:
+        self.proc.stdin.write(f"{command}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
@@ -255,6 +252,18 @@ class Server:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
         return self.proc.stderr.read()
+
+
+class Server(LineProbe):
+    """hook-probe serve: one running process that allocates on request and holds it all."""
+
+    mode = "serve"
+
+    def alloc(self, nbytes: int) -> dict:
+        return self.ask(str(nbytes))
+
+    def free(self) -> dict:
+        return self.ask("free")
 
 
 def test_a_limit_raised_in_the_slice_file_applies_without_a_restart(hook_build: HookBuild, tmp_path):
@@ -336,23 +345,11 @@ def test_the_container_cannot_raise_its_limit_without_the_slice_file(hook_build:
     assert "the slice's limits file is missing" in stderr
 
 
-class Queues:
+class Queues(LineProbe):
     """hook-probe queues: one running process that makes streams (ROCr queues), launches, allocates
     and reports every queue's CU mask, on request."""
 
-    def __init__(self, hook_build: HookBuild, env):
-        self.proc = subprocess.Popen([str(hook_build.probe), "queues"], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def ask(self, command: str) -> dict:
-        self.proc.stdin.write(f"{command}\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> str:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        return self.proc.stderr.read()
+    mode = "queues"
 
 
 def _write_cu_limits(slice_dir, generation: int, cu_ranges: str) -> None:

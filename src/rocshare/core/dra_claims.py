@@ -16,7 +16,10 @@ Invariants: a request that asks neither memory nor cores asks no capacity (every
 whole GPU); omitted cores ask no compute (the pool's omittedCores default decides, as it does for
 pods); ``amd.com/gpu: N`` > 1 is N devices with a ``distinctAttribute`` on the uuid (never two
 shares of one GPU); numa-bind and link-bind become ``matchAttribute`` constraints on the NUMA node
-and the XGMI hive; product filters become CEL selectors. More shapes than the API allows
+and the XGMI hive; product filters become CEL selectors. A partition kind as mixed naming writes it
+(``amd.com/cpx_nps4: N``) is N whole partitions of class gpu.rocshare.io selected by their
+``computePartition`` and ``memoryPartition`` attributes (partition_selector, on the device plugin's
+naming rule), refused when the pool has no partition of that kind. More shapes than the API allows
 subrequests (8) is an error that names them.
 """
 
@@ -219,7 +222,8 @@ def _choice_cost(choice: Mapping, shapes: Sequence[GpuSpec], omitted: OmittedCor
         raise RequestError(f"allocationMode {mode!r} cannot be counted against a quota")
     count = int(choice.get("count") or 1) if mode == "ExactCount" else ALL_MODE_DEVICES
     expressions = {(selector.get("cel") or {}).get("expression") for selector in choice.get("selectors") or ()}
-    kinds = {kind for kind in {spec.partition_kind for spec in shapes} if kind and partition_selector(kind) in expressions}
+    kinds = {kind for kind in {spec.partition_kind for spec in shapes}
+             if kind and partition_selector(kind) in expressions}
     candidates = [spec for spec in shapes if shape_selector(spec) in expressions
                   or shape_class_name(spec) == choice.get("deviceClassName") or spec.partition_kind in kinds] \
         or list(shapes)

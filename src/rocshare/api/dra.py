@@ -45,6 +45,7 @@ ATTRIBUTE_CU_PER_WGP = "cuPerWGP"
 ATTRIBUTE_XGMI_HIVE = "xgmiHive"
 ATTRIBUTE_XGMI_PEERS = "xgmiPeerCount"
 ATTRIBUTE_PARTITION = "computePartition"
+ATTRIBUTE_MEMORY_PARTITION = "memoryPartition"
 ATTRIBUTE_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ATTRIBUTE_NUMA_NODE = "resource.kubernetes.io/numaNode"
 ATTRIBUTE_STRING_MAX_CHARS = 64

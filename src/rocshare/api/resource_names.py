@@ -15,7 +15,7 @@ import re
 
 from collections.abc import Iterable
 
-from rocshare.api.models import GpuInfo, OperatingMode, ResourceNaming, Sharing
+from rocshare.api.models import GpuInfo, OperatingMode, Partition, ResourceNaming, Sharing
 
 GPU_RESOURCE = "amd.com/gpu"
 COMPUTE_MODES = ("spx", "dpx", "tpx", "qpx", "cpx")
@@ -37,13 +37,30 @@ def is_gpu_resource(name: str) -> bool:
 
 def resource_for(gpu: GpuInfo, *, naming: ResourceNaming, operating_mode: OperatingMode) -> str:
     """The resource name `gpu` is offered under on a node with these settings."""
-    if naming is ResourceNaming.MIXED and operating_mode is OperatingMode.PARTITION and gpu.partition is not None:
-        compute = gpu.partition.compute_mode.lower()
-        memory = (gpu.partition.memory_mode or "").lower()
-        name = f"amd.com/{compute}_{memory}" if memory else f"amd.com/{compute}"
-        if is_partition_resource(name):
-            return name
+    if naming is ResourceNaming.MIXED and operating_mode is OperatingMode.PARTITION:
+        return partition_resource(gpu.partition) or GPU_RESOURCE
     return GPU_RESOURCE
+
+
+def partition_resource(partition: Partition | None) -> str | None:
+    """The partition kind mixed naming offers a partition of these modes under (``amd.com/cpx_nps4``;
+    ``amd.com/cpx`` when its memory mode is unknown); None for no partition or modes it has no name for.
+    DRA pools match a partition kind against the same modes (rocshare.core.dra_claims.partition_selector)."""
+    if partition is None:
+        return None
+    compute = partition.compute_mode.lower()
+    memory = (partition.memory_mode or "").lower()
+    name = f"amd.com/{compute}_{memory}" if memory else f"amd.com/{compute}"
+    return name if is_partition_resource(name) else None
+
+
+def partition_modes(resource: str) -> tuple[str, str | None]:
+    """The compute and memory modes (lower case; memory None when the name has none) a partition kind
+    names: the inverse of partition_resource. Raises ValueError for a name that is no partition kind."""
+    found = PARTITION_RESOURCE.match(resource)
+    if found is None:
+        raise ValueError(f"{resource} is not a partition kind")
+    return found.group(1), found.group(2)
 
 
 def named(gpus: Iterable[GpuInfo], sharing: Sharing) -> list[GpuInfo]:

@@ -16,7 +16,10 @@ Invariants: a request that asks neither memory nor cores asks no capacity (every
 whole GPU); omitted cores ask no compute (the pool's omittedCores default decides, as it does for
 pods); ``amd.com/gpu: N`` > 1 is N devices with a ``distinctAttribute`` on the uuid (never two
 shares of one GPU); numa-bind and link-bind become ``matchAttribute`` constraints on the NUMA node
-and the XGMI hive; product filters become CEL selectors. More shapes than the API allows
+and the XGMI hive; product filters become CEL selectors. A partition kind as mixed naming writes it
+(``amd.com/cpx_nps4: N``) is N whole partitions of class gpu.rocshare.io selected by their
+``computePartition`` and ``memoryPartition`` attributes (partition_selector, on the device plugin's
+naming rule), refused when the pool has no partition of that kind. More shapes than the API allows
 subrequests (8) is an error that names them.
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from rocshare.api import dra
 from rocshare.api.models import OmittedCores
+from rocshare.api.resource_names import GPU_RESOURCE, partition_modes
 from rocshare.core.fit import need_for
 from rocshare.core.holdings import Held
 from rocshare.core.inventory import GpuSpec
@@ -41,19 +45,48 @@ _ATTRIBUTES = f"device.attributes['{dra.DRIVER_NAME}']"
 
 def claim_spec(container: ContainerRequest, shapes: Sequence[GpuSpec], *, selection: Selection = Selection()) -> dict:
     """The ResourceClaim spec equivalent to `container`'s request in a pool whose GPUs have `shapes`."""
-    if container.resource != "amd.com/gpu":
-        raise RequestError(f"container {container.name!r}: {container.resource} is a partition kind; "
-                           f"DRA pools offer partitions as whole devices of class {dra.DEVICE_CLASS_NAME}")
+    if container.resource != GPU_RESOURCE:
+        request = {"name": REQUEST_NAME, "exactly": _partition_exactly(container, shapes, selection)}
+        return _with_constraints({"devices": {"requests": [request]}}, container, selection)
     per_shape = container.memory_pct is not None or container.cores_pct is not None
     if per_shape:
         request = {"name": REQUEST_NAME, "firstAvailable": _subrequests(container, shapes, selection)}
     else:
         request = {"name": REQUEST_NAME, "exactly": _exactly(container, selection)}
-    spec: dict = {"devices": {"requests": [request]}}
+    return _with_constraints({"devices": {"requests": [request]}}, container, selection)
+
+
+def _with_constraints(spec: dict, container: ContainerRequest, selection: Selection) -> dict:
     constraints = _constraints(container, selection)
     if constraints:
         spec["devices"]["constraints"] = constraints
     return spec
+
+
+def _partition_exactly(container: ContainerRequest, shapes: Sequence[GpuSpec], selection: Selection) -> dict:
+    """N whole partitions of one kind (amd.com/cpx_nps4: N): count N, no capacity (a partition is whole),
+    the kind's selector (partition_selector). A kind none of the pool's GPUs is in is refused, naming it."""
+    kinds = sorted({spec.partition_kind for spec in shapes if spec.partition_kind})
+    if container.resource not in kinds:
+        held = f"its partitions are {', '.join(kinds)}" if kinds else "it has no partitions"
+        raise RequestError(f"container {container.name!r}: the pool has no {container.resource} partition ({held})")
+    selectors = [{"cel": {"expression": partition_selector(container.resource)}}, *_selection_selectors(selection)]
+    return {"deviceClassName": dra.DEVICE_CLASS_NAME, "allocationMode": "ExactCount", "count": container.gpus,
+            "selectors": selectors}
+
+
+def partition_selector(kind: str) -> str:
+    """The CEL selector of the partitions of one kind (amd.com/cpx_nps4): the devices whose
+    computePartition and memoryPartition attributes are the modes the name says, as mixed naming
+    names a partition (rocshare.api.resource_names.partition_resource; a kind without a memory mode,
+    amd.com/cpx, is a partition whose memory mode is unknown)."""
+    compute, memory = partition_modes(kind)
+    compute_attr, memory_attr = (f"{_ATTRIBUTES}.{dra.ATTRIBUTE_PARTITION}",
+                                 f"{_ATTRIBUTES}.{dra.ATTRIBUTE_MEMORY_PARTITION}")
+    term = f"has({compute_attr}) && {compute_attr}.lowerAscii() == {_cel_string(compute)}"
+    if memory is None:
+        return f"{term} && !has({memory_attr})"
+    return f"{term} && has({memory_attr}) && {memory_attr}.lowerAscii() == {_cel_string(memory)}"
 
 
 def _exactly(container: ContainerRequest, selection: Selection) -> dict:
@@ -189,8 +222,11 @@ def _choice_cost(choice: Mapping, shapes: Sequence[GpuSpec], omitted: OmittedCor
         raise RequestError(f"allocationMode {mode!r} cannot be counted against a quota")
     count = int(choice.get("count") or 1) if mode == "ExactCount" else ALL_MODE_DEVICES
     expressions = {(selector.get("cel") or {}).get("expression") for selector in choice.get("selectors") or ()}
+    kinds = {kind for kind in {spec.partition_kind for spec in shapes}
+             if kind and partition_selector(kind) in expressions}
     candidates = [spec for spec in shapes if shape_selector(spec) in expressions
-                  or shape_class_name(spec) == choice.get("deviceClassName")] or list(shapes)
+                  or shape_class_name(spec) == choice.get("deviceClassName") or spec.partition_kind in kinds] \
+        or list(shapes)
     if not candidates:
         raise RequestError("no GPU of a pool serving DRA is known yet, so what the claim may take cannot be counted")
     asked = (choice.get("capacity") or {}).get("requests") or {}

@@ -20,7 +20,7 @@ from weakref import WeakValueDictionary
 
 from rocshare.api.gfx import effective_memory_scaling, is_rdna
 from rocshare.api.models import CuLayout, GpuInfo, OmittedCores, OperatingMode, Sharing
-from rocshare.api.resource_names import GPU_RESOURCE
+from rocshare.api.resource_names import GPU_RESOURCE, partition_resource
 from rocshare.core.cu_topology import CuTopology
 from rocshare.core.ids import GpuId, NodeName
 
@@ -77,6 +77,9 @@ class GpuSpec:
     partition: bool = False
     resource: str = GPU_RESOURCE
     """The extended resource it is offered under (rocshare.api.resource_names)."""
+    partition_kind: str = ""
+    """A partition's kind as mixed naming names it (rocshare.api.resource_names.partition_resource:
+    amd.com/cpx_nps4), whatever the pool's naming; "" for a GPU that is no partition of a known mode."""
     topology: CuTopology | None = None
     """Where the kernel puts each CU mask bit (rocshare.core.cu_topology); None when the agent did not say."""
     cu_layout: CuLayout = CuLayout.PACKED
@@ -195,6 +198,7 @@ def _spec(pos: int, info: GpuInfo, by_bdf: dict[str, GpuId], sharing: Sharing, p
         healthy=info.healthy,
         partition=partition_mode or info.partition is not None,
         resource=info.resource,  # as the agent names and registers it (rocshare.api.resource_names.named)
+        partition_kind=sys.intern(partition_resource(info.partition) or ""),
         topology=gpu_topology(info),
         cu_layout=sharing.layout_for(info.gfx_target_version),
     )

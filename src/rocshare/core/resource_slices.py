@@ -172,6 +172,8 @@ def _attributes(info: GpuInfo) -> dict[str, dict]:
         attributes[dra.ATTRIBUTE_XGMI_HIVE] = {"string": info.hive_id}
     if info.partition is not None:
         attributes[dra.ATTRIBUTE_PARTITION] = {"string": info.partition.compute_mode}
+        if info.partition.memory_mode:
+            attributes[dra.ATTRIBUTE_MEMORY_PARTITION] = {"string": info.partition.memory_mode}
     return attributes
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from rocshare.api.dra import DRA_SCHEDULER_NAME
-from rocshare.api.models import API_VERSION, GpuInfo, Sharing
+from rocshare.api.models import API_VERSION, GpuInfo, OperatingMode, ResourceNaming, Sharing
+from rocshare.api.resource_names import named
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
 from rocshare.core.inventory import NodeInventory
@@ -119,10 +120,11 @@ async def claim_of(kube: Kube, pod: str) -> dict | None:
     return claim if (claim.get("status") or {}).get("allocation") else None
 
 
-def device_plugin_env(pod: dict, gpu: GpuInfo, hook_dir: str) -> dict[str, str]:
-    """What a device-plugin pool gives `pod` as written, on an empty `gpu`: the extender's allocate,
-    then the agent's renderer (the envs of the device plugin's Allocate response)."""
-    inventory = NodeInventory.from_gpu_infos("n", [gpu], Sharing())
+def device_plugin_env(pod: dict, gpu: GpuInfo, hook_dir: str, sharing: Sharing = Sharing()) -> dict[str, str]:
+    """What a device-plugin pool with `sharing` gives `pod` as written, on an empty `gpu`: the extender's
+    allocate, then the agent's renderer (the envs of the device plugin's Allocate response)."""
+    [gpu] = named([gpu], sharing)  # the resource the agent registers it under
+    inventory = NodeInventory.from_gpu_infos("n", [gpu], sharing)
     record = allocate(inventory, Ledger().usage(inventory), parse_pod(pod), Policy())
     assert not isinstance(record, FitFailure), record
     # Both modes give a slice container its account folder (docs/container-account.md); the host
@@ -500,7 +502,10 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
     pod asking for the MI300X gets one partition of its own (a whole device: no shareID, no mask, no memory
     limit), each share lands on the Vega10 (the only shared device), no device is handed out twice, every
     container runs with the CDI device and environment the device plugin would give it on that device
-    (worked out here from the captures), and the namespace's AmdGpuShare counts all four."""
+    (worked out here from the captures), and the namespace's AmdGpuShare counts all five. The fifth is
+    written as for a device-plugin pool with mixed naming: `amd.com/cpx: 1`, the name the device plugin
+    gives these partitions (the capture has no memory partition mode); a kind the pool has none of
+    (`amd.com/cpx_nps4`) is refused at admission, naming it."""
     cpx, vega = mixed_nodes["cpx"], mixed_nodes["vega"]
     cpx_gpus = {device_name(gpu.id): gpu for gpu in discover(cpx.sysfs_root).gpus}
     cpx_specs = {device_name(spec.gpu_id): spec for spec in
@@ -517,9 +522,17 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
     mi300x = {"amd.com/use-gputype": "MI300X"}
     pods = {"part-a": mixed_pod("part-a", mi300x, gpu="1"), "part-b": mixed_pod("part-b", mi300x, gpu="1"),
             "share-a": mixed_pod("share-a", gpu="1", gpumem="2048", gpucores="25"),
-            "share-b": mixed_pod("share-b", gpu="1", gpumem="4096", gpucores="50")}
-    await wait_for(lambda: _async(admitted_as_claim(cluster, pods["share-b"])), timeout_s=90,
-                   what="the webhook writing claims for the mixed pool (both nodes' GPUs known)")
+            "share-b": mixed_pod("share-b", gpu="1", gpumem="4096", gpucores="50"),
+            "part-kind": mixed_pod("part-kind", cpx="1")}
+    mixed_naming = Sharing(operatingMode=OperatingMode.PARTITION, resourceNaming=ResourceNaming.MIXED)
+    assert {named([gpu], mixed_naming)[0].resource for gpu in cpx_gpus.values()} == {"amd.com/cpx"}
+    for name in ("share-b", "part-kind"):  # a share needs the Vega10's GPU known, a partition kind the CPX's
+        await wait_for(lambda: _async(admitted_as_claim(cluster, pods[name])), timeout_s=90,
+                       what=f"the webhook writing claims for {name} in the mixed pool")
+    absent = mixed_pod("absent-kind", cpx_nps4="1")
+    refusal = _refused(cluster, absent)  # both nodes' GPUs are known now (above)
+    assert refusal is not None and "DraRequestUnsatisfiable" in refusal \
+        and "no amd.com/cpx_nps4 partition (its partitions are amd.com/cpx)" in refusal, refusal
     specs = {}
     for name, pod in pods.items():  # one at a time: the CUs each share gets are then worked out here
         await kube.create(f"/api/v1/namespaces/{MIXED_NAMESPACE}/pods", pod)
@@ -532,10 +545,11 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
         results[name] = (claim["metadata"]["uid"], result)
         assert specs[name]["main"]["cdiDevices"] == [f"rocshare.io/gpu={claim['metadata']['uid']}"]
     # Partitions: two different CPX devices, whole (no share), nothing consumed from capacities.
-    part_devices = [results[name][1]["device"] for name in ("part-a", "part-b")]
-    assert {results[name][1]["pool"] for name in ("part-a", "part-b")} == {cpx.name}
-    assert len(set(part_devices)) == 2 and set(part_devices) <= set(cpx_gpus)
-    assert all("shareID" not in results[name][1] for name in ("part-a", "part-b"))
+    partitioned = ("part-a", "part-b", "part-kind")
+    part_devices = [results[name][1]["device"] for name in partitioned]
+    assert {results[name][1]["pool"] for name in partitioned} == {cpx.name}
+    assert len(set(part_devices)) == 3 and set(part_devices) <= set(cpx_gpus)
+    assert all("shareID" not in results[name][1] for name in partitioned)
     # Shares: both on the Vega10's one device, each with a share of its own.
     for name in ("share-a", "share-b"):
         assert (results[name][1]["pool"], results[name][1]["device"]) == (vega.name, device_name(vega_gpu.id))
@@ -544,11 +558,13 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
     assert consumed(results["share-b"][1])[:2] == (4096, VEGA_CUS * 50 // 100)
 
     # What each container received, against the device plugin's rendering on the same device.
-    for name in ("part-a", "part-b"):
+    for name in partitioned:
         gpu = cpx_gpus[results[name][1]["device"]]
         env = specs[name]["main"]["envs"]
         assert "HSA_CU_MASK" not in env and "HIP_DEVICE_MEMORY_LIMIT_0" not in env  # whole: no mask, no limit
-        expected = device_plugin_env(pods[name], gpu, str(cpx.hook_dir))
+        # part-kind: as a device-plugin pool naming partitions by kind gives amd.com/cpx on this partition.
+        expected = device_plugin_env(pods[name], gpu, str(cpx.hook_dir),
+                                     mixed_naming if name == "part-kind" else Sharing())
         assert {key: env.get(key) for key in expected} == expected
         assert (str(cpx.dev_root / "dri" / f"renderD{gpu.render_minor}"), f"/dev/dri/renderD{gpu.render_minor}") in {
             (d["hostPath"], d["containerPath"]) for d in specs[name]["main"]["devices"]}
@@ -558,10 +574,10 @@ async def test_a_pool_mixing_partitions_and_shared_gpus_places_both_and_counts_b
     assert (share_a["HSA_CU_MASK"], share_a["HIP_DEVICE_MEMORY_LIMIT_0"]) == ("0:0-15", "2048m")
     assert (share_b["HSA_CU_MASK"], share_b["HIP_DEVICE_MEMORY_LIMIT_0"]) == ("0:16-47", "4096m")  # the next 32
 
-    # The share counts all four: each partition whole (its registered memory, 100 % of its cores).
+    # The share counts all five: each partition whole (its registered memory, 100 % of its cores).
     part_mib = sum(cpx_specs[device].memory_mib for device in part_devices)
-    status = await wait_for(lambda: _mixed_share(kube, {"gpus": 4, "memoryMiB": 2048 + 4096 + part_mib,
-                                                        "coresPercent": 25 + 50 + 100 + 100}),
+    status = await wait_for(lambda: _mixed_share(kube, {"gpus": 5, "memoryMiB": 2048 + 4096 + part_mib,
+                                                        "coresPercent": 25 + 50 + 100 + 100 + 100}),
                             timeout_s=60, what="the share counting the partitions and the shares")
     claim_names = [(await _claim_of_pod(kube, name))["metadata"]["name"] for name in pods]
     assert sorted(holder["pod"] for holder in status["pods"]) == sorted(f"resourceclaim/{c}" for c in claim_names)

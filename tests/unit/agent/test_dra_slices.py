@@ -7,7 +7,7 @@ CU counts, WGP sizes), not read back from the codec.
 from __future__ import annotations
 
 from rocshare.api import dra
-from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Sharing
+from rocshare.api.models import GpuInfo, OmittedCores, OperatingMode, Partition, Sharing
 from rocshare.core.resource_slices import (device_name, gpus_by_device, pool_slices, resource_slice, slice_devices,
                                           specs_by_device)
 from rocshare_agent.discovery import discover
@@ -97,6 +97,7 @@ def test_partitions_are_whole_unshared_devices_without_policies(sysfs):
         assert "allowMultipleAllocations" not in device
         assert device["capacity"] == {"memory": {"value": "0"}, "compute": {"value": "38"}}
         assert device["attributes"]["computePartition"] == {"string": "cpx"}
+        assert "memoryPartition" not in device["attributes"]  # the capture has no memory partition mode
         assert device["attributes"]["gfxTarget"] == {"string": "gfx942"}
 
 
@@ -180,3 +181,12 @@ def test_one_slice_without_counters_without_shared_gpus_or_past_the_apis_limits(
         [body] = pool_slices(node_name="n", node_uid="u", gpus=gpus, sharing=Sharing(), generation=1, counters=True)
         assert body == resource_slice(node_name="n", node_uid="u", gpus=gpus, sharing=Sharing(), generation=1)
         assert not any("consumesCounters" in device for device in body["spec"]["devices"])
+
+
+def test_a_partition_publishes_its_memory_partition_mode_when_known():
+    info = GpuInfo(id="P-0", index=0, render_minor=128, gfx_target_version=90402, vram_mib=24576, cu_count=38,
+                   pci_bdf="0000:05:00.1", split_count=1, healthy=True,
+                   partition=Partition(computeMode="cpx", memoryMode="nps4", index=0, parentBDF="0000:05:00.0"))
+    [device] = slice_devices("mi300x", [info], Sharing())
+    assert (device["attributes"]["computePartition"], device["attributes"]["memoryPartition"]) == (
+        {"string": "cpx"}, {"string": "nps4"})

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from rocshare.api.models import OmittedCores
-from rocshare.core.dra_claims import claim_cost, claim_spec, shape_classes_of
-from rocshare.core.holdings import Held
+from rocshare.api.models import GpuInfo, OmittedCores, Partition, Sharing
+from rocshare.core.dra_claims import claim_cost, claim_spec, partition_selector, shape_classes_of
+from rocshare.core.holdings import Held, request_cost
 from rocshare.core.ids import GpuId
-from rocshare.core.inventory import GpuSpec
-from rocshare.core.request import ContainerRequest, RequestError, Selection
+from rocshare.core.inventory import GpuSpec, NodeInventory
+from rocshare.core.request import ContainerRequest, RequestError, Selection, parse_pod
 
 MI210 = GpuSpec(gpu_id=GpuId("GPU-a"), index=0, memory_mib=65520, cu_count=104, gfx_target_version=90010)
 MI210_TWIN = GpuSpec(gpu_id=GpuId("GPU-b"), index=1, memory_mib=65520, cu_count=104, gfx_target_version=90010)
@@ -85,9 +85,57 @@ def test_counts_are_distinct_gpus_and_bindings_are_constraints():
         {"cel": {"expression": "device.attributes['gpu.rocshare.io'].uuid.lowerAscii() != 'gpu-x'"}}]
 
 
+def partitions(compute: str, memory: str | None, vram_mib: int, count: int) -> tuple[GpuSpec, ...]:
+    """`count` partitions of one GPU in these modes, as the node model reads the agent's report."""
+    infos = [GpuInfo(id=f"P-{compute}-{memory}-{n}", index=n, render_minor=128 + n, gfx_target_version=90402,
+                     vram_mib=vram_mib, cu_count=38, pci_bdf=f"0000:05:00.{n}", split_count=1, healthy=True,
+                     partition=Partition(computeMode=compute, memoryMode=memory, index=n, parentBDF="0000:05:00.0"))
+             for n in range(count)]
+    return NodeInventory.from_gpu_infos("n", infos, Sharing()).gpus
+
+
+CPX_NPS4 = partitions("CPX", "NPS4", 24576, 2)
+CPX_UNKNOWN = partitions("cpx", None, 16384, 1)
+
+
+def test_a_partition_kind_is_n_whole_devices_selected_by_its_modes():
+    kind = ContainerRequest("main", False, 2, resource="amd.com/cpx_nps4")
+    spec = claim_spec(kind, [MI210, *CPX_NPS4, *CPX_UNKNOWN], selection=Selection(use_types=("mi300x",)))
+    attributes = "device.attributes['gpu.rocshare.io']"
+    assert spec["devices"]["requests"] == [{"name": "gpu", "exactly": {
+        "deviceClassName": "gpu.rocshare.io", "allocationMode": "ExactCount", "count": 2, "selectors": [
+            {"cel": {"expression": f"has({attributes}.computePartition) && "
+                                   f"{attributes}.computePartition.lowerAscii() == 'cpx' && "
+                                   f"has({attributes}.memoryPartition) && "
+                                   f"{attributes}.memoryPartition.lowerAscii() == 'nps4'"}},
+            {"cel": {"expression": f"{attributes}.productName.lowerAscii().contains('mi300x')"}}]}}]
+    assert spec["devices"]["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.rocshare.io/uuid"}]
+    # A partition whose memory mode is unknown is amd.com/cpx, as mixed naming names it: no memoryPartition.
+    assert partition_selector("amd.com/cpx") == (f"has({attributes}.computePartition) && "
+                                                 f"{attributes}.computePartition.lowerAscii() == 'cpx' && "
+                                                 f"!has({attributes}.memoryPartition)")
+    assert [spec.partition_kind for spec in (MI210, *CPX_NPS4, *CPX_UNKNOWN)] == [
+        "", "amd.com/cpx_nps4", "amd.com/cpx_nps4", "amd.com/cpx"]
+
+
+def test_a_partition_kind_claim_costs_what_the_device_plugin_counts_for_it():
+    # The device plugin's quota rule for N partitions (holdings.request_cost, whole devices): N x the
+    # partition's registered memory, 100 % each. The MI210 in the pool is not a cpx_nps4: not its memory.
+    pod = {"spec": {"containers": [{"name": "main", "resources": {"limits": {"amd.com/cpx_nps4": "2"}}}]}}
+    request = parse_pod(pod)
+    device_plugin = request_cost(request, gpu_memory_mib=CPX_NPS4[0].memory_mib, omitted=OmittedCores.SHARED,
+                                 whole_devices=True)
+    spec = claim_spec(request.containers[0], [MI210, *CPX_NPS4])
+    assert claim_cost(requests_of(spec), [MI210, *CPX_NPS4], OmittedCores.SHARED) == device_plugin \
+        == Held(2 * 24576, 200, 2)
+
+
 def test_refusals_name_the_problem():
-    with pytest.raises(RequestError, match="partition kind"):
+    with pytest.raises(RequestError, match=r"no amd.com/cpx_nps4 partition \(it has no partitions\)"):
         claim_spec(ContainerRequest("main", False, 1, resource="amd.com/cpx_nps4"), [MI210])
+    with pytest.raises(RequestError, match=r"no amd.com/cpx_nps2 partition \(its partitions are amd.com/cpx, "
+                                           r"amd.com/cpx_nps4\)"):
+        claim_spec(ContainerRequest("main", False, 1, resource="amd.com/cpx_nps2"), [*CPX_NPS4, *CPX_UNKNOWN])
     shapes = [GpuSpec(gpu_id=GpuId(f"G{n}"), index=n, memory_mib=1024 * (n + 1), cu_count=64) for n in range(9)]
     with pytest.raises(RequestError, match="9 GPU shapes; a claim can list 8"):
         claim_spec(ask(cores_pct=10), shapes)

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rocshare.api.models import GpuInfo, Partition, Sharing
-from rocshare.api.resource_names import GPU_RESOURCE, PARTITION_RESOURCES, is_gpu_resource, named, resource_for
+from rocshare.api.models import GpuInfo, OperatingMode, Partition, ResourceNaming, Sharing
+from rocshare.api.resource_names import (GPU_RESOURCE, PARTITION_RESOURCES, is_gpu_resource, named, partition_modes,
+                                         resource_for)
 from rocshare.core.allocate import allocate
 from rocshare.core.fit import FitFailure
 from rocshare.core.inventory import NodeInventory
@@ -83,3 +84,12 @@ def test_the_scheduler_sends_every_kind_to_the_extender() -> None:
     fit = next(entry["args"] for entry in config["profiles"][0]["pluginConfig"] if entry["name"] == "NodeResourcesFit")
     groups = set(fit["ignoredResourceGroups"])
     assert all(name.split("/")[0] in groups for name in (*PARTITION_RESOURCES, GPU_RESOURCE))
+
+
+def test_partition_modes_read_back_every_name_mixed_naming_gives():
+    for name in PARTITION_RESOURCES:
+        compute, memory = partition_modes(name)
+        assert resource_for(partition(0, compute, memory), naming=ResourceNaming.MIXED,
+                            operating_mode=OperatingMode.PARTITION) == name
+    with pytest.raises(ValueError, match="amd.com/gpu is not a partition kind"):
+        partition_modes(GPU_RESOURCE)

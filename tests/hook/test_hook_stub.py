@@ -227,11 +227,22 @@ def test_a_refusal_is_said_on_stderr_and_noted_in_the_account(hook_build: HookBu
 GIB = 1024 * MIB
 
 
-def _write_limits(slice_dir, generation: int, limit_bytes: int) -> None:
-    """The agent's way (docs/container-account.md): a whole new file renamed over the old one."""
+def _write_limits(slice_dir, generation: int, limit_bytes: int, cu_ranges: str | None = None) -> None:
+    """The agent's way (docs/container-account.md, rocshare.api.container_account.limits_for): a whole
+    new file, memory and, given `cu_ranges`, the cu-mask line, renamed over the old one."""
+    cu_line = f"cu-mask 0 {cu_ranges}\n" if cu_ranges is not None else ""
     temporary = slice_dir / "limits.tmp"
-    temporary.write_text(f"rocshare-limits 1\ngeneration {generation}\nmemory 0 {limit_bytes}\n")
+    temporary.write_text(f"rocshare-limits 1\ngeneration {generation}\nmemory 0 {limit_bytes}\n{cu_line}")
     temporary.rename(slice_dir / "limits")
+
+
+def _account_env(hook_build: HookBuild, tmp_path, **extra):
+    """A slice container's environment with the agent's two folders (usage and slice), made here."""
+    account, slice_dir = tmp_path / "account", tmp_path / "slice"
+    account.mkdir()
+    slice_dir.mkdir()
+    env = hook_build.env(tmp_path, ROCSHARE_ACCOUNT_DIR=str(account), ROCSHARE_SLICE_DIR=str(slice_dir), **extra)
+    return env, account, slice_dir
 
 
 class LineProbe:
@@ -270,12 +281,9 @@ def test_a_limit_raised_in_the_slice_file_applies_without_a_restart(hook_build: 
     """Issue 43: a process holding 3 GiB under a 4 GiB limit is refused at 5 GiB; after the agent
     rewrites the slice's limits file to 8 GiB, the same process (same pid, never restarted) gets
     to 5 GiB, and memory info follows."""
-    account, slice_dir = tmp_path / "account", tmp_path / "slice"
-    account.mkdir()
-    slice_dir.mkdir()
+    env, account, slice_dir = _account_env(hook_build, tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m",
+                                           ROCM_STUB_VRAM_MIB="16384")
     _write_limits(slice_dir, 1, 4 * GIB)
-    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", ROCSHARE_ACCOUNT_DIR=str(account),
-                         ROCSHARE_SLICE_DIR=str(slice_dir), ROCM_STUB_VRAM_MIB="16384")
     server = Server(hook_build, env)
     try:
         assert server.alloc(3 * GIB)["result"] == "hipSuccess"
@@ -301,12 +309,9 @@ def test_a_limit_lowered_below_what_is_held_refuses_until_the_process_frees(hook
     """Issue 43's shrink: the file lowered to 1 GiB while the process holds 3 GiB frees nothing (the
     process still holds 3 GiB by its own count); every new allocation is refused until the process has
     freed below the new limit, then one fits again."""
-    account, slice_dir = tmp_path / "account", tmp_path / "slice"
-    account.mkdir()
-    slice_dir.mkdir()
+    env, account, slice_dir = _account_env(hook_build, tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m",
+                                           ROCM_STUB_VRAM_MIB="16384")
     _write_limits(slice_dir, 1, 4 * GIB)
-    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", ROCSHARE_ACCOUNT_DIR=str(account),
-                         ROCSHARE_SLICE_DIR=str(slice_dir), ROCM_STUB_VRAM_MIB="16384")
     server = Server(hook_build, env)
     try:
         assert [server.alloc(3 * GIB // 2)["result"] for _ in range(2)] == ["hipSuccess"] * 2
@@ -327,13 +332,9 @@ def test_the_container_cannot_raise_its_limit_without_the_slice_file(hook_build:
     """A tenant's process that removes or forges what it can write (the usage folder) gains nothing:
     the limit comes from the slice folder only, and with the slice folder's file gone every limited
     allocation is refused rather than falling back to a limit of the environment's."""
-    account, slice_dir = tmp_path / "account", tmp_path / "slice"
-    account.mkdir()
-    slice_dir.mkdir()
+    env, account, slice_dir = _account_env(hook_build, tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="8192m")
     (account / "limits").write_text("rocshare-limits 1\nmemory 0 17179869184\n")  # a forged one, ignored
     _write_limits(slice_dir, 1, 1 * GIB)
-    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="8192m", ROCSHARE_ACCOUNT_DIR=str(account),
-                         ROCSHARE_SLICE_DIR=str(slice_dir))
     server = Server(hook_build, env)
     try:
         assert server.alloc(1 * GIB)["result"] == "hipSuccess"
@@ -353,21 +354,15 @@ class Queues(LineProbe):
 
 
 def _write_cu_limits(slice_dir, generation: int, cu_ranges: str) -> None:
-    """The agent's way (rocshare.api.container_account.limits_for): memory and the cu-mask line."""
-    temporary = slice_dir / "limits.tmp"
-    temporary.write_text(f"rocshare-limits 1\ngeneration {generation}\nmemory 0 {4 * GIB}\ncu-mask 0 {cu_ranges}\n")
-    temporary.rename(slice_dir / "limits")
+    """The CU tests' file: their 4 GiB slice and `cu_ranges` on GPU 0."""
+    _write_limits(slice_dir, generation, 4 * GIB, cu_ranges)
 
 
 def _cu_env(hook_build: HookBuild, tmp_path):
     """A 26-CU slice container as the agent starts it, over a stub that follows ROCr's own rule:
     HSA_CU_MASK read once at start, every queue's mask ANDed with it."""
-    account, slice_dir = tmp_path / "account", tmp_path / "slice"
-    account.mkdir()
-    slice_dir.mkdir()
-    env = hook_build.env(tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", HSA_CU_MASK="0:0-25", ROCM_STUB_CUS="104",
-                         ROCM_STUB_ROCR_MASKING="1", ROCSHARE_ACCOUNT_DIR=str(account),
-                         ROCSHARE_SLICE_DIR=str(slice_dir))
+    env, _, slice_dir = _account_env(hook_build, tmp_path, HIP_DEVICE_MEMORY_LIMIT_0="4096m", HSA_CU_MASK="0:0-25",
+                                     ROCM_STUB_CUS="104", ROCM_STUB_ROCR_MASKING="1")
     return env, slice_dir
 
 
